@@ -1,0 +1,358 @@
+"""Tests of offload_study.collect (records written by a helper that follows docs/design.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from offload_study import collect as C
+
+STUDY, CLUSTER = "unit-study", "unit-cluster"
+
+
+def make_record(
+    root: Path,
+    scenario: str,
+    repeat: int = 0,
+    *,
+    outcome: str = "ok",
+    tokens_per_s: float | None = 1000.0,
+    offload_optimizer: str = "none",
+    offload_param: str = "none",
+    world_size: int = 8,
+    gpus_per_node: int = 8,
+    nodes: int = 1,
+    gpu_mem_gb: float = 40,
+    cpu_mem_gb: float = 64,
+    peak_gpu_gib: float | None = 30.0,
+    host_rss_gib: float | None = 20.0,
+    gas: int = 4,
+    label: str | None = None,
+    sweep: dict | None = None,
+    error_excerpt: str | None = None,
+    n_steps: int = 8,
+    step_noise: float = 0.02,
+    steps: bool = True,
+    breakdown: dict | None = None,
+    nvme_bytes: int | None = None,
+    slurm_job_id: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write metrics.json (+ steps.csv, provenance.json) for one run; return the metrics path."""
+    d = Path(root) / "results" / CLUSTER / STUDY / scenario / f"rep{repeat}"
+    d.mkdir(parents=True, exist_ok=True)
+    ok = outcome == "ok"
+    seq_len, micro = 128, 4
+    global_batch = micro * gas * world_size
+    tps = tokens_per_s if ok else None
+    step_time = (global_batch * seq_len / tps) if tps else None
+    if breakdown is None and ok:
+        breakdown = {
+            "forward": 100.0,
+            "backward": 200.0,
+            "backward_inner": 150.0,
+            "backward_allreduce": 50.0,
+            "step": 80.0 if offload_optimizer == "none" else 400.0,
+            "optimizer_swap_in": None,
+            "optimizer_swap_out": None,
+        }
+    m = {
+        "schema_version": 1,
+        "study": STUDY,
+        "cluster": CLUSTER,
+        "scenario": scenario,
+        "base_scenario": scenario.split("-sw")[0],
+        "label": label if label is not None else f"ZeRO-3 {scenario}",
+        "sweep": sweep or {},
+        "repeat": repeat,
+        "outcome": outcome,
+        "error_excerpt": None if ok else (error_excerpt or f"RuntimeError: {outcome} happened"),
+        "started_at": "2025-01-01T00:00:00Z",
+        "finished_at": "2025-01-01T00:01:00Z",
+        "wall_time_s": 60.0,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "world_size": world_size,
+        "accelerator": "cuda",
+        "micro_batch": micro,
+        "gradient_accumulation_steps": gas,
+        "global_batch": global_batch,
+        "seq_len": seq_len,
+        "dtype": "bf16",
+        "offload_optimizer": offload_optimizer,
+        "offload_param": offload_param,
+        "gpu_mem_gb": gpu_mem_gb,
+        "cpu_mem_gb": cpu_mem_gb,
+        "gradient_checkpointing": False,
+        "model_params": 7_000_000,
+        "gpu_mem_cap_gib": None,
+        "device_name": "NVIDIA H200",
+        "steps_measured": n_steps if ok else None,
+        "step_time_s": step_time,
+        "step_time_s_mean": step_time,
+        "step_time_s_std": 0.01 if ok else None,
+        "step_time_s_p10": step_time,
+        "step_time_s_p90": step_time,
+        "tokens_per_s": tps,
+        "samples_per_s": (global_batch / step_time) if ok else None,
+        "tflops_per_gpu": 100.0 * (tps or 0) / 1000 if ok else None,
+        "peak_tflops": 989.0,
+        "mfu": (100.0 * (tps or 0) / 1000 / 989.0) if ok else None,
+        "loss_first": 10.0 if ok else None,
+        "loss_last": 9.0 if ok else None,
+        "peak_gpu_allocated_gib": peak_gpu_gib if ok else None,
+        "peak_gpu_reserved_gib": (peak_gpu_gib + 2) if ok and peak_gpu_gib is not None else None,
+        "nvml_used_gib": None,
+        "host_peak_rss_gib_per_rank": [host_rss_gib / gpus_per_node] * gpus_per_node
+        if ok and host_rss_gib
+        else [],
+        "host_peak_rss_gib_per_node": [host_rss_gib] * nodes if ok and host_rss_gib else [],
+        "host_peak_rss_gib": host_rss_gib if ok else None,
+        "nvme_bytes_used": nvme_bytes,
+        "breakdown_ms": breakdown,
+        "ds_config_sha256": "ab" * 32,
+        "deepspeed_version": "0.16.4",
+        "torch_version": "2.5.1",
+        "slurm_job_id": slurm_job_id,
+    }
+    (d / "metrics.json").write_text(json.dumps(m))
+    if steps and ok:
+        rng = np.random.default_rng(seed + repeat)
+        rows = ["step,phase,step_time_s,tokens_per_s,samples_per_s,loss"]
+        for i in range(2):
+            rows.append(f"{i},warmup,{step_time * 3},{tps / 3},{global_batch / step_time / 3},10")
+        for i in range(n_steps):
+            t = tps * (1 + step_noise * rng.standard_normal())
+            st = global_batch * seq_len / t
+            rows.append(f"{i + 2},measured,{st},{t},{global_batch / st},{9.5 - i * 0.1}")
+        (d / "steps.csv").write_text("\n".join(rows) + "\n")
+    prov = {
+        "host": "node001",
+        "gpus": ["NVIDIA H200"] * gpus_per_node,
+        "versions": {"torch": "2.5.1", "deepspeed": "0.16.4", "python": "3.11"},
+        "slurm": {"job_id": slurm_job_id},
+        "git_commit": "deadbeef",
+        "ds_config_sha256": "ab" * 32,
+    }
+    (d / "provenance.json").write_text(json.dumps(prov))
+    return d / "metrics.json"
+
+
+def seed_like_records(root: Path) -> list[Path]:
+    """Three scenarios shaped like the seed's table, 2 repeats each, plus one failed scenario."""
+    paths = []
+    for r in range(2):
+        paths.append(make_record(root, "zero3-8gpu", r, tokens_per_s=8000, peak_gpu_gib=34))
+        paths.append(
+            make_record(
+                root,
+                "zero3-offload-4gpu",
+                r,
+                tokens_per_s=2800,
+                offload_optimizer="cpu",
+                offload_param="cpu",
+                world_size=4,
+                gpus_per_node=4,
+                peak_gpu_gib=14,
+                host_rss_gib=380,
+                cpu_mem_gb=512,
+            )
+        )
+        paths.append(
+            make_record(
+                root,
+                "zero3-offload-2gpu",
+                r,
+                tokens_per_s=1600,
+                offload_optimizer="cpu",
+                offload_param="cpu",
+                world_size=2,
+                gpus_per_node=2,
+                gpu_mem_gb=80,
+                peak_gpu_gib=60,
+                host_rss_gib=450,
+                cpu_mem_gb=512,
+            )
+        )
+    paths.append(
+        make_record(
+            root,
+            "zero3-nvme",
+            0,
+            outcome="host_oom",
+            offload_optimizer="nvme",
+            world_size=2,
+            gpus_per_node=2,
+            error_excerpt="Killed: host memory exceeded 512GB",
+        )
+    )
+    return paths
+
+
+# --------------------------------------------------------------------------- tests
+def test_read_record_missing_and_corrupt(tmp_path):
+    missing = tmp_path / "results" / "c" / "s" / "scenA" / "rep3" / "metrics.json"
+    r = C.read_record(missing)
+    assert r["outcome"] == "missing"
+    assert r["scenario"] == "scenA" and r["repeat"] == 3
+    bad = make_record(tmp_path, "scenB")
+    bad.write_text("{not json")
+    r = C.read_record(bad)
+    assert r["outcome"] == "error" and "corrupt" in r["error_excerpt"]
+    bad.write_text("[1, 2]")
+    assert C.read_record(bad)["outcome"] == "error"
+
+
+def test_missing_record_takes_setup_from_run_spec(tmp_path):
+    cfg = tmp_path / "results" / CLUSTER / STUDY / "configs"
+    cfg.mkdir(parents=True)
+    (cfg / "scenX.run.json").write_text(
+        json.dumps({"scenario": "scenX", "label": "X", "offload_optimizer": "cpu", "world_size": 4})
+    )
+    r = C.read_record(tmp_path / "results" / CLUSTER / STUDY / "scenX" / "rep0" / "metrics.json")
+    assert r["outcome"] == "missing" and r["label"] == "X" and r["offload_optimizer"] == "cpu"
+
+
+def test_flatten_breakdown_and_sweep(tmp_path):
+    p = make_record(tmp_path, "s-sw1", sweep={"reduce_bucket_size": 5e8, "gas": 8})
+    r = C.read_record(p)
+    assert r["breakdown_ms.forward"] == 100.0
+    assert math.isnan(r["breakdown_ms.optimizer_swap_in"])
+    assert r["sweep.reduce_bucket_size"] == 5e8
+    assert json.loads(r["sweep"]) == {"gas": 8, "reduce_bucket_size": 5e8}
+    assert r["record_dir"] == str(p.parent)
+
+
+def test_collect_seed_like(tmp_path):
+    paths = seed_like_records(tmp_path)
+    paths.append(tmp_path / "results" / CLUSTER / STUDY / "zero3-8gpu" / "rep9" / "metrics.json")
+    runs, summary = C.collect(paths, n_boot=500)
+    assert len(runs) == len(paths)
+    assert set(runs["outcome"]) == {"ok", "host_oom", "missing"}
+    assert list(summary["scenario"]) == [
+        "zero3-8gpu",
+        "zero3-offload-4gpu",
+        "zero3-offload-2gpu",
+        "zero3-nvme",
+    ]
+    s = summary.set_index("scenario")
+    assert s.loc["zero3-8gpu", "is_baseline"]
+    assert s.loc["zero3-8gpu", "relative_speed"] == pytest.approx(1.0)
+    assert s.loc["zero3-offload-4gpu", "relative_speed"] == pytest.approx(0.35, rel=0.05)
+    lo, hi = s.loc["zero3-offload-4gpu", ["relative_speed_ci_low", "relative_speed_ci_high"]]
+    assert lo <= s.loc["zero3-offload-4gpu", "relative_speed"] <= hi
+    assert s.loc["zero3-8gpu", "n_missing"] == 1 and s.loc["zero3-8gpu", "status"] == "partial"
+    assert s.loc["zero3-nvme", "status"] == "failed"
+    assert math.isnan(s.loc["zero3-nvme", "relative_speed"])
+    assert "host memory" in s.loc["zero3-nvme", "error_excerpt"]
+    t = s.loc["zero3-8gpu"]
+    assert t["tokens_per_s_ci_low"] < t["tokens_per_s"] < t["tokens_per_s_ci_high"]
+    assert t["ci_method"] == "repeats+steps"
+    assert s.loc["zero3-offload-2gpu", "host_peak_rss_gib_per_node_max"] == 450
+    assert s.loc["zero3-offload-2gpu", "peak_gpu_allocated_gib"] == 60
+
+
+def test_cli_writes_outputs(tmp_path):
+    paths = seed_like_records(tmp_path)
+    out = tmp_path / "out"
+    rc = C.main(
+        [
+            "--baseline",
+            "",
+            "--runs-csv",
+            str(out / "runs.csv"),
+            "--runs-parquet",
+            str(out / "runs.parquet"),
+            "--summary-csv",
+            str(out / "summary.csv"),
+            "--n-boot",
+            "200",
+            *map(str, paths),
+        ]
+    )
+    assert rc == 0
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert len(runs) == 7 and "breakdown_ms.forward" in runs
+    assert len(pd.read_csv(out / "runs.csv")) == 7
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary["baseline"].iloc[0] == "zero3-8gpu"
+
+
+def test_configured_baseline(tmp_path):
+    paths = seed_like_records(tmp_path)
+    _, s = C.collect(paths, baseline="zero3-offload-2gpu", n_boot=100)
+    s = s.set_index("scenario")
+    assert s.loc["zero3-offload-2gpu", "relative_speed"] == pytest.approx(1.0)
+    assert s.loc["zero3-8gpu", "relative_speed"] == pytest.approx(5.0)
+
+
+def test_baseline_failed_gives_nan_with_reason(tmp_path):
+    p = [
+        make_record(tmp_path, "base", outcome="gpu_oom"),
+        make_record(tmp_path, "off", offload_optimizer="cpu", tokens_per_s=300),
+    ]
+    _, s = C.collect(p, n_boot=100)
+    assert s["relative_speed"].isna().all()
+    assert "no ok run" in s["relative_speed_note"].iloc[0]
+    assert "gpu_oom" in s["relative_speed_note"].iloc[0]
+
+
+def test_missing_baseline(tmp_path):
+    p = [make_record(tmp_path, "off", offload_optimizer="cpu")]
+    _, s = C.collect(p, n_boot=100)
+    assert s["baseline"].isna().all() and s["relative_speed"].isna().all()
+    assert "no baseline" in s["relative_speed_note"].iloc[0]
+    _, s = C.collect(p, baseline="nonexistent", n_boot=100)
+    assert "no run" in s["relative_speed_note"].iloc[0]
+
+
+def test_single_run_uses_step_spread(tmp_path):
+    p = [make_record(tmp_path, "only", step_noise=0.05)]
+    _, s = C.collect(p, n_boot=500)
+    r = s.iloc[0]
+    assert r["ci_method"] == "steps"
+    assert r["tokens_per_s_ci_low"] < r["tokens_per_s_ci_high"]
+    assert r["relative_speed"] == pytest.approx(1.0)
+
+
+def test_single_run_without_steps_has_no_ci(tmp_path):
+    p = [make_record(tmp_path, "only", steps=False)]
+    _, s = C.collect(p, n_boot=100)
+    assert s.iloc[0]["ci_method"] == "none" and math.isnan(s.iloc[0]["tokens_per_s_ci_low"])
+
+
+def test_all_failed_and_empty(tmp_path):
+    p = [make_record(tmp_path, "a", outcome="timeout"), make_record(tmp_path, "b", outcome="error")]
+    runs, s = C.collect(p, n_boot=50)
+    assert (s["status"] == "failed").all() and s["tokens_per_s"].isna().all()
+    runs, s = C.collect([], n_boot=50)
+    assert runs.empty and s.empty
+
+
+def test_summarize_pure_with_nans():
+    runs = C.build_runs(
+        [
+            {"scenario": "a", "outcome": "ok", "tokens_per_s": 100.0, "offload_optimizer": "none",
+             "offload_param": "none", "record_dir": "x"},
+            {"scenario": "a", "outcome": "ok", "tokens_per_s": None, "offload_optimizer": "none",
+             "offload_param": "none", "record_dir": "y"},
+            {"scenario": "b", "outcome": "ok", "tokens_per_s": 50.0, "offload_optimizer": "cpu",
+             "offload_param": "none", "record_dir": "z"},
+        ]
+    )  # fmt: skip
+    steps = {"z": pd.DataFrame({"tokens_per_s": [45.0, 50.0, 55.0, np.nan]})}
+    s = C.summarize(runs, steps, n_boot=200).set_index("scenario")
+    assert s.loc["a", "tokens_per_s"] == 100.0
+    assert s.loc["b", "relative_speed"] == pytest.approx(0.5)
+    assert s.loc["b", "ci_method"] == "steps"
+
+
+def test_bootstrap_median_hierarchical():
+    point, draws, method = C.bootstrap_median([10.0, 12.0, 11.0], [[9, 10, 11], [12, 12], None])
+    assert point == 11.0 and method == "repeats+steps"
+    assert 9 <= np.nanmin(draws) and np.nanmax(draws) <= 12

@@ -1,0 +1,151 @@
+"""Launch command lines and environment for one training run (pure functions + port helpers).
+
+Single node::
+
+    torchrun --nnodes 1 --nproc_per_node N --master_addr 127.0.0.1 --master_port P \\
+        -m offload_study.harness --spec RUN.json --out DIR --run-id ID
+
+Multi-node (nodes > 1, inside a SLURM allocation)::
+
+    srun --nodes N --ntasks-per-node 1 torchrun --nnodes N --nproc_per_node G \\
+        --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m offload_study.harness ...
+
+HOST is the first host of ``SLURM_JOB_NODELIST`` (``scontrol show hostnames``), PORT is derived
+from ``SLURM_JOB_ID`` so all nodes agree without talking to each other.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Always exported into the launched environment (NVLink multicast/NVLS off: see device notes).
+FIXED_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+PORT_BASE, PORT_SPAN = 20000, 20000  # SLURM-derived ports fall in [20000, 40000)
+
+
+@dataclass
+class Launch:
+    argv: list[str]
+    env: dict[str, str]  # variables to set on top of the inherited environment
+    port: int
+    rdzv_host: str
+    nodes: int
+    nproc_per_node: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (bind to port 0). Small race window; recorded per run."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def slurm_port(job_id: str | int, step: int = 0) -> int:
+    """Deterministic rendezvous port from the SLURM job id (same on every node)."""
+    return PORT_BASE + (int(job_id) * 7 + step) % PORT_SPAN
+
+
+def first_slurm_host(nodelist: str, runner=subprocess.run) -> str:
+    """First host of a SLURM nodelist expression via ``scontrol show hostnames``."""
+    res = runner(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    )
+    hosts = res.stdout.split()
+    if not hosts:
+        raise RuntimeError(f"scontrol show hostnames {nodelist!r} gave no hosts")
+    return hosts[0]
+
+
+def threads_per_rank(cores: int, ranks: int) -> int:
+    return max(1, int(cores) // max(1, int(ranks)))
+
+
+def harness_args(spec_path: str, out_dir: str, run_id: str | None = None) -> list[str]:
+    args = ["-m", "offload_study.harness", "--spec", str(spec_path), "--out", str(out_dir)]
+    if run_id:
+        args += ["--run-id", str(run_id)]
+    return args
+
+
+def build_env(spec: Mapping, cores: int, ranks_per_node: int) -> dict[str, str]:
+    env = dict(FIXED_ENV)
+    env["OMP_NUM_THREADS"] = str(threads_per_rank(cores, ranks_per_node))
+    if spec.get("accelerator") == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def build_launch(
+    spec: Mapping,
+    spec_path: str,
+    out_dir: str,
+    *,
+    cores: int,
+    run_id: str | None = None,
+    port: int | None = None,
+    environ: Mapping[str, str] | None = None,
+    torchrun: str | None = None,
+    hostname_resolver=first_slurm_host,
+) -> Launch:
+    """Command line + env for a run spec. Single node: free local port (or `port`).
+
+    Multi-node needs SLURM_JOB_ID and SLURM_JOB_NODELIST in `environ` (default os.environ).
+    """
+    environ = os.environ if environ is None else environ
+    nodes = int(spec.get("nodes", 1))
+    g = int(spec.get("gpus_per_node") or spec.get("world_size") or 1)
+    torchrun = torchrun or default_torchrun()
+    h_args = harness_args(spec_path, out_dir, run_id)
+    env = build_env(spec, cores, g)
+    if nodes <= 1:
+        port = port or free_port()
+        argv = [
+            *torchrun,
+            "--nnodes", "1",
+            "--nproc_per_node", str(g),
+            "--master_addr", "127.0.0.1",
+            "--master_port", str(port),
+            *h_args,
+        ]  # fmt: skip
+        return Launch(argv, env, port, "127.0.0.1", 1, g)
+    job_id = environ.get("SLURM_JOB_ID")
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not job_id or not nodelist:
+        raise RuntimeError(
+            f"nodes={nodes} needs a SLURM allocation (SLURM_JOB_ID/SLURM_JOB_NODELIST unset)"
+        )
+    host = hostname_resolver(nodelist)
+    port = port or slurm_port(job_id)
+    argv = [
+        "srun", "--nodes", str(nodes), "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+        *torchrun,
+        "--nnodes", str(nodes),
+        "--nproc_per_node", str(g),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{host}:{port}",
+        "--rdzv-id", str(job_id),
+        *h_args,
+    ]  # fmt: skip
+    return Launch(argv, env, port, host, nodes, g)
+
+
+def default_torchrun() -> list[str]:
+    """`python -m torch.distributed.run` of this interpreter (same venv on every node)."""
+    return [sys.executable, "-m", "torch.distributed.run"]

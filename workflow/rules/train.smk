@@ -1,0 +1,21 @@
+rule train:
+    """One scenario x repeat: a real DeepSpeed run; failures become an outcome in metrics.json."""
+    input:
+        spec=f"{RESULTS}/configs/{{scenario}}.run.json",
+        ds_config=f"{RESULTS}/configs/{{scenario}}.json",
+        # Ordering only: train after every config passed DeepSpeed's parser (ancient: no re-runs).
+        plan=ancient(f"{RESULTS}/plan.json"),
+    output:
+        metrics=f"{RESULTS}/{{scenario}}/rep{{rep}}/metrics.json",
+        steps=f"{RESULTS}/{{scenario}}/rep{{rep}}/steps.csv",
+        provenance=f"{RESULTS}/{{scenario}}/rep{{rep}}/provenance.json",
+    params:
+        outdir=subpath(output.metrics, parent=True),
+    log:
+        f"{RESULTS}/logs/train/{{scenario}}.rep{{rep}}.log",
+    threads: lambda wc: PLAN.by_name[wc.scenario]["world_size"]
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "python -m offload_study.runner --spec {input.spec} --repeat {wildcards.rep}"
+        " --outdir {params.outdir} > {log} 2>&1"
