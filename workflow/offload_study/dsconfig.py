@@ -10,7 +10,9 @@ import ast
 import difflib
 import functools
 import importlib.util
+import os
 import re
+import socket
 from pathlib import Path
 
 # The seed document's "ZeRO-3 production config" (shared/seed): the base of every scenario.
@@ -122,7 +124,9 @@ def check_aio_keys(aio: dict, where: str = "aio") -> list[str]:
     errors = []
     for key in aio:
         if key in RENAMED_AIO_KEYS and key not in known:
-            errors.append(f"{where}.{key}: DeepSpeed ignores this name; use {RENAMED_AIO_KEYS[key]}")
+            errors.append(
+                f"{where}.{key}: DeepSpeed ignores this name; use {RENAMED_AIO_KEYS[key]}"
+            )
         elif known and key not in known:
             errors.append(_unknown_key_message(where, key, known))
     return errors
@@ -182,8 +186,40 @@ class _DataParallelWorld:
         return self.world_size
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ensure_single_process_comm() -> None:
+    """DeepSpeedConfig only honours the data-parallel size it is told once deepspeed.comm is up."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    except ImportError:
+        pass
+    from deepspeed import comm
+
+    if comm.is_initialized():
+        return
+    single = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    for key, value in single.items():
+        os.environ.setdefault(key, value)
+    comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+
+
 def parse_with_deepspeed(config: dict, world_size: int):
     """Run real DeepSpeed's own config parser (batch arithmetic, pydantic key checks)."""
+    _ensure_single_process_comm()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     return DeepSpeedConfig(config, mpu=_DataParallelWorld(world_size))

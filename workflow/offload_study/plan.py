@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -64,9 +63,16 @@ def model_spec(study: dict) -> dict:
     if "preset" in model:
         if model["preset"] not in presets.PRESETS:
             known = ", ".join(sorted(presets.PRESETS))
-            raise StudyError(f"model.preset: {model['preset']!r} is unknown; known presets: {known}")
+            raise StudyError(
+                f"model.preset: {model['preset']!r} is unknown; known presets: {known}"
+            )
         config = {**presets.PRESETS[model["preset"]], **overrides}
-        return {"source": "config", "preset": model["preset"], "config": config, "name_or_path": None}
+        return {
+            "source": "config",
+            "preset": model["preset"],
+            "config": config,
+            "name_or_path": None,
+        }
     return {
         "source": "config",
         "preset": None,
@@ -78,7 +84,11 @@ def model_spec(study: dict) -> dict:
 def _param_count(model: dict) -> int | None:
     cfg = model["config"]
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    if model["source"] == "config" and cfg.get("model_type") == "llama" and all(k in cfg for k in needed):
+    if (
+        model["source"] == "config"
+        and cfg.get("model_type") == "llama"
+        and all(k in cfg for k in needed)
+    ):
         return presets.llama_param_count({"vocab_size": 32000, **cfg})
     return None
 
@@ -87,15 +97,21 @@ def _sweep_combos(sweep: dict) -> list[dict]:
     if not sweep:
         return [{}]
     keys = list(sweep)
-    return [dict(zip(keys, values)) for values in itertools.product(*(sweep[k] for k in keys))]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(sweep[k] for k in keys))]
 
 
-def _batch(study: dict, scenario: dict, combo: dict, world: int, where: str) -> tuple[int, int, int]:
+def _batch(
+    study: dict, scenario: dict, combo: dict, world: int, where: str
+) -> tuple[int, int, int]:
     """(micro_batch, gas, global_batch): the global batch stays the study's unless gas is fixed."""
-    micro = dsconfig.normalize_number(combo.get("micro_batch", scenario.get("micro_batch", study["micro_batch"])))
+    micro = dsconfig.normalize_number(
+        combo.get("micro_batch", scenario.get("micro_batch", study["micro_batch"]))
+    )
     gas = combo.get("gradient_accumulation_steps", scenario.get("gradient_accumulation_steps"))
     for key, value in (("micro_batch", micro), ("gradient_accumulation_steps", gas)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
             raise StudyError(f"{where}.sweep.{key}: {value!r} must be a positive integer")
     if gas is not None:
         return micro, gas, micro * gas * world
@@ -137,7 +153,9 @@ def _check_cluster_fit(scenario: dict, cluster: dict, where: str) -> None:
 def expand_plan(study: dict, cluster: dict) -> list[dict]:
     """All runs of a validated study (one spec per expanded scenario; repeats are not expanded)."""
     if study["cluster"] != cluster["name"]:
-        raise StudyError(f"cluster: study names {study['cluster']!r} but got cluster {cluster['name']!r}")
+        raise StudyError(
+            f"cluster: study names {study['cluster']!r} but got cluster {cluster['name']!r}"
+        )
     errors = dsconfig.check_zero_keys(study["zero"], "zero") + dsconfig.check_aio_keys(study["aio"])
     if errors:
         raise StudyError(errors[0])
@@ -161,7 +179,9 @@ def expand_plan(study: dict, cluster: dict) -> list[dict]:
         nvme = "nvme" in (scenario["offload_optimizer"], scenario["offload_param"])
         nvme_path = scenario["nvme_path"] or cluster.get("nvme_path")
         if nvme and not nvme_path:
-            key = "offload_optimizer" if scenario["offload_optimizer"] == "nvme" else "offload_param"
+            key = (
+                "offload_optimizer" if scenario["offload_optimizer"] == "nvme" else "offload_param"
+            )
             raise StudyError(
                 f"{where}.{key}: nvme offload needs a directory: set {where}.nvme_path or "
                 f"nvme_path in config/clusters/{cluster['name']}.yaml"
@@ -237,7 +257,9 @@ def default_baseline(study: dict, runs: list[dict]) -> str | None:
 class Plan:
     """A loaded study, its cluster and its runs; what the Snakefile works from."""
 
-    def __init__(self, config: dict | str | Path, cluster_dir: str | Path | None = None, source=None):
+    def __init__(
+        self, config: dict | str | Path, cluster_dir: str | Path | None = None, source=None
+    ):
         self.study = load_study(config, source=source)
         kwargs = {"cluster_dir": cluster_dir} if cluster_dir else {}
         self.cluster = load_cluster(self.study["cluster"], **kwargs)
@@ -302,28 +324,8 @@ def write_scenario_files(run_spec: dict, ds_config_path: str, spec_path: str) ->
     write_json(spec_path, {**run_spec, "ds_config": str(ds_config_path)})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def check_with_deepspeed(spec_paths: list[str]) -> list[str]:
     """Parse every DeepSpeed config with DeepSpeed's own parser; return one error per refusal."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu") if not _has_cuda() else None
-    for key, value in {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }.items():
-        os.environ.setdefault(key, value)
-    from deepspeed import comm
-
-    if not comm.is_initialized():
-        # DeepSpeedConfig only honours the data-parallel size it is told when comm is up.
-        comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
     errors = []
     for spec_path in spec_paths:
         spec = json.loads(Path(spec_path).read_text())
@@ -331,17 +333,10 @@ def check_with_deepspeed(spec_paths: list[str]) -> list[str]:
         try:
             dsconfig.parse_with_deepspeed(config, spec["world_size"])
         except Exception as exc:  # DeepSpeed raises AssertionError, ValueError, ValidationError
-            errors.append(f"{spec['ds_config']} (scenario {spec['scenario']!r}): DeepSpeed refused it: {exc}")
+            errors.append(
+                f"{spec['ds_config']} (scenario {spec['scenario']!r}): DeepSpeed refused it: {exc}"
+            )
     return errors
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 def sha256_file(path: str | Path) -> str:
@@ -349,7 +344,9 @@ def sha256_file(path: str | Path) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Check planned DeepSpeed configs and write plan.json")
+    parser = argparse.ArgumentParser(
+        description="Check planned DeepSpeed configs and write plan.json"
+    )
     parser.add_argument("--plan-json", required=True, help="plan summary written by the workflow")
     parser.add_argument("--out", required=True, help="validated plan to write")
     parser.add_argument("specs", nargs="+", help="run specs (configs/<scenario>.run.json)")
@@ -361,7 +358,9 @@ def main(argv=None) -> int:
     plan = json.loads(Path(args.plan_json).read_text())
     plan["deepspeed_checked"] = True
     plan["ds_config_sha256"] = {
-        json.loads(Path(p).read_text())["scenario"]: sha256_file(json.loads(Path(p).read_text())["ds_config"])
+        json.loads(Path(p).read_text())["scenario"]: sha256_file(
+            json.loads(Path(p).read_text())["ds_config"]
+        )
         for p in args.specs
     }
     write_json(args.out, plan)

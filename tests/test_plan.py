@@ -1,0 +1,328 @@
+"""Study validation, plan expansion and DeepSpeed config generation (issue: Foundation)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+import yaml
+from offload_study import dsconfig
+from offload_study.plan import Plan, expand_plan, format_value
+from offload_study.study import REPO_ROOT, StudyError, load_cluster, load_study
+
+SHIPPED_STUDIES = ["config/config.yaml", "config/studies/seed.yaml"]
+
+
+def shipped(path: str) -> dict:
+    return yaml.safe_load((REPO_ROOT / path).read_text())
+
+
+@pytest.fixture
+def study() -> dict:
+    return shipped("config/config.yaml")
+
+
+def plan_error(config: dict, cluster_dir=None) -> str:
+    with pytest.raises(StudyError) as info:
+        Plan(config, cluster_dir=cluster_dir)
+    return str(info.value)
+
+
+def with_change(config: dict, path: str, value) -> dict:
+    """Copy of config with one key set; path like 'scenarios[1].offload_optimizer'."""
+    config = copy.deepcopy(config)
+    node = config
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    for part in parts[:-1]:
+        node = node[int(part[1:-1])] if part.startswith("[") else node[part]
+    last = parts[-1]
+    if value is DELETE:
+        del node[last]
+    elif last.startswith("["):
+        node[int(last[1:-1])] = value
+    else:
+        node[last] = value
+    return config
+
+
+DELETE = object()
+
+# (change, value, words the one error message must contain)
+BAD_INPUT = [
+    ("steps", "ten", ["steps", "wrong type", "integer"]),
+    ("seq_len", 0, ["seq_len", "too small", ">= 1"]),
+    ("micro_batch", -2, ["micro_batch", "too small"]),
+    ("global_batch", 0, ["global_batch", "too small"]),
+    ("repeats", 0, ["repeats", "too small"]),
+    ("dtype", "fp8", ["dtype", "'fp8'", "'fp16'", "'bf16'"]),
+    ("stepz", 3, ["stepz", "unknown key"]),
+    (
+        "scenarios[1].offload_optimizer",
+        "gpu",
+        ["scenarios[1].offload_optimizer", "'none'", "'cpu'", "'nvme'"],
+    ),
+    ("scenarios[2].offload_param", "disk", ["scenarios[2].offload_param", "allowed values"]),
+    ("scenarios[0].gpus", 2, ["scenarios[0].gpus", "unknown key", "gpus_per_node"]),
+    ("scenarios[0].gpus_per_node", DELETE, ["scenarios[0].gpus_per_node", "required"]),
+    ("scenarios[0].gpus_per_node", 0, ["scenarios[0].gpus_per_node", "too small"]),
+    ("scenarios[0].gpu_mem_gb", -40, ["scenarios[0].gpu_mem_gb", "too small"]),
+    ("scenarios[0].cpu_mem_gb", 0, ["scenarios[0].cpu_mem_gb", "too small"]),
+    ("scenarios[1].name", "../evil", ["scenarios[1].name", "not a valid name"]),
+    ("scenarios[1].name", "has space", ["scenarios[1].name", "not a valid name"]),
+    ("scenarios[1].name", "a;rm -rf", ["scenarios[1].name", "not a valid name"]),
+    ("scenarios[1].name", "..", ["scenarios[1].name", "not a valid name"]),
+    ("scenarios[1].name", "a/b", ["scenarios[1].name", "not a valid name"]),
+    ("study", "my study", ["study", "not a valid name"]),
+    ("cluster", "../clusters/x", ["cluster", "not a valid name"]),
+    ("model", {}, ["model", "exactly one of preset, config or name_or_path"]),
+    ("model", {"preset": "llama2-7b", "name_or_path": "x"}, ["model", "exactly one"]),
+    ("model", {"preset": "llama9-1t"}, ["model.preset", "llama2-7b"]),
+    ("model", {"config": {"hidden_size": 8}}, ["model.config.model_type", "required"]),
+    ("scenarios", [], ["scenarios", "should be non-empty"]),
+    ("model", DELETE, ["model", "required"]),
+    ("timeout_min", 0, ["timeout_min", "too small"]),
+    ("zero", {"reduce_bucket_sise": 5e8}, ["zero.reduce_bucket_sise", "reduce_bucket_size"]),
+    ("zero", {"stage": 2}, ["zero.stage", "set by the scenario"]),
+    ("scenarios[1].zero", {"offload_optimizer": {}}, ["scenarios[1].zero.offload_optimizer"]),
+    ("aio", {"thread_count": 8}, ["aio.thread_count", "intra_op_parallelism"]),
+    ("aio", {"queue_dept": 8}, ["aio.queue_dept", "queue_depth"]),
+    (
+        "scenarios[0].sweep",
+        {"reduce_bucket_sise": [1, 2]},
+        ["scenarios[0].sweep.reduce_bucket_sise"],
+    ),
+    ("scenarios[0].sweep", {"micro_batch": []}, ["scenarios[0].sweep.micro_batch"]),
+    ("scenarios[0].sweep", {"micro_batch": [0]}, ["scenarios[0].sweep.micro_batch", "positive"]),
+    ("baseline", "nope", ["baseline", "'nope'", "zero3-2rank"]),
+    ("scenarios[0].reference", {"speed_pct": "fast"}, ["scenarios[0].reference.speed_pct"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"), BAD_INPUT, ids=[f"{p}={v!r}"[:60] for p, v, _ in BAD_INPUT]
+)
+def test_bad_input_is_refused_naming_the_key(study, path, value, words):
+    message = plan_error(with_change(study, path, value))
+    for word in words:
+        assert word in message, message
+
+
+def test_bad_input_case_count():
+    assert len(BAD_INPUT) + 8 >= 20
+
+
+def test_duplicate_scenario_names(study):
+    study["scenarios"][2]["name"] = study["scenarios"][0]["name"]
+    message = plan_error(study)
+    assert "scenarios[2].name" in message and "used twice" in message and "scenarios[0]" in message
+
+
+def test_non_divisible_batch_names_the_numbers(study):
+    message = plan_error(with_change(study, "global_batch", 7))
+    assert "scenarios[0]" in message and "global_batch 7" in message and "micro_batch 2" in message
+
+
+def test_nvme_without_path(study, tmp_path):
+    cluster = yaml.safe_load((REPO_ROOT / "config/clusters/local-cpu.yaml").read_text())
+    del cluster["nvme_path"]
+    (tmp_path / "local-cpu.yaml").write_text(yaml.safe_dump(cluster))
+    message = plan_error(study, cluster_dir=tmp_path)
+    assert "scenarios[3].offload_optimizer" in message and "nvme_path" in message
+
+
+def test_more_gpus_than_the_cluster_has(study):
+    message = plan_error(with_change(study, "scenarios[1].gpus_per_node", 3))
+    assert "scenarios[1].gpus_per_node" in message and "local-cpu" in message and "(2)" in message
+
+
+def test_more_nodes_than_the_cluster_has(study):
+    message = plan_error(with_change(study, "scenarios[1].nodes", 2))
+    assert "scenarios[1].nodes" in message
+
+
+def test_bigger_card_than_the_cluster_has():
+    seed = shipped("config/studies/seed.yaml")
+    message = plan_error(with_change(seed, "scenarios[2].gpu_mem_gb", 200))
+    assert "scenarios[2].gpu_mem_gb" in message and "141" in message
+
+
+def test_unknown_cluster_names_the_file(study):
+    message = plan_error(with_change(study, "cluster", "nowhere"))
+    assert "config/clusters/nowhere.yaml" in message and "local-cpu" in message
+
+
+def test_bad_cluster_file(tmp_path, study):
+    (tmp_path / "local-cpu.yaml").write_text(
+        "name: local-cpu\naccelerator: tpu\ngpus_per_node: 1\n"
+    )
+    message = plan_error(study, cluster_dir=tmp_path)
+    assert "local-cpu.yaml" in message and "accelerator" in message and "'cuda'" in message
+
+
+def test_invalid_yaml_file(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text("study: [unclosed\n")
+    with pytest.raises(StudyError, match="study.yaml: not valid YAML"):
+        load_study(path)
+
+
+def test_defaults_are_filled(study):
+    loaded = load_study(study)
+    assert loaded["scenarios"][0]["nodes"] == 1
+    assert loaded["scenarios"][0]["offload_param"] == "none"
+    assert loaded["optimizer"] == {"type": "AdamW", "lr": 1e-4, "weight_decay": 0.0}
+
+
+def test_global_batch_constant_across_scenarios():
+    plan = Plan(shipped("config/studies/seed.yaml"))
+    by = {r["scenario"]: r for r in plan.runs}
+    assert {r["global_batch"] for r in plan.runs} == {128}
+    assert by["zero3-8gpu-40gb"]["gradient_accumulation_steps"] == 4
+    assert by["offload-4gpu-40gb"]["gradient_accumulation_steps"] == 8
+    assert by["offload-2gpu-80gb"]["gradient_accumulation_steps"] == 16
+    assert plan.baseline == "zero3-8gpu-40gb"
+    assert 6.7e9 < by["zero3-8gpu-40gb"]["model_params"] < 6.8e9
+
+
+def test_sweep_expands_cartesian_with_readable_names(study):
+    study["scenarios"][1]["sweep"] = {
+        "reduce_bucket_size": ["5e8", 1e9],
+        "gradient_accumulation_steps": [1, 4],
+    }
+    plan = Plan(study)
+    names = [r["scenario"] for r in plan.runs if r["base_scenario"] == "offload-opt-2rank"]
+    assert names == [
+        "offload-opt-2rank__rbs-5e8__gas-1",
+        "offload-opt-2rank__rbs-5e8__gas-4",
+        "offload-opt-2rank__rbs-1e9__gas-1",
+        "offload-opt-2rank__rbs-1e9__gas-4",
+    ]
+    run = plan.by_name["offload-opt-2rank__rbs-1e9__gas-4"]
+    # gas fixed by the sweep: global batch follows micro × gas × world.
+    assert run["global_batch"] == 2 * 4 * 2
+    config = dsconfig.build_ds_config(run)
+    assert config["zero_optimization"]["reduce_bucket_size"] == 1_000_000_000
+    assert config["gradient_accumulation_steps"] == 4
+    assert len(plan.runs) == 3 + 4
+
+
+def test_format_value():
+    assert format_value("5e8") == "5e8"
+    assert format_value(1_000_000_000) == "1e9"
+    assert format_value(2.5e8) == "2.5e8"
+    assert format_value(4) == "4"
+    assert format_value(True) == "true"
+
+
+def test_seed_config_is_the_base():
+    plan = Plan(shipped("config/studies/seed.yaml"))
+    config = dsconfig.build_ds_config(plan.by_name["offload-4gpu-40gb"])
+    zero = config["zero_optimization"]
+    for key, value in dsconfig.SEED_ZERO3.items():
+        assert zero[key] == value
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert config["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    assert (
+        "offload_optimizer"
+        not in dsconfig.build_ds_config(plan.by_name["zero3-8gpu-40gb"])["zero_optimization"]
+    )
+
+
+def test_aio_is_top_level_with_installed_names(study):
+    study["aio"] = {"intra_op_parallelism": 2, "queue_depth": 16}
+    plan = Plan(study)
+    config = dsconfig.build_ds_config(plan.by_name["nvme-1rank"])
+    assert config["aio"] == {"intra_op_parallelism": 2, "queue_depth": 16}
+    assert "aio" not in config["zero_optimization"]
+    assert "aio" not in dsconfig.build_ds_config(plan.by_name["zero3-2rank"])
+
+
+def test_installed_key_names_come_from_deepspeed():
+    names = dsconfig.installed_key_names()
+    assert {"reduce_bucket_size", "stage3_prefetch_bucket_size", "prefetch_bucket_size"} <= names[
+        "zero"
+    ]
+    assert "intra_op_parallelism" in names["aio"] and "thread_count" not in names["aio"]
+    assert "nvme_path" in names["offload_param"]
+
+
+def test_configfile_study_replaces_default(tmp_path):
+    """Snakemake merges --configfile into the default; we replace (no leaked scenarios)."""
+    seed = Plan(shipped("config/studies/seed.yaml"))
+    assert [r["base_scenario"] for r in seed.runs][0] == "zero3-8gpu-40gb"
+    assert load_cluster("h200-8gpu")["gpus_per_node"] == 8
+
+
+# Real DeepSpeed's own parser accepts every config both shipped studies produce (batch arithmetic too).
+@pytest.fixture(scope="module")
+def deepspeed_comm():
+    from offload_study.plan import check_with_deepspeed
+
+    return check_with_deepspeed
+
+
+@pytest.mark.parametrize("study_path", SHIPPED_STUDIES)
+def test_shipped_configs_pass_deepspeeds_parser(study_path, tmp_path, deepspeed_comm):
+    from offload_study.plan import write_scenario_files
+
+    plan = Plan(shipped(study_path))
+    assert len(plan.runs) >= 4
+    specs = []
+    for run in plan.runs:
+        ds_path, spec_path = (
+            tmp_path / f"{run['scenario']}.json",
+            tmp_path / f"{run['scenario']}.run.json",
+        )
+        write_scenario_files(run, str(ds_path), str(spec_path))
+        specs.append(str(spec_path))
+        config = json.loads(ds_path.read_text())
+        assert (
+            config["train_batch_size"]
+            == config["train_micro_batch_size_per_gpu"]
+            * config["gradient_accumulation_steps"]
+            * run["world_size"]
+        )
+        parsed = dsconfig.parse_with_deepspeed(config, run["world_size"])
+        assert parsed.zero_optimization_stage == 3
+        assert parsed.train_batch_size == run["global_batch"]
+        assert parsed.world_size == run["world_size"]
+    assert deepspeed_comm(specs) == []
+
+
+def test_deepspeed_parser_refusal_is_reported(tmp_path, deepspeed_comm):
+    from offload_study.plan import write_scenario_files
+
+    run = Plan(shipped("config/config.yaml")).runs[0]
+    spec_path = tmp_path / "x.run.json"
+    write_scenario_files(run, str(tmp_path / "x.json"), str(spec_path))
+    bad = json.loads((tmp_path / "x.json").read_text())
+    bad["train_batch_size"] = 7
+    (tmp_path / "x.json").write_text(json.dumps(bad))
+    errors = deepspeed_comm([str(spec_path)])
+    assert len(errors) == 1 and "zero3-2rank" in errors[0] and "batch" in errors[0].lower()
+
+
+def test_top_level_keys_are_known_to_deepspeed():
+    """We emit no top-level key DeepSpeed would silently ignore."""
+    import ast
+
+    source = (dsconfig._deepspeed_dir() / "runtime/constants.py").read_text()
+    known = {
+        node.value.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assign)
+        and isinstance(getattr(node, "value", None), ast.Constant)
+        and isinstance(node.value.value, str)
+    } | {"zero_optimization", "aio", "optimizer", "bf16", "fp16"}
+    for path in SHIPPED_STUDIES:
+        for run in Plan(shipped(path)).runs:
+            unknown = set(dsconfig.build_ds_config(run)) - known
+            assert not unknown, unknown
+
+
+def test_expand_plan_refuses_mismatched_cluster(study):
+    with pytest.raises(StudyError, match="cluster"):
+        expand_plan(load_study(study), load_cluster("h200-8gpu"))
