@@ -97,7 +97,10 @@ def _sweep_combos(sweep: dict) -> list[dict]:
     if not sweep:
         return [{}]
     keys = list(sweep)
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(sweep[k] for k in keys))]
+    return [
+        dict(zip(keys, values, strict=True))
+        for values in itertools.product(*(sweep[k] for k in keys))
+    ]
 
 
 def _batch(

@@ -24,8 +24,11 @@ class StudyError(ValueError):
 
 
 def load_schema(name: str) -> dict:
-    with open(SCHEMA_DIR / f"{name}.schema.yaml") as fh:
-        return yaml.safe_load(fh)
+    path = SCHEMA_DIR / f"{name}.schema.yaml"
+    if not path.exists():
+        path = SCHEMA_DIR / f"{name}.schema.json"
+    with open(path) as fh:
+        return yaml.safe_load(fh)  # JSON is YAML
 
 
 def key_path(parts) -> str:

@@ -1,0 +1,32 @@
+"""Rewrite the generated parts of README.md from the schemas (`python -m offload_study.readme_sync`)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from offload_study import schemadoc
+from offload_study.study import REPO_ROOT
+
+SECTIONS = ("study", "cluster", "metrics")
+
+
+def synced(text: str) -> str:
+    for name in SECTIONS:
+        pattern = re.compile(
+            rf"(<!-- BEGIN {name} reference[^>]*-->\n).*?(<!-- END {name} reference -->)", re.S
+        )
+        text = pattern.sub(
+            lambda m, n=name: m.group(1) + schemadoc.render(n) + "\n" + m.group(2), text
+        )
+    return text
+
+
+def main() -> int:
+    path = REPO_ROOT / "README.md"
+    path.write_text(synced(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
