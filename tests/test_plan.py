@@ -8,6 +8,7 @@ import re
 
 import pytest
 import yaml
+
 from offload_study import dsconfig
 from offload_study.plan import Plan, expand_plan, format_value
 from offload_study.study import REPO_ROOT, StudyError, load_cluster, load_study
