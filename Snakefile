@@ -18,6 +18,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         f"reports/{PLAN.study['study']}/report.html",
-    default_target: True

@@ -3,7 +3,9 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-sys.path.insert(0, f"{workflow.basedir}/workflow")  # the library, also without pip install -e
+sys.path.insert(
+    0, f"{workflow.basedir}/workflow"
+)  # the library, also without pip install -e
 
 from offload_study.plan import Plan
 from offload_study.study import StudyError
@@ -15,7 +17,11 @@ if workflow.overwrite_configfiles:
     config.update(workflow.config_settings.overwrite_config)
 
 try:
-    PLAN = Plan(config, source=", ".join(map(str, workflow.overwrite_configfiles)) or "config/config.yaml")
+    PLAN = Plan(
+        config,
+        source=", ".join(map(str, workflow.overwrite_configfiles))
+        or "config/config.yaml",
+    )
 except StudyError as err:
     raise WorkflowError(f"invalid study: {err}") from None
 

@@ -8,11 +8,11 @@ rule deepspeed_config:
     output:
         ds_config=f"{RESULTS}/configs/{{scenario}}.json",
         spec=f"{RESULTS}/configs/{{scenario}}.run.json",
+    log:
+        f"{RESULTS}/logs/deepspeed_config/{{scenario}}.log",
     params:
         # A changed scenario re-plans (and re-runs) that scenario alone.
         spec=lambda wc: PLAN.run_spec(wc.scenario),
-    log:
-        f"{RESULTS}/logs/deepspeed_config/{{scenario}}.log",
     run:
         from offload_study.plan import write_scenario_files
 
@@ -22,10 +22,10 @@ rule deepspeed_config:
 rule plan_summary:
     output:
         f"{RESULTS}/plan.unchecked.json",
-    params:
-        summary=PLAN.summary(),
     log:
         f"{RESULTS}/logs/plan_summary.log",
+    params:
+        summary=PLAN.summary(),
     run:
         from offload_study.plan import write_json
 
