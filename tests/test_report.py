@@ -242,6 +242,8 @@ def test_pareto_front():
     assert R.pareto_front(pts) == [4, 1, 0]
 
 
-@pytest.mark.parametrize("v,exp", [(None, "—"), (float("nan"), "—"), (1.234, "1.2"), (12345, "12,345")])
+@pytest.mark.parametrize(
+    "v,exp", [(None, "—"), (float("nan"), "—"), (1.234, "1.2"), (12345, "12,345")]
+)
 def test_fmt(v, exp):
     assert R.fmt(v) == exp

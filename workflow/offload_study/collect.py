@@ -6,9 +6,9 @@ CLI::
         --runs-csv runs.csv --runs-parquet runs.parquet --summary-csv summary.csv \
         results/<cluster>/<study>/<scenario>/rep<k>/metrics.json ...
 
-A missing or unreadable metrics.json becomes a row with outcome "missing" / "error"; collecting never
-crashes on a bad record. The table functions (:func:`build_runs`, :func:`summarize`, ...) are pure:
-DataFrames / dicts in, DataFrames out.
+A missing or unreadable metrics.json becomes a row with outcome "missing" / "error"; collecting
+never crashes on a bad record. The table functions (:func:`build_runs`, :func:`summarize`, ...)
+are pure: DataFrames / dicts in, DataFrames out.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def _num(v) -> float:
 
 
 def read_steps(record_dir: str | Path) -> pd.DataFrame:
-    """Measured steps of one run (steps.csv beside metrics.json); empty frame when absent/corrupt."""
+    """Measured steps of one run (steps.csv beside metrics.json); empty when absent/corrupt."""
     cols = ["step", "phase", "step_time_s", "tokens_per_s", "samples_per_s", "loss"]
     try:
         df = pd.read_csv(Path(record_dir) / "steps.csv")
@@ -363,7 +363,8 @@ def choose_baseline(runs: pd.DataFrame, requested: str | None = None) -> str | N
         return None
     df = runs[runs["scenario"].notna()]
     none = df[
-        (df["offload_optimizer"].astype(str) == "none") & (df["offload_param"].astype(str) == "none")
+        (df["offload_optimizer"].astype(str) == "none")
+        & (df["offload_param"].astype(str) == "none")
     ]
     if none.empty:
         return None
@@ -575,10 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs.to_parquet(a.runs_parquet, index=False)
     summary.to_csv(a.summary_csv, index=False)
     n_ok = int((runs["outcome"] == "ok").sum()) if len(runs) else 0
-    print(
-        f"collect: {len(runs)} runs ({n_ok} ok), {len(summary)} scenarios, "
-        f"baseline={summary['baseline'].iloc[0] if 'baseline' in summary and len(summary) else None}"
-    )
+    base = summary["baseline"].iloc[0] if "baseline" in summary and len(summary) else None
+    print(f"collect: {len(runs)} runs ({n_ok} ok), {len(summary)} scenarios, baseline={base}")
     return 0
 
 

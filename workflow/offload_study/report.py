@@ -73,6 +73,8 @@ def fmt(v, digits: int = 1, suffix: str = "") -> str:
     x = float(v)
     if abs(x) >= 10000:
         return f"{x:,.0f}{suffix}"
+    if 0 < abs(x) < 0.1 and digits > 0:
+        return f"{x:.2g}{suffix}"
     return f"{x:,.{digits}f}{suffix}"
 
 
@@ -137,7 +139,7 @@ def _dig(d: dict | None, *paths: str):
 
 # --------------------------------------------------------------------------- model
 def build_scenarios(summary: pd.DataFrame, plan: dict) -> list[dict]:
-    """Plan scenarios (in plan order) joined with their summary rows; extra summary rows appended."""
+    """Plan scenarios (in plan order) joined with their summary rows; extra rows appended."""
     rows = {}
     if not summary.empty and "scenario" in summary:
         for rec in summary.to_dict("records"):
@@ -201,9 +203,14 @@ def _scenario_view(sc: dict, m: dict | None) -> dict:
         v["host_peak"] = _f(m.get("host_peak_rss_gib"))
     v["is_baseline"] = str(m.get("is_baseline")).lower() == "true"
     v["offload_kind"] = _offload_kind(v["offload_optimizer"], v["offload_param"])
-    v["gpu_setup"] = (
-        f"{_gb(v['gpu_mem_gb'])} × {v['world_size']}" if v["world_size"] else _gb(v["gpu_mem_gb"])
-    )
+    v["unit"] = "ranks" if str(m.get("accelerator")) == "cpu" else "GPUs"
+    if not _isnum(v["gpu_mem_gb"]):
+        n = v["world_size"] or "?"
+        v["gpu_setup"] = f"{n} {v['unit'][:-1] if n == 1 else v['unit']}"
+    elif v["world_size"]:
+        v["gpu_setup"] = f"{_gb(v['gpu_mem_gb'])} × {v['world_size']}"
+    else:
+        v["gpu_setup"] = _gb(v["gpu_mem_gb"])
     ref = v["reference"] or {}
     v["ref_speed"] = _f(ref.get("speed_pct"))
     return v
@@ -244,7 +251,8 @@ def verdicts(scen: list[dict], baseline: str | None, note: str | None) -> tuple[
         for s in scen:
             if not math.isnan(s["tps"]):
                 lines.append(
-                    f"{s['label']}: {fmt(s['tps'], 0)} tokens/s on {s['world_size'] or '?'} GPUs"
+                    f"{s['label']}: {fmt(s['tps'], 0)} tokens/s on "
+                    f"{s['world_size'] or '?'} {s['unit']}"
                     + (f", peak {fmt(s['gpu_peak'])} GiB/GPU" if _isnum(s["gpu_peak"]) else "")
                     + "."
                 )
@@ -252,12 +260,12 @@ def verdicts(scen: list[dict], baseline: str | None, note: str | None) -> tuple[
                 lines.append(f"{s['label']}: no successful run ({s['outcomes']}).")
         return head, lines
     use_gpu = _isnum(base["gpu_peak"])
-    mem_key, mem_name = ("gpu_peak", "GPU memory per GPU") if use_gpu else (
-        "host_peak", "host memory per node"
+    mem_key, mem_name = (
+        ("gpu_peak", "GPU memory per GPU") if use_gpu else ("host_peak", "host memory per node")
     )
     head = (
         f"Baseline {base['label']}: {fmt(base['tps'], 0)} tokens/s on "
-        f"{base['world_size'] or '?'} GPUs"
+        f"{base['world_size'] or '?'} {base['unit']}"
         + (f", {fmt(base[mem_key])} GiB {mem_name}" if _isnum(base[mem_key]) else "")
         + "."
     )
@@ -269,9 +277,9 @@ def verdicts(scen: list[dict], baseline: str | None, note: str | None) -> tuple[
             continue
         t = f"{s['label']}: {fmt_pct(s['rel'])} of baseline speed"
         if _isnum(s[mem_key]) and _isnum(base[mem_key]) and base[mem_key] > 0:
-            t += f" at {s[mem_key] / base[mem_key]:.2g}× the {mem_name}"
+            t += f" at {s[mem_key] / base[mem_key]:#.2g}× the {mem_name}"
         if s["world_size"] and base["world_size"] and s["world_size"] != base["world_size"]:
-            t += f", on {s['world_size']} instead of {base['world_size']} GPUs"
+            t += f", on {s['world_size']} instead of {base['world_size']} {base['unit']}"
         if _isnum(s["ref_speed"]):
             t += f" (seed: ~{s['ref_speed']:g}%)"
         lines.append(t + ".")
@@ -292,7 +300,7 @@ def _short(label: str, n: int = 34) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
-def plot_relative_speed(scen: list[dict], path: Path, baseline: str | None) -> bool:
+def plot_relative_speed(scen: list[dict], baseline: str | None, path: Path) -> bool:
     have_rel = any(not math.isnan(s["rel"]) for s in scen)
     have_tps = any(not math.isnan(s["tps"]) for s in scen)
     if not scen or not (have_rel or have_tps):
@@ -307,9 +315,7 @@ def plot_relative_speed(scen: list[dict], path: Path, baseline: str | None) -> b
     else:
         vals = [s["tps"] if not math.isnan(s["tps"]) else 0 for s in scen]
         xlabel = "tokens/s (no baseline measured)"
-    colors = [
-        PALETTE["failed"] if s["n_ok"] == 0 else PALETTE[s["offload_kind"]] for s in scen
-    ]
+    colors = [PALETTE["failed"] if s["n_ok"] == 0 else PALETTE[s["offload_kind"]] for s in scen]
     ax.barh(y, vals, color=colors, height=0.6)
     for i, s in enumerate(scen):
         if have_rel and not math.isnan(s["rel_lo"]) and not math.isnan(s["rel_hi"]):
@@ -417,7 +423,7 @@ def plot_breakdown(scen: list[dict], path: Path) -> bool:
         _no_data(path, "Step-time breakdown", "no step time or DeepSpeed timers recorded")
         return False
     fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(rows) + 1.6))
-    colors = sns.color_palette("Set2", 5)
+    colors = [*sns.color_palette("Set2", 4), (0.8, 0.8, 0.8)]
     left = np.zeros(len(rows))
     names = [n for n, _ in BREAKDOWN_PARTS] + ["other / unattributed"]
     for k, name in enumerate(names):
@@ -448,7 +454,11 @@ def plot_speed_vs_gas(runs: pd.DataFrame, scen: list[dict], path: Path) -> bool:
         _no_data(path, "Speed vs gradient accumulation", "gradient_accumulation_steps never varies")
         return False
     labels = {s["name"]: s["label"] for s in scen}
-    key = "base_scenario" if "base_scenario" in ok and ok["base_scenario"].notna().all() else "scenario"
+    key = (
+        "base_scenario"
+        if "base_scenario" in ok and ok["base_scenario"].notna().all()
+        else "scenario"
+    )
     ok["config"] = ok[key].map(lambda n: _short(labels.get(n, str(n)), 30))
     fig, ax = plt.subplots(figsize=(7.5, 4.3))
     sns.lineplot(data=ok, x="gas", y="tps", hue="config", marker="o", errorbar=None, ax=ax)
@@ -458,7 +468,13 @@ def plot_speed_vs_gas(runs: pd.DataFrame, scen: list[dict], path: Path) -> bool:
     ax.set_xlabel("gradient accumulation steps")
     ax.set_ylabel("tokens/s")
     ax.set_ylim(bottom=0)
-    ax.set_title("Speed vs gradient accumulation (seed: ≥ 8 hides offload transfers)")
+    within = ok.groupby("config")["gas"].nunique().max() > 1
+    ax.set_title(
+        "Speed vs gradient accumulation (seed: ≥ 8 hides offload transfers)"
+        if within
+        else "Speed vs gradient accumulation (gas differs only between configurations)",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -470,16 +486,16 @@ def make_figures(runs: pd.DataFrame, scen: list[dict], figdir: Path, baseline) -
     figdir.mkdir(parents=True, exist_ok=True)
     sns.set_theme(style="whitegrid", context="notebook")
     specs = [
-        ("relative_speed", "Relative training speed", lambda p: plot_relative_speed(scen, p, baseline)),
-        ("speed_vs_gpu_memory", "Speed vs memory tradeoff", lambda p: plot_speed_vs_memory(scen, p)),
-        ("step_breakdown", "Step-time breakdown", lambda p: plot_breakdown(scen, p)),
-        ("speed_vs_gas", "Speed vs gradient accumulation", lambda p: plot_speed_vs_gas(runs, scen, p)),
-    ]  # fmt: skip
+        ("relative_speed", "Relative training speed", plot_relative_speed, (scen, baseline)),
+        ("speed_vs_gpu_memory", "Speed vs memory tradeoff", plot_speed_vs_memory, (scen,)),
+        ("step_breakdown", "Step-time breakdown", plot_breakdown, (scen,)),
+        ("speed_vs_gas", "Speed vs gradient accumulation", plot_speed_vs_gas, (runs, scen)),
+    ]
     out = []
-    for key, title, fn in specs:
+    for key, title, fn, args in specs:
         p = figdir / FIGURES[key]
         try:
-            has = fn(p)
+            has = fn(*args, p)
         except Exception as e:  # a plotting bug must not lose the whole report
             plt.close("all")
             _no_data(p, title, f"plot failed ({type(e).__name__}: {e})"[:90])
@@ -694,10 +710,26 @@ def render(
     env.filters.update(fmt=fmt, pct=fmt_pct, bytes=fmt_bytes)
     tpl = env.get_template("report.html.j2")
     base_view = next((s for s in scen if s["name"] == baseline), None)
+    model = plan.get("model") if isinstance(plan.get("model"), dict) else {}
+    setup = [
+        f"model {_s(model.get('preset')) or _s(model.get('name_or_path')) or '?'}"
+        + (
+            f" ({float(plan['model_params']) / 1e6:,.1f} M params)"
+            if _isnum(plan.get("model_params"))
+            else ""
+        )
+        if model or _isnum(plan.get("model_params"))
+        else None,
+        f"seq_len {plan['seq_len']}" if plan.get("seq_len") else None,
+        _s(plan.get("dtype")),
+        f"{plan['repeats']} repeat(s)" if plan.get("repeats") else None,
+        _s(plan.get("cluster_description")),
+    ]
     return tpl.render(
         study=_s(plan.get("study")) or "?",
         cluster=cluster,
         description=_s(plan.get("description")) or "",
+        setup_line=" · ".join(x for x in setup if x),
         baseline=baseline,
         baseline_label=base_view["label"] if base_view else None,
         baseline_note=note,

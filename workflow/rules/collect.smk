@@ -6,18 +6,30 @@ rule collect:
     """All run records -> one tidy table (failed runs included) and a per-scenario summary."""
     input:
         metrics=expand(
-            f"{RESULTS}/{{scenario}}/rep{{rep}}/metrics.json", scenario=SCENARIOS, rep=REPEATS
+            f"{RESULTS}/{{scenario}}/rep{{rep}}/metrics.json",
+            scenario=SCENARIOS,
+            rep=REPEATS,
         ),
     output:
-        runs=f"{RESULTS}/runs.csv",
+        runs=report(
+            f"{RESULTS}/runs.csv",
+            caption="../report/runs.rst",
+            category="Tables",
+            labels={"table": "runs (one row per run)"},
+        ),
         parquet=f"{RESULTS}/runs.parquet",
-        summary=f"{RESULTS}/summary.csv",
-    params:
-        baseline=PLAN.baseline or "",
+        summary=report(
+            f"{RESULTS}/summary.csv",
+            caption="../report/summary.rst",
+            category="Tables",
+            labels={"table": "summary (one row per scenario)"},
+        ),
     log:
         f"{RESULTS}/logs/collect.log",
     conda:
         "../../envs/analysis.yaml"
+    params:
+        baseline=PLAN.baseline or "",
     shell:
         "python -m offload_study.collect --baseline '{params.baseline}' --runs-csv {output.runs}"
         " --runs-parquet {output.parquet} --summary-csv {output.summary} {input.metrics} > {log} 2>&1"

@@ -1,5 +1,7 @@
+import os
 import re
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
@@ -37,3 +39,22 @@ wildcard_constraints:
 
 def run_dirs():
     return expand(f"{RESULTS}/{{scenario}}/rep{{rep}}", scenario=SCENARIOS, rep=REPEATS)
+
+
+REPORT_DIR = f"reports/{PLAN.study['study']}"
+
+
+def other_cluster_summaries():
+    """The same study's summaries from other clusters collected here, shown side by side."""
+    here = Path(RESULTS)
+    found = here.parent.parent.glob(f"*/{here.name}/summary.csv")
+    return sorted(str(p) for p in found if p.parent != here)
+
+
+def report_figure(name, title):
+    return report(
+        f"{REPORT_DIR}/figures/{name}.png",
+        caption=f"../report/{name}.rst",
+        category="Figures",
+        labels={"figure": title},
+    )
