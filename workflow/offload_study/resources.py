@@ -31,7 +31,8 @@ For one cluster the key set is the same for every run, so a rule can use
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "RUNTIME_MARGIN_MIN",
@@ -48,6 +49,8 @@ RUNTIME_MARGIN_MIN = 10
 #: MB requested on top of the scenario's cpu_mem_gb (launcher, Python, DeepSpeed runtime),
 #: dropped (capped at the node's memory) when the node has no room for it.
 MEM_HEADROOM_MB = 1024
+#: --mem per rank (gpus_per_node) when neither cpu_mem_gb nor mem_gb_per_node is known.
+DEFAULT_MEM_MB_PER_RANK = 3072
 #: runtime when neither timeout_s nor max_runtime_min is given.
 DEFAULT_RUNTIME_MIN = 24 * 60
 
@@ -113,7 +116,9 @@ def check_fits(run_spec: dict, cluster: dict) -> None:
                 f"{cname!r} cpu_cores_per_node={cores}"
             )
     if problems:
-        raise ValueError(f"scenario {name!r} does not fit cluster {cname!r}: " + "; ".join(problems))
+        raise ValueError(
+            f"scenario {name!r} does not fit cluster {cname!r}: " + "; ".join(problems)
+        )
 
 
 def _cpus_per_task(run_spec: dict, cluster: dict, cap: bool = True) -> int:
@@ -155,12 +160,10 @@ def _mem_mb(run_spec: dict, cluster: dict) -> int:
     mem_gb = run_spec.get("cpu_mem_gb")
     c_mem = cluster.get("mem_gb_per_node")
     if mem_gb is None:
-        if c_mem is None:
-            raise ValueError(
-                f"scenario {_name(run_spec)!r}: neither run spec cpu_mem_gb nor cluster "
-                "mem_gb_per_node is set; cannot size --mem"
-            )
-        return int(c_mem * 1024)
+        if c_mem is not None:
+            return int(c_mem * 1024)  # no budget: the whole node's memory
+        # nothing known: a modest request per rank (the node's real size decides the rest)
+        return DEFAULT_MEM_MB_PER_RANK * _int(run_spec, "gpus_per_node")
     mb = math.ceil(float(mem_gb) * 1024) + MEM_HEADROOM_MB
     if c_mem is not None:
         mb = min(mb, int(c_mem * 1024))

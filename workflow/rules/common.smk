@@ -10,6 +10,7 @@ sys.path.insert(
 )  # the library, also without pip install -e
 
 from offload_study.plan import Plan
+from offload_study.resources import resource_callables
 from offload_study.study import StudyError
 
 # A study given with --configfile replaces the default study instead of being merged into it

@@ -1,6 +1,7 @@
 localrules:
     deepspeed_config,
     plan_summary,
+    plan,
 
 
 rule deepspeed_config:
