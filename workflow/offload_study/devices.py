@@ -88,7 +88,9 @@ def tflops_per_device(
     n_params: int, tokens_per_s: float, world_size: int, gradient_checkpointing: bool = False, **kw
 ) -> float:
     """Achieved model TFLOP/s per device."""
-    return flops_per_token(n_params, gradient_checkpointing, **kw) * tokens_per_s / world_size / 1e12
+    return (
+        flops_per_token(n_params, gradient_checkpointing, **kw) * tokens_per_s / world_size / 1e12
+    )
 
 
 def mfu(tflops: float | None, peak: float | None) -> float | None:

@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    tee = tee_output(out / "logs" / f"rank{rank}.log")
+    _tee = tee_output(out / "logs" / f"rank{rank}.log")
     t_start = time.time()
     print(
         f"[harness] rank {rank}/{world} local_rank {local_rank} pid {os.getpid()} "
@@ -298,11 +298,17 @@ def main(argv=None) -> int:
         if want and want * 1e9 < total:
             torch.cuda.set_per_process_memory_fraction(want * 1e9 / total, local_rank)
             gpu_mem_cap_gib = want * 1e9 / 2**30
-            print(f"[harness] GPU memory capped to {gpu_mem_cap_gib:.2f} GiB of "
-                  f"{total / 2**30:.2f} GiB", flush=True)
+            print(
+                f"[harness] GPU memory capped to {gpu_mem_cap_gib:.2f} GiB of "
+                f"{total / 2**30:.2f} GiB",
+                flush=True,
+            )
     else:
         stats["device_name"] = cpu_model_name()
     stats["gpu_mem_cap_gib"] = gpu_mem_cap_gib
+    stats["cuda_version"] = torch.version.cuda
+    stats["torch_version"] = torch.__version__
+    stats["deepspeed_version"] = deepspeed.__version__
 
     deepspeed.init_distributed()
     sampler = None
@@ -334,10 +340,15 @@ def main(argv=None) -> int:
         writer = csv.writer(steps_file)
         writer.writerow(STEPS_COLUMNS)
         steps_file.flush()
-        write_json_atomic(out / "progress.json", {"step": 0, "total": total_steps,
-                                                  "time": time.time(), "phase": "start"})
-    print(f"[harness] training: {warmup} warm-up + {steps} measured steps, gas {gas}, "
-          f"global batch {gbs}, init took {time.time() - t_start:.1f} s", flush=True)
+        write_json_atomic(
+            out / "progress.json",
+            {"step": 0, "total": total_steps, "time": time.time(), "phase": "start"},
+        )
+    print(
+        f"[harness] training: {warmup} warm-up + {steps} measured steps, gas {gas}, "
+        f"global batch {gbs}, init took {time.time() - t_start:.1f} s",
+        flush=True,
+    )
 
     engine.train()
     measured_time = 0.0
@@ -363,15 +374,32 @@ def main(argv=None) -> int:
             measured_time += dt
         eta = dt * (total_steps - step)
         if rank == 0:
-            writer.writerow([step, phase, f"{dt:.6f}", f"{tokens_per_step / dt:.3f}",
-                             f"{gbs / dt:.4f}", f"{loss_f:.6f}"])
+            writer.writerow(
+                [
+                    step,
+                    phase,
+                    f"{dt:.6f}",
+                    f"{tokens_per_step / dt:.3f}",
+                    f"{gbs / dt:.4f}",
+                    f"{loss_f:.6f}",
+                ]
+            )
             steps_file.flush()
-            write_json_atomic(out / "progress.json", {"step": step, "total": total_steps,
-                                                      "time": time.time(), "phase": phase,
-                                                      "step_time_s": dt})
-            print(f"[harness] step {step}/{total_steps} {phase} time {dt:.3f} s "
-                  f"tokens/s {tokens_per_step / dt:.1f} loss {loss_f:.4f} ETA {fmt_eta(eta)}",
-                  flush=True)
+            write_json_atomic(
+                out / "progress.json",
+                {
+                    "step": step,
+                    "total": total_steps,
+                    "time": time.time(),
+                    "phase": phase,
+                    "step_time_s": dt,
+                },
+            )
+            print(
+                f"[harness] step {step}/{total_steps} {phase} time {dt:.3f} s "
+                f"tokens/s {tokens_per_step / dt:.1f} loss {loss_f:.4f} ETA {fmt_eta(eta)}",
+                flush=True,
+            )
         if not math.isfinite(loss_f):
             print(f"[harness] WARNING non-finite loss at step {step}", flush=True)
 

@@ -112,7 +112,10 @@ OUTCOME_PATTERNS: list[tuple[str, str]] = [
     ("config_error", r"Check batch related parameters"),
     ("config_error", r"\d+ validation errors? for \w+|pydantic(?:_core)?.*ValidationError"),
     ("config_error", r"Extra inputs are not permitted|extra_forbidden"),
-    ("config_error", r"is not supported on your device|DeepSpeedConfigError|Unknown (?:config )?key"),
+    (
+        "config_error",
+        r"is not supported on your device|DeepSpeedConfigError|Unknown (?:config )?key",
+    ),
     ("dist_error", r"EADDRINUSE|address already in use|DistNetworkError|DistStoreError"),
     ("dist_error", r"Rendezvous\w*Error|RendezvousTimeout|rendezvous .* (?:failed|timed out)"),
     ("dist_error", r"NCCL (?:error|WARN)|ncclInternalError|ncclSystemError|ncclUnhandledCudaError"),

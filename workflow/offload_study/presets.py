@@ -43,7 +43,7 @@ PRESETS: dict[str, dict] = {
     # A few-million-parameter Llama that trains in seconds on 2 CPU cores (default study, tests).
     "tiny-llama": {
         **_LLAMA_COMMON,
-        "vocab_size": 2048,
+        "vocab_size": 8192,  # big enough that NVMe offload swaps real tensors (min_aio_bytes 1 MiB)
         "max_position_embeddings": 512,
         "hidden_size": 128,
         "intermediate_size": 352,

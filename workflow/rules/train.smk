@@ -9,13 +9,16 @@ rule train:
         metrics=f"{RESULTS}/{{scenario}}/rep{{rep}}/metrics.json",
         steps=f"{RESULTS}/{{scenario}}/rep{{rep}}/steps.csv",
         provenance=f"{RESULTS}/{{scenario}}/rep{{rep}}/provenance.json",
-    params:
-        outdir=subpath(output.metrics, parent=True),
     log:
         f"{RESULTS}/logs/train/{{scenario}}.rep{{rep}}.log",
-    threads: lambda wc: PLAN.by_name[wc.scenario]["world_size"]
     conda:
         "../../envs/train.yaml"
+    threads: lambda wc: PLAN.by_name[wc.scenario]["world_size"]
+    resources:
+        # GPUs, CPUs, memory, runtime, partition/account/... from the cluster description.
+        **resource_callables(lambda wc: PLAN.by_name[wc.scenario], PLAN.cluster),
+    params:
+        outdir=subpath(output.metrics, parent=True),
     shell:
         "python -m offload_study.runner --spec {input.spec} --repeat {wildcards.rep}"
-        " --outdir {params.outdir} > {log} 2>&1"
+        " --outdir {params.outdir} --cores {threads} > {log} 2>&1"
