@@ -192,15 +192,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _ensure_single_process_comm() -> None:
-    """DeepSpeedConfig only honours the data-parallel size it is told once deepspeed.comm is up."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    except ImportError:
-        pass
+def ensure_single_process_comm() -> None:
+    """DeepSpeedConfig only honours the data-parallel size it is told once deepspeed.comm is up:
+    start a one-process gloo group on a free port, leaving the caller's environment as it was."""
     from deepspeed import comm
 
     if comm.is_initialized():
@@ -212,14 +206,21 @@ def _ensure_single_process_comm() -> None:
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",
     }
-    for key, value in single.items():
-        os.environ.setdefault(key, value)
-    comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    saved = {key: os.environ.get(key) for key in single}
+    os.environ.update(single)
+    try:
+        comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def parse_with_deepspeed(config: dict, world_size: int):
     """Run real DeepSpeed's own config parser (batch arithmetic, pydantic key checks)."""
-    _ensure_single_process_comm()
+    ensure_single_process_comm()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     return DeepSpeedConfig(config, mpu=_DataParallelWorld(world_size))

@@ -329,6 +329,7 @@ def write_scenario_files(run_spec: dict, ds_config_path: str, spec_path: str) ->
 
 def check_with_deepspeed(spec_paths: list[str]) -> list[str]:
     """Parse every DeepSpeed config with DeepSpeed's own parser; return one error per refusal."""
+    dsconfig.ensure_single_process_comm()
     errors = []
     for spec_path in spec_paths:
         spec = json.loads(Path(spec_path).read_text())
