@@ -8,7 +8,6 @@ OFFLOAD_STUDY_REQUIRE_SLURM=1 (then they fail).  Two differently set-up clusters
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
