@@ -13,7 +13,9 @@ from offload_study import dsconfig
 from offload_study.plan import Plan, expand_plan, format_value
 from offload_study.study import REPO_ROOT, StudyError, load_cluster, load_study
 
-SHIPPED_STUDIES = ["config/config.yaml", "config/studies/seed.yaml"]
+SHIPPED_STUDIES = ["config/config.yaml"] + sorted(
+    str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "config" / "studies").glob("*.yaml")
+)
 
 
 def shipped(path: str) -> dict:
