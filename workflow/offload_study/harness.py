@@ -294,10 +294,13 @@ def main(argv=None) -> int:
         total = props.total_memory
         stats["device_name"] = props.name
         stats["gpu_total_bytes"] = int(total)
+        # Cards are sold by binary size (an "A100 40GB" has 40960 MiB), so the cap is in GiB; a
+        # scenario asking for the cluster's own card size (or more) runs uncapped.
         want = spec.get("gpu_mem_gb")
-        if want and want * 1e9 < total:
-            torch.cuda.set_per_process_memory_fraction(want * 1e9 / total, local_rank)
-            gpu_mem_cap_gib = want * 1e9 / 2**30
+        card = spec.get("cluster_gpu_mem_gb")
+        if want and (card is None or want < card) and want * 2**30 < total:
+            torch.cuda.set_per_process_memory_fraction(want * 2**30 / total, local_rank)
+            gpu_mem_cap_gib = float(want)
             print(
                 f"[harness] GPU memory capped to {gpu_mem_cap_gib:.2f} GiB of "
                 f"{total / 2**30:.2f} GiB",

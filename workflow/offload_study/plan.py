@@ -225,6 +225,7 @@ def expand_plan(study: dict, cluster: dict) -> list[dict]:
                     "world_size": world,
                     "accelerator": cluster["accelerator"],
                     "gpu_mem_gb": scenario["gpu_mem_gb"],
+                    "cluster_gpu_mem_gb": cluster.get("gpu_mem_gb"),
                     "cpu_mem_gb": scenario["cpu_mem_gb"],
                     "offload_optimizer": scenario["offload_optimizer"],
                     "offload_param": scenario["offload_param"],

@@ -10,7 +10,7 @@ sys.path.insert(
 )  # the library, also without pip install -e
 
 from offload_study.plan import Plan
-from offload_study.resources import resource_callables
+from offload_study.resources import resource_callables, train_resources
 from offload_study.study import StudyError
 
 # A study given with --configfile replaces the default study instead of being merged into it
@@ -59,3 +59,13 @@ def report_figure(name, title):
         category="Figures",
         labels={"figure": title},
     )
+
+
+def train_threads(wildcards):
+    """On one machine a run takes every core given to Snakemake, so runs never overlap (two
+    runs sharing GPUs or cores would skew each other's numbers); under SLURM, its CPUs.
+    """
+    if PLAN.cluster["scheduler"] == "local":
+        return workflow.cores
+    run = PLAN.by_name[wildcards.scenario]
+    return train_resources(run, PLAN.cluster)["cpus_per_task"]

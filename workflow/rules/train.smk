@@ -13,7 +13,7 @@ rule train:
         f"{RESULTS}/logs/train/{{scenario}}.rep{{rep}}.log",
     conda:
         "../../envs/train.yaml"
-    threads: lambda wc: PLAN.by_name[wc.scenario]["world_size"]
+    threads: train_threads
     resources:
         # GPUs, CPUs, memory, runtime, partition/account/... from the cluster description.
         **resource_callables(lambda wc: PLAN.by_name[wc.scenario], PLAN.cluster),

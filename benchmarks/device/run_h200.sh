@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# The whole measurement on the nvidia-h200 machine (1 GPU), driven from the device `run` tool:
+#   run(command="bash benchmarks/device/run_h200.sh a", carry=[".whl"])        ~8-9 min
+#   run(command="bash benchmarks/device/run_h200.sh nvme", carry=[".whl"])     ~4-5 min
+# Stages (first argument; default full):
+#   smoke  install + versions + op builds + one 1-step run of model A (no offload, ~2.5 min)
+#   a      config/studies/h200-1gpu.yaml (model A, 7 runs) + raw-DeepSpeed fidelity loop
+#   nvme   config/studies/h200-1gpu-nvme.yaml (model B, 4 runs incl. NVMe)
+#   full   a then nvme (does NOT fit in one 10-min call: what runs past the deadline is cut)
+# Everything is time-boxed against a deadline (DEADLINE_S, default 570 s after start) and the
+# results are packed into $OUT after every stage, so a call stopped at its limit still returns
+# what finished. Needs .whl/ (benchmarks/device/make_wheels.sh) carried along.
+set -uo pipefail
+STAGE=${1:-full}
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+OUT=${OUT:-$REPO/.device-out}
+mkdir -p "$OUT"
+LOG=$OUT/run_h200.log
+exec > >(tee -a "$LOG") 2>&1
+CORES=$(nproc)
+SITE=/tmp/site
+LOGS=/tmp/logs  # small logs that come back in $OUT/extra.tar.gz
+mkdir -p $LOGS
+export CORES SITE LOGS OUT
+SUMMARY=()
+
+elapsed() { echo $(($(date +%s) - T0)); }
+say() { echo "[run_h200 +$(elapsed)s] $*"; }
+# left BUDGET [reserve]: seconds this stage may use (capped by its own budget), >= 5
+left() {
+  local rest=$((DEADLINE_S - $(elapsed) - ${2:-25}))
+  ((rest > $1)) && rest=$1
+  ((rest < 5)) && rest=5
+  echo "$rest"
+}
+stage_rc() { SUMMARY+=("$(printf '%-28s rc=%-4s %4ss' "$1" "$2" "$3")"); }
+timed() { # timed NAME BUDGET cmd...   (SIGTERM at the limit, SIGKILL 10 s later)
+  local name=$1 budget; budget=$(left "$2"); shift 2
+  say "== $name (limit ${budget}s): $*"
+  local t=$(date +%s)
+  timeout -k 10 "$budget" bash -c '"$@"' _ "$@"
+  local rc=$?
+  stage_rc "$name" "$rc" $(($(date +%s) - t))
+  if ((rc == 124 || rc == 137)); then
+    say "!! $name timed out after ${budget}s"
+    find "$TORCH_EXTENSIONS_DIR" -name lock -delete 2>/dev/null # killed op builds
+  fi
+  return $rc
+}
+
+# ---------------------------------------------------------------- environment
+setup() {
+  local t=$(date +%s)
+  say "install .whl -> $SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl 2>&1 | grep -v "WARNING: Target directory" || true
+  # rules call `python`: a wrapper (a symlink would lose the image's venv)
+  mkdir -p /tmp/pybin
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >/tmp/pybin/python
+  chmod +x /tmp/pybin/python
+  export PATH=/tmp/pybin:$SITE/bin:$PATH
+  export PYTHONPATH=$SITE:$REPO/workflow
+  export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 TORCH_EXTENSIONS_DIR=/tmp/ts_ext
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
+  # libaio (async_io op, NVMe offload): Debian's .debs unpacked privately
+  local aio=/tmp/libaio
+  if [ ! -e $aio/usr/include/libaio.h ]; then
+    mkdir -p $aio
+    for d in .whl/debs/*.deb; do
+      dpkg -x "$d" $aio 2>/dev/null || python3 - "$d" $aio <<'EOF'
+import io, sys, tarfile
+data = open(sys.argv[1], "rb").read()
+pos = 8  # ar archive: "!<arch>\n", then 60-byte headers
+while pos < len(data):
+    name, size = data[pos:pos + 16].decode().strip(), int(data[pos + 48:pos + 58])
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(data[pos + 60:pos + 60 + size])).extractall(sys.argv[2])
+    pos += 60 + size + (size % 2)
+EOF
+    done
+  fi
+  local lib=$aio/usr/lib/x86_64-linux-gnu
+  [ -e $lib/libaio.so ] || ln -sf "$(ls $lib/libaio.so.1* | head -1)" $lib/libaio.so
+  export CFLAGS="-I$aio/usr/include ${CFLAGS:-}" LDFLAGS="-L$lib ${LDFLAGS:-}"
+  export CPATH=$aio/usr/include${CPATH:+:$CPATH} LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  mkdir -p /tmp/offload-study-nvme
+  stage_rc setup 0 $(($(date +%s) - t))
+}
+
+versions() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+  echo "cores $CORES; $(free -g | awk '/Mem:/{print "RAM " $2 " GiB"}'); disk $(df -h /tmp | awk 'NR==2{print $4 " free"}')"
+  timeout 120 python3 - <<'EOF'
+import importlib.metadata as md, sys
+print("python", sys.version.split()[0], sys.executable)
+for n in ["torch", "deepspeed", "transformers", "snakemake", "pydantic", "jsonschema", "pandas",
+          "matplotlib", "seaborn", "packaging", "typing_extensions", "nvidia-ml-py"]:
+    try:
+        print(f"  {n} {md.version(n)}")
+    except md.PackageNotFoundError:
+        print(f"  {n} MISSING")
+import torch
+print("torch.cuda", torch.version.cuda, torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+EOF
+}
+
+# cpu_adam / fused_adam / async_io compile in parallel (one process each; ninja -j per op)
+build_ops() {
+  local pids=() op rc=0
+  # a build killed earlier leaves its lock file and every later load would wait on it forever
+  find "$TORCH_EXTENSIONS_DIR" -name lock -delete 2>/dev/null
+  for op in "$@"; do
+    python3 -m offload_study.ops "$op" >"$LOGS/ops_$op.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  for op in "$@"; do tail -1 "$LOGS/ops_$op.log"; done
+  return $rc
+}
+
+snake() { # snake STUDY_YAML [targets...]   (targets first: --configfile takes several values)
+  local study=$1
+  shift
+  python3 -m snakemake "$@" --cores "$CORES" --scheduler greedy --resources gpu=1 \
+    --set-resources train:gpu=1 --keep-going --rerun-incomplete --configfile "$study"
+}
+
+raw() { # raw SPEC OUTJSON
+  OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 1 \
+    --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) \
+    benchmarks/raw_deepspeed.py --spec "$1" --out "$2" >"${2%.json}.log" 2>&1
+  local rc=$?
+  tail -1 "$2" 2>/dev/null | cut -c1-200
+  return $rc
+}
+
+fidelity() { # fidelity RESULTS_DIR RAW_DIR -> $OUT/fidelity.json
+  python3 - "$1" "$2" "$OUT/fidelity.json" <<'EOF'
+import json, pathlib, sys
+res, raw_dir, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+rows = []
+for r in sorted(raw_dir.glob("*.json")):
+    raw = json.loads(r.read_text())
+    mp = res / raw["scenario"] / "rep0" / "metrics.json"
+    wf = json.loads(mp.read_text()) if mp.exists() else {}
+    w, x = wf.get("tokens_per_s"), raw.get("tokens_per_s")
+    rows.append({"scenario": raw["scenario"], "workflow_tokens_per_s": w, "raw_tokens_per_s": x,
+                 "ratio": (w / x) if w and x else None, "target": 0.98,
+                 "workflow_step_time_s_median": wf.get("step_time_s"),
+                 "raw_step_time_s_median": raw.get("step_time_s_median"),
+                 "workflow_outcome": wf.get("outcome"), "raw_step_times_s": raw.get("step_times_s")})
+json.dump(rows, open(out, "w"), indent=2)
+print(f"{'scenario':28s} {'workflow tok/s':>15s} {'raw tok/s':>12s} {'ratio':>7s}")
+for x in rows:
+    f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"
+    print(f"{x['scenario']:28s} {f(x['workflow_tokens_per_s'], '15.1f')} "
+          f"{f(x['raw_tokens_per_s'], '12.1f')} {f(x['ratio'], '7.3f')}")
+EOF
+}
+
+table() { # table RESULTS_DIR: one line per run record
+  python3 - "$1" <<'EOF'
+import json, pathlib, sys
+print(f"{'scenario':28s} {'outcome':9s} {'tok/s':>9s} {'step s':>7s} {'TFLOP/s':>8s} {'GPU GiB':>8s} {'host GiB':>8s} {'wall s':>7s}")
+for p in sorted(pathlib.Path(sys.argv[1]).glob("*/rep*/metrics.json")):
+    m = json.loads(p.read_text())
+    f = lambda k, fmt: format(m[k], fmt) if isinstance(m.get(k), (int, float)) else "-"
+    print(f"{m['scenario']:28s} {m['outcome']:9s} {f('tokens_per_s', '9.0f')} {f('step_time_s', '7.3f')} "
+          f"{f('tflops_per_gpu', '8.1f')} {f('peak_gpu_reserved_gib', '8.1f')} "
+          f"{f('host_peak_rss_gib', '8.1f')} {f('wall_time_s', '7.1f')}")
+EOF
+}
+
+pack() { # everything that must come back, <= 8 files in $OUT
+  local t=$(date +%s)
+  tar -czf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "$RES_A" "$RES_B" \
+    "reports/${RES_A##*/}" "reports/${RES_B##*/}" .snakemake/log 2>/dev/null)
+  tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw smoke 2>/dev/null)
+  say "packed $(du -sh "$OUT/results.tar.gz" | cut -f1) into \$OUT ($(($(date +%s) - t)) s)"
+}
+
+summary() {
+  echo
+  echo "==================== summary ($STAGE, $(elapsed) s) ===================="
+  printf '%s\n' "${SUMMARY[@]}"
+  for d in "$RES_A" "$RES_B"; do
+    [ -d "$d" ] && { echo "-- $d"; table "$d"; }
+  done
+  if [ -d /tmp/raw/a ]; then
+    echo "-- fidelity (workflow / raw tokens/s, target >= 0.98)"
+    fidelity "$RES_A" /tmp/raw/a
+  fi
+  pack
+}
+trap summary EXIT
+export -f elapsed say left versions build_ops snake raw fidelity table
+export T0 DEADLINE_S
+
+# ---------------------------------------------------------------- stages
+STUDY_A=${STUDY_A:-config/studies/h200-1gpu.yaml}
+STUDY_B=${STUDY_B:-config/studies/h200-1gpu-nvme.yaml}
+RES_A=results/h200-1gpu/h200-1gpu RES_B=results/h200-1gpu/h200-1gpu-nvme
+setup
+timed versions 150 versions
+res=$(python3 -c "from offload_study.plan import Plan
+print(Plan('$STUDY_A').results_dir, Plan('$STUDY_B').results_dir)") && read -r RES_A RES_B <<<"$res"
+say "studies: $STUDY_A -> $RES_A, $STUDY_B -> $RES_B"
+
+case $STAGE in
+smoke)
+  timed ops "${OPS_S:-240}" build_ops cpu_adam fused_adam async_io
+  timed plan_a 120 snake $STUDY_A plan
+  python3 - "$RES_A" <<'EOF'
+import json
+import sys
+s = json.load(open(sys.argv[1] + "/configs/zero3__gas-1.run.json")); s.update(steps=1, warmup_steps=0, scenario="smoke")
+json.dump(s, open("/tmp/smoke.run.json", "w"), indent=1)
+EOF
+  timed smoke_run 180 python3 -m offload_study.runner --spec /tmp/smoke.run.json --repeat 0 \
+    --outdir /tmp/smoke/rep0
+  cat /tmp/smoke/rep0/metrics.json 2>/dev/null | head -60
+  ;;
+a | full)
+  timed ops "${OPS_S:-240}" build_ops cpu_adam fused_adam $([ "$STAGE" = full ] && echo async_io)
+  timed plan_a 120 snake $STUDY_A plan
+  mkdir -p /tmp/raw/a
+  # fidelity reference first (short runs; the workflow's gas-8 runs are the long ones)
+  for s in zero3__gas-1 offload-opt__gas-1; do
+    timed "raw $s" 150 raw $RES_A/configs/$s.run.json /tmp/raw/a/$s.json
+  done
+  # gas-1 runs and the OOM run first, then the rest (collect + report)
+  timed "study a (gas 1, oom)" 330 snake $STUDY_A \
+    $RES_A/{zero3,offload-opt,offload-opt-param}__gas-1/rep0/metrics.json \
+    $RES_A/zero3-40gb-oom/rep0/metrics.json
+  timed "study a (rest)" 400 snake $STUDY_A
+  fidelity $RES_A /tmp/raw/a
+  pack
+  ;;&
+nvme | full)
+  [ "$STAGE" = nvme ] && timed ops "${OPS_S:-240}" build_ops cpu_adam fused_adam async_io
+  timed plan_b 120 snake $STUDY_B plan
+  timed "study nvme" 420 snake $STUDY_B
+  ;;
+a) ;;
+*) echo "unknown stage $STAGE (smoke | a | nvme | full)"; exit 2 ;;
+esac
