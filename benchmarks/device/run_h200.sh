@@ -5,7 +5,8 @@
 # Stages (first argument; default full):
 #   smoke  install + versions + op builds + one 1-step run of model A (no offload, ~2.5 min)
 #   a      config/studies/h200-1gpu.yaml (model A, 7 runs) + raw-DeepSpeed fidelity loop
-#   nvme   config/studies/h200-1gpu-nvme.yaml (model B, 4 runs incl. NVMe)
+#   nvme   config/studies/h200-1gpu-nvme.yaml (model B, 4 runs incl. NVMe), then
+#          config/studies/default-gpu.yaml (the default study's GPU variant, 4 runs)
 #   full   a then nvme (does NOT fit in one 10-min call: what runs past the deadline is cut)
 # Everything is time-boxed against a deadline (DEADLINE_S, default 570 s after start) and the
 # results are packed into $OUT after every stage, so a call stopped at its limit still returns
@@ -179,8 +180,8 @@ EOF
 
 pack() { # everything that must come back, <= 8 files in $OUT
   local t=$(date +%s)
-  tar -czf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "$RES_A" "$RES_B" \
-    "reports/${RES_A##*/}" "reports/${RES_B##*/}" .snakemake/log 2>/dev/null)
+  tar -czf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "$RES_A" "$RES_B" "$RES_C" \
+    "reports/${RES_A##*/}" "reports/${RES_B##*/}" "reports/${RES_C##*/}" .snakemake/log 2>/dev/null)
   tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw smoke 2>/dev/null)
   say "packed $(du -sh "$OUT/results.tar.gz" | cut -f1) into \$OUT ($(($(date +%s) - t)) s)"
 }
@@ -189,7 +190,7 @@ summary() {
   echo
   echo "==================== summary ($STAGE, $(elapsed) s) ===================="
   printf '%s\n' "${SUMMARY[@]}"
-  for d in "$RES_A" "$RES_B"; do
+  for d in "$RES_A" "$RES_B" "$RES_C"; do
     [ -d "$d" ] && { echo "-- $d"; table "$d"; }
   done
   if [ -d /tmp/raw/a ]; then
@@ -205,7 +206,9 @@ export T0 DEADLINE_S
 # ---------------------------------------------------------------- stages
 STUDY_A=${STUDY_A:-config/studies/h200-1gpu.yaml}
 STUDY_B=${STUDY_B:-config/studies/h200-1gpu-nvme.yaml}
+STUDY_C=${STUDY_C:-config/studies/default-gpu.yaml}
 RES_A=results/h200-1gpu/h200-1gpu RES_B=results/h200-1gpu/h200-1gpu-nvme
+RES_C=results/h200-1gpu/default-gpu
 setup
 timed versions 150 versions
 res=$(python3 -c "from offload_study.plan import Plan
@@ -246,6 +249,8 @@ nvme | full)
   [ "$STAGE" = nvme ] && timed ops "${OPS_S:-240}" build_ops cpu_adam fused_adam async_io
   timed plan_b 120 snake $STUDY_B plan
   timed "study nvme" 420 snake $STUDY_B
+  # the default study's GPU variant: the four scenario kinds with a small model
+  timed "study default-gpu" 240 snake $STUDY_C
   ;;
 a) ;;
 *) echo "unknown stage $STAGE (smoke | a | nvme | full)"; exit 2 ;;
