@@ -121,3 +121,9 @@ def test_devices():
     assert tf == pytest.approx(6 * 7e9 * 1e4 / 8 / 1e12)
     assert devices.mfu(tf, 989.0) == pytest.approx(tf / 989.0)
     assert devices.mfu(1.0, None) is None
+
+
+def test_gpu_mem_cap_from_log():
+    text = "noise\n[harness] GPU memory capped to 40.00 GiB of 139.80 GiB\nTraceback ..."
+    assert logparse.gpu_mem_cap_gib(text) == 40.0
+    assert logparse.gpu_mem_cap_gib("no cap here") is None

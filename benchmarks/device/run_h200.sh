@@ -251,6 +251,21 @@ nvme | full)
   timed "study nvme" 420 snake $STUDY_B
   # the default study's GPU variant: the four scenario kinds with a small model
   timed "study default-gpu" 240 snake $STUDY_C
+  # finish study A when an earlier call was cut (its records are still on a warm machine)
+  [ "${FINISH_A:-0}" = 1 ] && timed "study a (finish)" 200 snake $STUDY_A
+  ;;
+fid)
+  # fidelity, interleaved: raw, workflow runner, raw, runner (warm-up 3, 8 measured steps)
+  mkdir -p /tmp/fid /tmp/raw/fid
+  for s in zero3__gas-1 offload-opt__gas-1; do
+    python3 -c "import json,sys; s=json.load(open(sys.argv[1])); s.update(warmup_steps=3, steps=8); json.dump(s, open(sys.argv[2], 'w'))" $RES_A/configs/$s.run.json /tmp/fid/$s.run.json
+    for k in 1 2; do
+      timed "raw $s #$k" 120 raw /tmp/fid/$s.run.json /tmp/raw/fid/$s.$k.json
+      timed "workflow $s #$k" 120 python3 -m offload_study.runner --spec /tmp/fid/$s.run.json --repeat $k --outdir /tmp/fid/$s/rep$k
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); w=json.load(open(sys.argv[2])); print('FID', sys.argv[3], r['tokens_per_s'], w['tokens_per_s'], w['tokens_per_s']/r['tokens_per_s'])" /tmp/raw/fid/$s.$k.json /tmp/fid/$s/rep$k/metrics.json $s.$k
+    done
+  done
+  tar -czf "$OUT/fid.tar.gz" -C /tmp fid raw/fid
   ;;
 a) ;;
 *) echo "unknown stage $STAGE (smoke | a | nvme | full)"; exit 2 ;;

@@ -81,6 +81,15 @@ def breakdown_ms(text: str, skip_steps: int = 0, rank: int | None = 0) -> dict[s
     return out
 
 
+GPU_CAP_LINE = re.compile(r"\[harness\] GPU memory capped to (?P<gib>[0-9.]+) GiB")
+
+
+def gpu_mem_cap_gib(text: str) -> float | None:
+    """The per-process GPU memory cap the harness announced (also known when a run died later)."""
+    match = GPU_CAP_LINE.search(text)
+    return float(match["gib"]) if match else None
+
+
 def parse_throughput(text: str) -> list[dict[str, float]]:
     """DeepSpeed throughput-timer lines -> list of dicts (global_step, running_avg, curr, ...)."""
     out = []

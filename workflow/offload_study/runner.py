@@ -335,7 +335,10 @@ def compute_metrics(spec, repeat, sup, outcome, excerpt, steps, stats, logs, sta
         m[k] = spec.get(k)
     m["gradient_checkpointing"] = bool(spec.get("gradient_checkpointing", False))
     m["model_params"] = n_params
-    m["gpu_mem_cap_gib"] = s0.get("gpu_mem_cap_gib")
+    # A run that died (e.g. gpu_oom) wrote no stats: the cap is still in its log.
+    m["gpu_mem_cap_gib"] = s0.get("gpu_mem_cap_gib") or logparse.gpu_mem_cap_gib(
+        "\n".join(logs.values())
+    )
     m["device_name"] = device_name
 
     speed = dict.fromkeys(
