@@ -49,6 +49,17 @@ PALETTE = {"none": "#4c72b0", "cpu": "#dd8452", "nvme": "#8172b3", "failed": "#c
 
 
 # --------------------------------------------------------------------------- small helpers
+def _model_from_config(model: dict) -> str:
+    """A one-line name for a model built from a transformers config: 'llama 24L h2048'."""
+    cfg = model.get("config") or {}
+    parts = [_s(cfg.get("model_type")) or "model from config"]
+    if cfg.get("num_hidden_layers"):
+        parts.append(f"{cfg['num_hidden_layers']}L")
+    if cfg.get("hidden_size"):
+        parts.append(f"h{cfg['hidden_size']}")
+    return " ".join(parts)
+
+
 def _isnum(v) -> bool:
     try:
         return v is not None and not isinstance(v, bool) and math.isfinite(float(v))
@@ -712,7 +723,7 @@ def render(
     base_view = next((s for s in scen if s["name"] == baseline), None)
     model = plan.get("model") if isinstance(plan.get("model"), dict) else {}
     setup = [
-        f"model {_s(model.get('preset')) or _s(model.get('name_or_path')) or '?'}"
+        f"model {_s(model.get('preset')) or _s(model.get('name_or_path')) or _model_from_config(model)}"
         + (
             f" ({float(plan['model_params']) / 1e6:,.1f} M params)"
             if _isnum(plan.get("model_params"))
