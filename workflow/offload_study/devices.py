@@ -15,6 +15,9 @@ Model FLOPs per token (training, forward + backward), N = parameter count:
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 # dense bf16/fp16 peak TFLOP/s per device (datasheet, without sparsity)
 PEAK_TFLOPS: dict[str, float] = {
     "H200": 989.0,
@@ -97,3 +100,14 @@ def mfu(tflops: float | None, peak: float | None) -> float | None:
     if tflops is None or not peak:
         return None
     return tflops / peak
+
+
+def cpu_model() -> str | None:
+    """The CPU model name (/proc/cpuinfo), for provenance and CPU-only device names."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None

@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from offload_study import devices
+
 STEPS_COLUMNS = ["step", "phase", "step_time_s", "tokens_per_s", "samples_per_s", "loss"]
 
 
@@ -119,18 +121,6 @@ def fmt_eta(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h:d}:{m:02d}:{s:02d}"
-
-
-def cpu_model_name() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or None
 
 
 def nvml_used_bytes(device_index: int) -> int | None:
@@ -307,7 +297,7 @@ def main(argv=None) -> int:
                 flush=True,
             )
     else:
-        stats["device_name"] = cpu_model_name()
+        stats["device_name"] = devices.cpu_model()
     stats["gpu_mem_cap_gib"] = gpu_mem_cap_gib
     stats["cuda_version"] = torch.version.cuda
     stats["torch_version"] = torch.__version__

@@ -57,6 +57,16 @@ DEFAULT_RUNTIME_MIN = 24 * 60
 _GRES_TOKEN_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
 
 
+# cluster.slurm setting -> the plugin's resource name (passed through when set)
+SLURM_SETTING_RESOURCES = (
+    ("partition", "slurm_partition"),
+    ("account", "slurm_account"),
+    ("qos", "qos"),
+    ("constraint", "constraint"),
+    ("slurm_extra", "slurm_extra"),
+)
+
+
 def _slurm(cluster: dict) -> dict:
     return cluster.get("slurm") or {}
 
@@ -198,13 +208,7 @@ def train_resources(run_spec: dict, cluster: dict) -> dict[str, Any]:
     else:
         res["tasks"] = nodes  # one launcher task per node
     s = _slurm(cluster)
-    for src, dst in (
-        ("partition", "slurm_partition"),
-        ("account", "slurm_account"),
-        ("qos", "qos"),
-        ("constraint", "constraint"),
-        ("slurm_extra", "slurm_extra"),
-    ):
+    for src, dst in SLURM_SETTING_RESOURCES:
         if s.get(src):
             res[dst] = str(s[src])
     return res
@@ -215,13 +219,7 @@ def resource_keys(cluster: dict) -> list[str]:
     keys = ["nodes", "mem_mb", "runtime", "cpus_per_task"]
     keys.append("gres" if cluster.get("accelerator") == "cuda" else "tasks")
     s = _slurm(cluster)
-    for src, dst in (
-        ("partition", "slurm_partition"),
-        ("account", "slurm_account"),
-        ("qos", "qos"),
-        ("constraint", "constraint"),
-        ("slurm_extra", "slurm_extra"),
-    ):
+    for src, dst in SLURM_SETTING_RESOURCES:
         if s.get(src):
             keys.append(dst)
     return keys

@@ -470,16 +470,6 @@ def gpu_info() -> dict:
     return info
 
 
-def cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def provenance(spec, lch, stats, cores) -> dict:
     import psutil
 
@@ -500,7 +490,7 @@ def provenance(spec, lch, stats, cores) -> dict:
         "transformers_version": pkg_version("transformers"),
         "python_version": platform.python_version(),
         "platform": platform.platform(),
-        "cpu_model": cpu_model(),
+        "cpu_model": devices.cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": affinity,
         "cores_granted": cores,
