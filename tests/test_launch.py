@@ -82,3 +82,32 @@ def test_threads_per_rank():
     assert launch.threads_per_rank(16, 2) == 8
     assert launch.threads_per_rank(3, 2) == 1
     assert launch.threads_per_rank(1, 8) == 1
+
+
+def test_seed_study_launch_lines_on_8_4_2_gpus():
+    """The seed's 8/4/2-GPU scenarios as they would start on one 8-GPU host (issue: multi-GPU)."""
+    import yaml
+
+    from offload_study.plan import Plan
+    from offload_study.resources import train_resources
+    from offload_study.study import REPO_ROOT
+
+    plan = Plan(yaml.safe_load((REPO_ROOT / "config/studies/seed.yaml").read_text()))
+    gpus = {
+        "zero3-8gpu-40gb": 8,
+        "offload-4gpu-40gb": 4,
+        "offload-2gpu-80gb": 2,
+        "nvme-2gpu-80gb": 2,
+    }
+    for name, n in gpus.items():
+        spec = plan.run_spec(name)
+        lch = launch.build_launch(spec, "s.json", "o", cores=128, port=29500, torchrun=["torchrun"])
+        assert lch.argv[lch.argv.index("--nproc_per_node") + 1] == str(n)
+        assert FIXED.items() <= lch.env.items()  # NVLink multicast stays off
+        assert lch.env["OMP_NUM_THREADS"] == str(128 // n)
+        assert (
+            spec["global_batch"] == 128
+            and spec["micro_batch"] * spec["gradient_accumulation_steps"] * n == 128
+        )
+        slurm_cluster = dict(plan.cluster, scheduler="slurm", slurm={"gres_type": "h200"})
+        assert train_resources(spec, slurm_cluster)["gres"] == f"gpu:h200:{n}"
