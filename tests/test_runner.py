@@ -149,7 +149,11 @@ def test_offload_modes_ok(tmp_path, opt, param, world):
 @pytest.mark.slow
 def test_config_error(tmp_path):
     spec_path, outdir, _ = make_run(tmp_path, ds_over={"zero_optimization": {"bogus_knob": 1}})
+    # the half record of a run whose runner died (pid 2**22 + 1 is above Linux's pid_max)
+    stale = Path(str(outdir) + f".tmp-{2**22 + 1}")
+    (stale / "logs").mkdir(parents=True)
     res = run_runner(spec_path, outdir)
+    assert not stale.exists(), "an interrupted run's half record was left behind"
     assert res.returncode == 0, res.stderr
     m = load_record(outdir)
     assert m["outcome"] == "config_error"

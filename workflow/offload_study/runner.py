@@ -533,6 +533,27 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def remove_interrupted_records(outdir: Path) -> list[Path]:
+    """Temp records of runs whose runner is gone (node failure, SIGKILL): this run redoes them."""
+    removed = []
+    for path in outdir.parent.glob(outdir.name + ".tmp-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # ----------------------------------------------------------------------------- main
 def run(
     spec_path: str, repeat: int, outdir: str, strict: bool | None = None, cores: int | None = None
@@ -543,6 +564,7 @@ def run(
     outdir_p.parent.mkdir(parents=True, exist_ok=True)
     tmp = outdir_p.with_name(outdir_p.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    interrupted = remove_interrupted_records(outdir_p)
     (tmp / "logs").mkdir(parents=True)
     run_id = re.sub(r"[^A-Za-z0-9._-]", "_", f"{spec['scenario']}-rep{repeat}-{os.getpid()}")
     launcher_log = open(tmp / "logs" / "launcher.log", "ab", buffering=0)  # noqa: SIM115
@@ -552,6 +574,8 @@ def run(
         print(line, flush=True)
         launcher_log.write((line + "\n").encode())
 
+    for path in interrupted:
+        say(f"removed the half record of an interrupted run: {path}")
     cancel = Cancelled()
     old_handlers = {s: signal.signal(s, cancel) for s in (signal.SIGTERM, signal.SIGINT)}
     started = now_iso()
