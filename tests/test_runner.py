@@ -235,3 +235,24 @@ def test_archive_dir(tmp_path):
 def test_percentile():
     assert runner.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
     assert runner.percentile([1.0, 2.0], 0.1) == pytest.approx(1.1)
+
+
+@pytest.mark.slow
+def test_token_file_and_gradient_checkpointing(tmp_path):
+    """A token file instead of synthetic tokens, with activation checkpointing on."""
+    import numpy as np
+
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.random.default_rng(0).integers(0, 512, size=20_000, dtype=np.int32))
+    spec_path, outdir, _ = make_run(
+        tmp_path,
+        data={"kind": "token_file", "token_file": str(tokens)},
+        gradient_checkpointing=True,
+    )
+    res = run_runner(spec_path, outdir)
+    assert res.returncode == 0, res.stderr
+    m = load_record(outdir)
+    assert m["outcome"] == "ok", m["error_excerpt"]
+    assert m["gradient_checkpointing"] is True
+    assert f"tokens from {tokens}: 20000 ids" in (outdir / "logs" / "rank0.log").read_text()
+    assert math.isfinite(m["loss_last"]) and m["tokens_per_s"] > 0

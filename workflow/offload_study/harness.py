@@ -165,6 +165,7 @@ class Batches:
             self.tokens = load_token_file(str(data["token_file"]))
             if len(self.tokens) <= self.seq:
                 raise ValueError(f"token file {data['token_file']} shorter than seq_len {self.seq}")
+            print(f"[harness] tokens from {data['token_file']}: {len(self.tokens)} ids", flush=True)
 
     def next(self):
         import numpy as np
