@@ -14,7 +14,7 @@ Use::
     with slurm_cluster(partition="gpu-a", gres_type="a100", gpus=4) as cl:
         subprocess.run(["sbatch", ...], env=cl.env)
 
-or the pytest fixture factory ``make_slurm_fixture`` (see tests/test_slurm.py).
+or the fixture helper ``slurm_fixture_gen`` (see tests/test_slurm.py).
 
 When the SLURM/munge binaries are missing or we are not root, the tests are skipped -- unless
 ``OFFLOAD_STUDY_REQUIRE_SLURM=1`` (CI), in which case they fail with the reason.
@@ -553,27 +553,6 @@ def slurm_fixture_gen(**kwargs):
         yield cl
     finally:
         cm.__exit__(None, None, None)
-
-
-def make_slurm_fixture(scope: str = "module", **defaults):
-    """Return a pytest fixture yielding a SlurmCluster; indirect params (dict) override
-    ``defaults`` (partition, gres_type, gpus, max_time, ...)."""
-    import pytest
-
-    @pytest.fixture(scope=scope)
-    def _fixture(request):
-        require_or_skip()
-        kwargs = dict(defaults)
-        kwargs.update(getattr(request, "param", None) or {})
-        try:
-            with slurm_cluster(**kwargs) as cl:
-                yield cl
-        except SlurmUnavailable as e:
-            if os.environ.get("OFFLOAD_STUDY_REQUIRE_SLURM") == "1":
-                pytest.fail(f"local SLURM failed to start: {e}", pytrace=False)
-            pytest.skip(f"local SLURM failed to start: {e}")
-
-    return _fixture
 
 
 if __name__ == "__main__":  # manual smoke test: python tests/slurm_cluster.py
