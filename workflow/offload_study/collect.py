@@ -23,61 +23,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-#: Columns every runs table has (in this order), whatever the records contain.
-RUN_COLUMNS = [
-    "study",
-    "cluster",
-    "scenario",
-    "base_scenario",
-    "label",
-    "repeat",
-    "outcome",
-    "error_excerpt",
-    "started_at",
-    "finished_at",
-    "wall_time_s",
-    "nodes",
-    "gpus_per_node",
-    "world_size",
-    "accelerator",
-    "device_name",
-    "micro_batch",
+#: The metrics.json contract (workflow/schemas/metrics.schema.json) decides the columns.
+METRICS_SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[1] / "schemas" / "metrics.schema.json").read_text()
+)["properties"]
+#: Columns every runs table has (in the schema's order), whatever the records contain.
+RUN_COLUMNS = [k for k in METRICS_SCHEMA if k not in ("schema_version", "breakdown_ms")]
+#: Counts kept as nullable integers; every other numeric key of the schema becomes float64.
+INTEGER_COLUMNS = [
+    "repeat", "nodes", "gpus_per_node", "world_size", "micro_batch", "global_batch",
     "gradient_accumulation_steps",
-    "global_batch",
-    "seq_len",
-    "dtype",
-    "offload_optimizer",
-    "offload_param",
-    "gpu_mem_gb",
-    "cpu_mem_gb",
-    "gradient_checkpointing",
-    "model_params",
-    "gpu_mem_cap_gib",
-    "steps_measured",
-    "step_time_s",
-    "step_time_s_mean",
-    "step_time_s_std",
-    "step_time_s_p10",
-    "step_time_s_p90",
-    "tokens_per_s",
-    "samples_per_s",
-    "tflops_per_gpu",
-    "peak_tflops",
-    "mfu",
-    "loss_first",
-    "loss_last",
-    "peak_gpu_allocated_gib",
-    "peak_gpu_reserved_gib",
-    "nvml_used_gib",
-    "host_peak_rss_gib",
-    "host_peak_rss_gib_per_node",
-    "host_peak_rss_gib_per_rank",
-    "nvme_bytes_used",
-    "ds_config_sha256",
-    "deepspeed_version",
-    "torch_version",
-    "slurm_job_id",
-    "sweep",
+]  # fmt: skip
+FLOAT_COLUMNS = [
+    k
+    for k in RUN_COLUMNS
+    if {"number", "integer"} & set(np.atleast_1d(METRICS_SCHEMA[k].get("type", [])))
+    and k not in INTEGER_COLUMNS + ["seq_len"]
 ]
 BREAKDOWN_KEYS = [
     "forward",
@@ -239,40 +200,11 @@ def build_runs(records: Iterable[dict]) -> pd.DataFrame:
     if "sweep" in df:
         df["sweep"] = df["sweep"].astype("object").where(df["sweep"].notna(), "{}")
     df["outcome"] = df["outcome"].fillna("missing").astype(str)
-    num_cols = [
-        "wall_time_s",
-        "steps_measured",
-        "step_time_s",
-        "step_time_s_mean",
-        "step_time_s_std",
-        "step_time_s_p10",
-        "step_time_s_p90",
-        "tokens_per_s",
-        "samples_per_s",
-        "tflops_per_gpu",
-        "peak_tflops",
-        "mfu",
-        "loss_first",
-        "loss_last",
-        "peak_gpu_allocated_gib",
-        "peak_gpu_reserved_gib",
-        "nvml_used_gib",
-        "host_peak_rss_gib",
-        "nvme_bytes_used",
-        "gpu_mem_gb",
-        "cpu_mem_gb",
-        "gpu_mem_cap_gib",
-        "model_params",
-        *BREAKDOWN_COLUMNS,
-        *other_bd,
-    ]
+    num_cols = [*FLOAT_COLUMNS, *BREAKDOWN_COLUMNS, *other_bd]
     for c in num_cols:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
-    for c in ("repeat", "nodes", "gpus_per_node", "world_size", "micro_batch", "global_batch"):
+    for c in INTEGER_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
-    df["gradient_accumulation_steps"] = pd.to_numeric(
-        df["gradient_accumulation_steps"], errors="coerce"
-    ).astype("Int64")
     for c in ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt"):
         df[c] = df[c].astype("object").where(df[c].notna(), None)
         df[c] = df[c].map(lambda v: None if v is None else str(v))
