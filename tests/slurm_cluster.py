@@ -16,8 +16,8 @@ Use::
 
 or the fixture helper ``slurm_fixture_gen`` (see tests/test_slurm.py).
 
-When the SLURM/munge binaries are missing or we are not root, the tests are skipped -- unless
-``OFFLOAD_STUDY_REQUIRE_SLURM=1`` (CI), in which case they fail with the reason.
+When the SLURM/munge binaries are missing or we are not root, the tests fail with the reason
+(.ci/run installs the packages).
 """
 
 from __future__ import annotations
@@ -79,17 +79,18 @@ def missing_requirements() -> list[str]:
     return reasons
 
 
-def require_or_skip() -> None:
-    """In pytest: skip when SLURM is unavailable, fail when OFFLOAD_STUDY_REQUIRE_SLURM=1."""
+def require_slurm() -> None:
+    """In pytest: fail with what is missing when SLURM cannot run here."""
     import pytest
 
     reasons = missing_requirements()
     if not reasons:
         return
-    msg = "local SLURM unavailable: " + "; ".join(reasons)
-    if os.environ.get("OFFLOAD_STUDY_REQUIRE_SLURM") == "1":
-        pytest.fail(msg + " -- OFFLOAD_STUDY_REQUIRE_SLURM=1 requires it", pytrace=False)
-    pytest.skip(msg)
+    pytest.fail(
+        "local SLURM unavailable: " + "; ".join(reasons) + " (run as root after "
+        "`apt-get install slurm-wlm munge`, as .ci/run does)",
+        pytrace=False,
+    )
 
 
 def _bin(name: str) -> str:
@@ -538,17 +539,15 @@ def _kill_stray_stepds(conf: str) -> None:
 
 def slurm_fixture_gen(**kwargs):
     """Generator body for a pytest fixture: ``yield from slurm_fixture_gen(partition=...)``.
-    Skips (or fails under OFFLOAD_STUDY_REQUIRE_SLURM=1) when SLURM cannot run."""
+    Fails, naming what is missing, when SLURM cannot run."""
     import pytest
 
-    require_or_skip()
+    require_slurm()
     try:
         cm = slurm_cluster(**kwargs)
         cl = cm.__enter__()
     except SlurmUnavailable as e:
-        if os.environ.get("OFFLOAD_STUDY_REQUIRE_SLURM") == "1":
-            pytest.fail(f"local SLURM failed to start: {e}", pytrace=False)
-        pytest.skip(f"local SLURM failed to start: {e}")
+        pytest.fail(f"local SLURM failed to start: {e}", pytrace=False)
     try:
         yield cl
     finally:

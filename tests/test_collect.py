@@ -258,24 +258,19 @@ def test_collect_seed_like(tmp_path):
     assert s.loc["zero3-offload-2gpu", "peak_gpu_allocated_gib"] == 60
 
 
+def run_collect_cli(paths, out: Path, baseline: str = "", n_boot: int = 300) -> int:
+    """The collect CLI as the rule calls it: runs.csv, runs.parquet, summary.csv under out."""
+    return C.main(
+        ["--baseline", baseline, "--runs-csv", str(out / "runs.csv"),
+         "--runs-parquet", str(out / "runs.parquet"), "--summary-csv", str(out / "summary.csv"),
+         "--n-boot", str(n_boot), *map(str, paths)]
+    )  # fmt: skip
+
+
 def test_cli_writes_outputs(tmp_path):
     paths = seed_like_records(tmp_path)
     out = tmp_path / "out"
-    rc = C.main(
-        [
-            "--baseline",
-            "",
-            "--runs-csv",
-            str(out / "runs.csv"),
-            "--runs-parquet",
-            str(out / "runs.parquet"),
-            "--summary-csv",
-            str(out / "summary.csv"),
-            "--n-boot",
-            "200",
-            *map(str, paths),
-        ]
-    )
+    rc = run_collect_cli(paths, out, n_boot=200)
     assert rc == 0
     runs = pd.read_parquet(out / "runs.parquet")
     assert len(runs) == 7 and "breakdown_ms.forward" in runs

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_collect import CLUSTER, STUDY, make_record, seed_like_records
+from test_collect import CLUSTER, STUDY, make_record, run_collect_cli, seed_like_records
 
 from offload_study import collect as C
 from offload_study import report as R
@@ -86,21 +86,7 @@ def make_plan(root: Path, metrics_paths: list[Path], labels: dict | None = None)
 def build_report(tmp_path: Path, paths: list[Path], baseline: str = "", others=(), labels=None):
     """collect + report CLIs on paths; return (html text, figures dir, report path)."""
     out = tmp_path / "out"
-    C.main(
-        [
-            "--baseline",
-            baseline,
-            "--runs-csv",
-            str(out / "runs.csv"),
-            "--runs-parquet",
-            str(out / "runs.parquet"),
-            "--summary-csv",
-            str(out / "summary.csv"),
-            "--n-boot",
-            "300",
-            *map(str, paths),
-        ]
-    )
+    run_collect_cli(paths, out, baseline)
     plan = make_plan(tmp_path, paths, labels)
     html_path = tmp_path / "reports" / STUDY / "report.html"
     figs = tmp_path / "reports" / STUDY / "figures"

@@ -1,8 +1,7 @@
 """`snakemake --profile slurm` against a REAL local SLURM (tests/slurm_cluster.py starts it).
 
-Needs root and `apt-get install slurm-wlm munge`; skipped without them unless
-OFFLOAD_STUDY_REQUIRE_SLURM=1 (then they fail).  Two differently set-up clusters
-(partition, GRES type/count, MaxTime) run the same tests.
+Needs root and `apt-get install slurm-wlm munge` (they fail, saying so, without them).
+Two differently set-up clusters (partition, GRES type/count, MaxTime) run the same tests.
 """
 
 from __future__ import annotations
@@ -113,6 +112,25 @@ def snakemake(cl, wf: Path, profile: Path, *args, timeout=300, **popen_kw):
     )
 
 
+def scancel_once(cluster, proc, started, start_timeout: float, end_timeout: float):
+    """Wait until a job RUNs and ``started()`` holds, scancel it; return (job id, snakemake output)."""
+    try:
+        job_id = None
+        deadline = time.monotonic() + start_timeout
+        while time.monotonic() < deadline and job_id is None:
+            if started():
+                running = [j for j in cluster.jobs() if j.get("JobState") == "RUNNING"]
+                job_id = running[0]["JobId"] if running else None
+            time.sleep(0.5)
+        assert job_id, "job never started"
+        cluster.run("scancel", job_id)
+        out, _ = proc.communicate(timeout=end_timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return job_id, out
+
+
 def mem_mb(text: str) -> float:
     """scontrol memory ("2G", "3072M", "1.50T") -> MB."""
     mult = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -193,20 +211,13 @@ def test_scancel_is_reported_as_failure(cluster, tmp_path):
     specs = {"sleepy": spec("sleepy", 1, sleep=120)}
     wf = make_workflow(tmp_path, desc, specs)
     proc = snakemake(cluster, wf, write_profile(tmp_path / "prof"), background=True)
-    try:
-        job_id = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and job_id is None:
-            for j in cluster.jobs():
-                if j.get("JobState") == "RUNNING" and (wf / "out" / "sleepy.txt.tmp").exists():
-                    job_id = j["JobId"]
-            time.sleep(0.5)
-        assert job_id, "job never started"
-        cluster.run("scancel", job_id)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    job_id, out = scancel_once(
+        cluster,
+        proc,
+        lambda: (wf / "out" / "sleepy.txt.tmp").exists(),
+        start_timeout=60,
+        end_timeout=120,
+    )
     assert proc.returncode != 0
     assert f"SLURM-job '{job_id}' failed" in out and "CANCELLED" in out, out
     assert not (wf / "out" / "sleepy.txt").exists()
@@ -268,21 +279,14 @@ def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path):
     prof = write_profile(tmp_path / "prof")
     proc = snakemake(cluster, work, prof, "--configfile", "cancel.yaml", background=True)
     run_dir = work / "results" / name / "cancel-me" / "offload-opt-param-1rank"
-    try:
-        job_id = None
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and job_id is None:
-            # the harness has started stepping once a progress file exists in its temp record
-            if list(run_dir.parent.glob("offload-opt-param-1rank/rep0.tmp-*/progress.json")):
-                running = [j for j in cluster.jobs() if j.get("JobState") == "RUNNING"]
-                job_id = running[0]["JobId"] if running else None
-            time.sleep(0.5)
-        assert job_id, "training job never started stepping"
-        cluster.run("scancel", job_id)
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # the harness has started stepping once a progress file exists in its temp record
+    job_id, out = scancel_once(
+        cluster,
+        proc,
+        lambda: bool(list(run_dir.glob("rep0.tmp-*/progress.json"))),
+        start_timeout=240,
+        end_timeout=240,
+    )
     metrics = json.loads((run_dir / "rep0" / "metrics.json").read_text())
     assert metrics["outcome"] == "cancelled", out[-4000:]
     assert metrics["slurm_job_id"] == str(job_id)
