@@ -1,26 +1,44 @@
-# Set-up is part of the two README commands: `make study` and `make test`.
+# Set-up is part of the two README commands, `make study` and `make test`: Debian packages
+# (scripts/setup.sh; apt-get as root), .venv, DeepSpeed's CPU ops compiled ahead of the first run.
+# Each step is skipped when done (stamp files in .venv, package checks), so a re-run starts at once.
+# `sudo make setup` does the set-up alone.
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
 BIN := $(abspath $(VENV))/bin
+# What the default study and the tests run: CPU Adam, fused Adam, gloo's shared-memory comm,
+# async_io (NVMe offload). Built for DeepSpeed's CPU accelerator, the one the default study uses.
+OPS := cpu_adam fused_adam shm_comm async_io
 # Rules call `python -m offload_study...`: the venv's python must come first on PATH.
 export PATH := $(BIN):$(PATH)
+export PYTHON
 
-.PHONY: study test lint docs
+.PHONY: study test setup lint docs debian-study debian-test
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# Keep a torch that is already there (a GPU user's CUDA build); else the release CI uses.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[workflow,test]'
-	touch $@
-
-study: $(VENV)/.installed
+study: debian-study $(VENV)/.ops
 	$(BIN)/snakemake --cores $(CORES)
 
-test: $(VENV)/.installed
+test: debian-test $(VENV)/.ops
 	$(BIN)/python -m pytest -q -rs
+
+setup: debian-test $(VENV)/.ops
+
+debian-study debian-test: debian-%:
+	bash scripts/setup.sh $*
+
+# Order-only: .venv needs python3-venv, the ops need the compiler and libaio-dev.
+# A torch that is already there is kept (a GPU user's CUDA build); else the release CI uses.
+$(VENV)/.installed: pyproject.toml | debian-study
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[train,analysis,workflow,test]'
+	touch $@
+
+# Compiled into torch's extension cache (~/.cache/torch_extensions); `rm .venv/.ops` rebuilds.
+$(VENV)/.ops: $(VENV)/.installed | debian-study
+	DS_ACCELERATOR=cpu $(BIN)/python -m offload_study.ops $(OPS)
+	touch $@
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check workflow tests benchmarks

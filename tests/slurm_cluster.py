@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from offload_study.launch import free_port
+
 REQUIRED_BINARIES = (
     "munged",
     "slurmctld",
@@ -103,17 +105,11 @@ def _bin(name: str) -> str:
     raise SlurmUnavailable(f"{name} not found ({APT_HINT})")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _free_port_pair() -> tuple[int, int]:
-    a = _free_port()
-    b = _free_port()
+    a = free_port()
+    b = free_port()
     while b == a:
-        b = _free_port()
+        b = free_port()
     return a, b
 
 

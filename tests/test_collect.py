@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from offload_study import collect as C
+from offload_study import contracts
 
 STUDY, CLUSTER = "unit-study", "unit-cluster"
 
@@ -43,8 +44,13 @@ def make_record(
     nvme_bytes: int | None = None,
     slurm_job_id: str | None = None,
     seed: int = 0,
+    step_loss: float | None = None,
+    extra: dict | None = None,
 ) -> Path:
-    """Write metrics.json (+ steps.csv, provenance.json) for one run; return the metrics path."""
+    """Write metrics.json (+ steps.csv, provenance.json) for one run; return the metrics path.
+
+    ``step_loss`` replaces every measured step's loss; ``extra`` adds or replaces metrics keys.
+    """
     d = Path(root) / "results" / CLUSTER / STUDY / scenario / f"rep{repeat}"
     d.mkdir(parents=True, exist_ok=True)
     ok = outcome == "ok"
@@ -120,6 +126,7 @@ def make_record(
         "deepspeed_version": "0.16.4",
         "torch_version": "2.5.1",
         "slurm_job_id": slurm_job_id,
+        **(extra or {}),
     }
     (d / "metrics.json").write_text(json.dumps(m))
     if steps and ok:
@@ -130,18 +137,30 @@ def make_record(
         for i in range(n_steps):
             t = tps * (1 + step_noise * rng.standard_normal())
             st = global_batch * seq_len / t
-            rows.append(f"{i + 2},measured,{st},{t},{global_batch / st},{9.5 - i * 0.1}")
+            loss = 9.5 - i * 0.1 if step_loss is None else step_loss
+            rows.append(f"{i + 2},measured,{st},{t},{global_batch / st},{loss}")
         (d / "steps.csv").write_text("\n".join(rows) + "\n")
-    prov = {
-        "host": "node001",
-        "gpus": ["NVIDIA H200"] * gpus_per_node,
-        "versions": {"torch": "2.5.1", "deepspeed": "0.16.4", "python": "3.11"},
-        "slurm": {"job_id": slurm_job_id},
-        "git_commit": "deadbeef",
-        "ds_config_sha256": "ab" * 32,
-    }
-    (d / "provenance.json").write_text(json.dumps(prov))
+    contracts.write_json(d / contracts.PROVENANCE_FILE, provenance(gpus_per_node, slurm_job_id))
     return d / "metrics.json"
+
+
+def provenance(gpus: int, slurm_job_id: str | None) -> dict:
+    """provenance.json with the runner's keys (checked against the provenance schema)."""
+    prov = {
+        **dict.fromkeys(contracts.PROVENANCE_FIELDS),
+        "host": "node001", "hosts": ["node001"], "gpu_model": "NVIDIA H200", "gpu_count": gpus,
+        "gpus": [{"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096}
+                 for i in range(gpus)],
+        "torch_version": "2.5.1", "deepspeed_version": "0.16.4", "python_version": "3.11.7",
+        "cpu_count": 64, "cpu_affinity": list(range(64)), "cores_granted": 64,
+        "ram_total_bytes": 2**40, "slurm_job_id": slurm_job_id, "git_commit": "deadbeef",
+        "git_dirty": False, "ds_config_sha256": "ab" * 32, "launch_env": {}, "environment": {},
+        "schema_problems": [], "platform": "Linux", "ds_config": "configs/s.json",
+        "runner_peak_tree_rss_bytes": 2**33, "run_id": "s-rep0-1",
+    }  # fmt: skip
+    problems = contracts.schema_problems(prov, contracts.provenance_schema())
+    assert not problems, problems
+    return prov
 
 
 def seed_like_records(root: Path) -> list[Path]:
@@ -341,7 +360,7 @@ def test_summarize_pure_with_nans():
              "offload_param": "none", "record_dir": "z"},
         ]
     )  # fmt: skip
-    steps = {"z": pd.DataFrame({"tokens_per_s": [45.0, 50.0, 55.0, np.nan]})}
+    steps = {"z": np.array([45.0, 50.0, 55.0, np.nan])}
     s = C.summarize(runs, steps, n_boot=200).set_index("scenario")
     assert s.loc["a", "tokens_per_s"] == 100.0
     assert s.loc["b", "relative_speed"] == pytest.approx(0.5)
@@ -352,3 +371,19 @@ def test_bootstrap_median_hierarchical():
     point, draws, method = C.bootstrap_median([10.0, 12.0, 11.0], [[9, 10, 11], [12, 12], None])
     assert point == 11.0 and method == "repeats+steps"
     assert 9 <= np.nanmin(draws) and np.nanmax(draws) <= 12
+
+
+def test_read_step_speeds_measured_only_and_corrupt(tmp_path):
+    d = make_record(tmp_path, "s", n_steps=5).parent
+    speeds = C.read_step_speeds(d)
+    assert len(speeds) == 5 and (speeds > 500).all()  # the 2 slow warm-up steps are left out
+    header = ",".join(contracts.STEPS_COLUMNS)
+    (d / "steps.csv").write_text(f"{header}\n1,,0.5,10,2,9,0,\n2,,0.5,12,2,9,0,\n3,,0.5,1,2,9,1,\n")
+    assert list(C.read_step_speeds(d)) == [10.0, 12.0]  # no row names its phase: all count
+    (d / "steps.csv").write_text(  # skipped optimizer steps (fp16 overflow) are not timed
+        f"{header}\n1,measured,0.5,10,2,9,0,\n2,measured,0.1,50,9,9,1,1024\n"
+    )
+    assert list(C.read_step_speeds(d)) == [10.0]
+    (d / "steps.csv").write_bytes(b"\xff\xfe\x00garbage")
+    assert C.read_step_speeds(d).size == 0
+    assert C.read_step_speeds(tmp_path / "nowhere").size == 0

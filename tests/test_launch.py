@@ -6,10 +6,12 @@ import shlex
 import subprocess
 
 import pytest
+from conftest import make_spec
 
 from offload_study import launch
 
-SPEC = {"nodes": 1, "gpus_per_node": 2, "world_size": 2, "accelerator": "cpu"}
+SPEC = make_spec("local-cpu", {"gpus_per_node": 2})
+GPU_CLUSTER = {"name": "gpus", "accelerator": "cuda", "gpus_per_node": 4, "nodes": 2}
 FIXED = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -41,7 +43,8 @@ def test_single_node_free_port_and_default_torchrun():
 
 
 def test_cuda_has_no_ds_accelerator():
-    lch = launch.build_launch(dict(SPEC, accelerator="cuda"), "s", "o", cores=16, port=1234)
+    spec = make_spec(GPU_CLUSTER, {"gpus_per_node": 2})
+    lch = launch.build_launch(spec, "s", "o", cores=16, port=1234)
     assert "DS_ACCELERATOR" not in lch.env
     assert lch.env["OMP_NUM_THREADS"] == "8"
     assert FIXED.items() <= lch.env.items()
@@ -54,7 +57,7 @@ def test_multi_node_command_line():
         calls.append(argv)
         return subprocess.CompletedProcess(argv, 0, stdout="gpu-a01\ngpu-a02\n", stderr="")
 
-    spec = {"nodes": 2, "gpus_per_node": 4, "world_size": 8, "accelerator": "cuda"}
+    spec = make_spec(GPU_CLUSTER, {"nodes": 2, "gpus_per_node": 4})
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-02]"}
     lch = launch.build_launch(
         spec, "run.json", "out", cores=64, run_id="r", environ=env, torchrun=["torchrun"],
@@ -75,7 +78,8 @@ def test_multi_node_command_line():
 
 def test_multi_node_outside_slurm_fails():
     with pytest.raises(RuntimeError, match="SLURM"):
-        launch.build_launch(dict(SPEC, nodes=2), "s", "o", cores=4, environ={})
+        spec = make_spec(GPU_CLUSTER, {"nodes": 2, "gpus_per_node": 1})
+        launch.build_launch(spec, "s", "o", cores=4, environ={})
 
 
 def test_threads_per_rank():
@@ -100,14 +104,12 @@ def test_seed_study_launch_lines_on_8_4_2_gpus():
         "nvme-2gpu-80gb": 2,
     }
     for name, n in gpus.items():
-        spec = plan.run_spec(name)
+        spec = plan.by_name[name]
         lch = launch.build_launch(spec, "s.json", "o", cores=128, port=29500, torchrun=["torchrun"])
         assert lch.argv[lch.argv.index("--nproc_per_node") + 1] == str(n)
         assert FIXED.items() <= lch.env.items()  # NVLink multicast stays off
         assert lch.env["OMP_NUM_THREADS"] == str(128 // n)
-        assert (
-            spec["global_batch"] == 128
-            and spec["micro_batch"] * spec["gradient_accumulation_steps"] * n == 128
-        )
+        assert spec.global_batch == 128
+        assert spec.micro_batch * spec.gradient_accumulation_steps * n == 128
         slurm_cluster = dict(plan.cluster, scheduler="slurm", slurm={"gres_type": "h200"})
         assert train_resources(spec, slurm_cluster)["gres"] == f"gpu:h200:{n}"

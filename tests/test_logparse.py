@@ -89,8 +89,9 @@ def test_root_cause_beats_consequence():
 
 
 def test_patterns_are_a_table():
-    assert all(isinstance(o, str) and isinstance(p, str) for o, p in logparse.OUTCOME_PATTERNS)
-    outcomes = {o for o, _ in logparse.OUTCOME_PATTERNS}
+    rows = logparse.OUTCOME_PATTERNS  # (outcome, pattern, remedy or None)
+    assert all(isinstance(o, str) and isinstance(p, str) for o, p, _ in rows)
+    outcomes = {o for o, _, _ in rows}
     assert outcomes == {"gpu_oom", "host_oom", "op_build_error", "config_error", "dist_error"}
 
 

@@ -180,13 +180,13 @@ def test_defaults_are_filled(study):
 
 def test_global_batch_constant_across_scenarios():
     plan = Plan(shipped("config/studies/seed.yaml"))
-    by = {r["scenario"]: r for r in plan.runs}
-    assert {r["global_batch"] for r in plan.runs} == {128}
-    assert by["zero3-8gpu-40gb"]["gradient_accumulation_steps"] == 4
-    assert by["offload-4gpu-40gb"]["gradient_accumulation_steps"] == 8
-    assert by["offload-2gpu-80gb"]["gradient_accumulation_steps"] == 16
+    by = plan.by_name
+    assert {r.global_batch for r in plan.runs} == {128}
+    assert by["zero3-8gpu-40gb"].gradient_accumulation_steps == 4
+    assert by["offload-4gpu-40gb"].gradient_accumulation_steps == 8
+    assert by["offload-2gpu-80gb"].gradient_accumulation_steps == 16
     assert plan.baseline == "zero3-8gpu-40gb"
-    assert 6.7e9 < by["zero3-8gpu-40gb"]["model_params"] < 6.8e9
+    assert 6.7e9 < by["zero3-8gpu-40gb"].model_params < 6.8e9
 
 
 def test_sweep_expands_cartesian_with_readable_names(study):
@@ -195,7 +195,7 @@ def test_sweep_expands_cartesian_with_readable_names(study):
         "gradient_accumulation_steps": [1, 4],
     }
     plan = Plan(study)
-    names = [r["scenario"] for r in plan.runs if r["base_scenario"] == "offload-opt-2rank"]
+    names = [r.scenario for r in plan.runs if r.base_scenario == "offload-opt-2rank"]
     assert names == [
         "offload-opt-2rank__rbs-5e8__gas-1",
         "offload-opt-2rank__rbs-5e8__gas-4",
@@ -204,7 +204,7 @@ def test_sweep_expands_cartesian_with_readable_names(study):
     ]
     run = plan.by_name["offload-opt-2rank__rbs-1e9__gas-4"]
     # gas fixed by the sweep: global batch follows micro × gas × world.
-    assert run["global_batch"] == 2 * 4 * 2
+    assert run.global_batch == 2 * 4 * 2
     config = dsconfig.build_ds_config(run)
     assert config["zero_optimization"]["reduce_bucket_size"] == 1_000_000_000
     assert config["gradient_accumulation_steps"] == 4
@@ -255,7 +255,7 @@ def test_installed_key_names_come_from_deepspeed():
 def test_configfile_study_replaces_default(tmp_path):
     """Snakemake merges --configfile into the default; we replace (no leaked scenarios)."""
     seed = Plan(shipped("config/studies/seed.yaml"))
-    assert [r["base_scenario"] for r in seed.runs][0] == "zero3-8gpu-40gb"
+    assert [r.base_scenario for r in seed.runs][0] == "zero3-8gpu-40gb"
     assert load_cluster("h200-8gpu")["gpus_per_node"] == 8
 
 
@@ -276,8 +276,8 @@ def test_shipped_configs_pass_deepspeeds_parser(study_path, tmp_path, deepspeed_
     specs = []
     for run in plan.runs:
         ds_path, spec_path = (
-            tmp_path / f"{run['scenario']}.json",
-            tmp_path / f"{run['scenario']}.run.json",
+            tmp_path / f"{run.scenario}.json",
+            tmp_path / f"{run.scenario}.run.json",
         )
         write_scenario_files(run, str(ds_path), str(spec_path))
         specs.append(str(spec_path))
@@ -286,12 +286,12 @@ def test_shipped_configs_pass_deepspeeds_parser(study_path, tmp_path, deepspeed_
             config["train_batch_size"]
             == config["train_micro_batch_size_per_gpu"]
             * config["gradient_accumulation_steps"]
-            * run["world_size"]
+            * run.world_size
         )
-        parsed = dsconfig.parse_with_deepspeed(config, run["world_size"])
+        parsed = dsconfig.parse_with_deepspeed(config, run.world_size)
         assert parsed.zero_optimization_stage == 3
-        assert parsed.train_batch_size == run["global_batch"]
-        assert parsed.world_size == run["world_size"]
+        assert parsed.train_batch_size == run.global_batch
+        assert parsed.world_size == run.world_size
     assert deepspeed_comm(specs) == []
 
 

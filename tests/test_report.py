@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from test_collect import CLUSTER, STUDY, make_record, run_collect_cli, seed_like
 
 from offload_study import collect as C
 from offload_study import report as R
+from offload_study.report import figures, views
 
 SEED_REFS = {
     "zero3-8gpu": {"speed_pct": 100, "gpu_memory": "40GB × 8", "cpu_memory": "64GB"},
@@ -115,7 +118,7 @@ def assert_self_contained(html: str) -> None:
 
 
 def assert_figures(figs: Path) -> None:
-    for name in R.FIGURES.values():
+    for name in figures.FIGURES.values():
         p = figs / name
         assert p.exists() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
@@ -225,11 +228,208 @@ def test_empty_inputs(tmp_path):
 
 def test_pareto_front():
     pts = [(10, 100), (5, 40), (6, 30), (20, 90), (2, 10)]
-    assert R.pareto_front(pts) == [4, 1, 0]
+    assert figures.pareto_front(pts) == [4, 1, 0]
 
 
 @pytest.mark.parametrize(
     "v,exp", [(None, "—"), (float("nan"), "—"), (1.234, "1.2"), (12345, "12,345")]
 )
 def test_fmt(v, exp):
-    assert R.fmt(v) == exp
+    assert views.fmt(v) == exp
+
+
+LLAMA_135B = {  # the model of config/studies/h200-1gpu.yaml, as plan.json carries it
+    "source": "config", "preset": None, "name_or_path": None,
+    "config": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24},
+}  # fmt: skip
+
+
+def test_header_names_the_model_and_counts_one_gpu(tmp_path):
+    paths = [
+        make_record(tmp_path, "base", world_size=1, gpus_per_node=1, label="No offload"),
+        make_record(tmp_path, "off", world_size=2, gpus_per_node=2, offload_optimizer="cpu"),
+    ]
+    _, _, html_path = build_report(tmp_path, paths)
+    plan_path = tmp_path / "plan.json"
+    plan = {**json.loads(plan_path.read_text()), "model": LLAMA_135B, "model_params": 1345423360}
+    plan_path.write_text(json.dumps(plan))
+    out = tmp_path / "out"
+    R.main(["--runs", str(out / "runs.csv"), "--summary", str(out / "summary.csv"),
+            "--plan", str(plan_path), "--out", str(html_path),
+            "--figures-dir", str(tmp_path / "f")])  # fmt: skip
+    html = html_path.read_text()
+    assert "model Llama 1.35B" in html and "model ?" not in html
+    assert "tokens/s on 1 GPU," in html and "1 GPUs" not in html
+    assert "on 2 instead of 1 GPU." in html
+
+
+@pytest.mark.parametrize(
+    "model,params,name",
+    [
+        (LLAMA_135B, 1345423360, "Llama 1.35B"),
+        ({"preset": "llama2-7b"}, 6738415616, "llama2-7b (6.74B params)"),
+        ({"source": "pretrained", "name_or_path": "org/model"}, None, "org/model"),
+        (None, 134105856, "of 134M parameters"),
+        ({"config": {"model_type": "gpt2"}}, None, "Gpt2"),
+    ],
+)
+def test_model_name(model, params, name):
+    assert views.model_name(model, params) == name
+
+
+def test_count_of():
+    assert [views.count_of(n, "GPU") for n in (1, 2, None)] == ["1 GPU", "2 GPUs", "? GPUs"]
+
+
+def _overlapping_pairs(boxes) -> int:
+    return sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_speed_memory_labels_do_not_overlap():
+    """Points as close as the H200 study's (offload at 6.7 and 7.3 GiB): the labels written
+    where they would go unplaced overlap; placed, none overlaps another or a marker."""
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    pts = [(6.7, 62.0), (7.3, 59.0), (6.7, 37.0), (7.3, 26.0), (24.9, 100.0), (24.9, 78.0)]
+    texts = [f"ZeRO-3 + CPU optimizer offload\ngas-{i}" for i in range(len(pts))]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.set_xlim(0, 34)
+    ax.set_ylim(0, 118)
+    fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    naive = [ax.annotate(t, p, xytext=(7, 0), textcoords="offset points", fontsize=8, va="center")
+             for p, t in zip(pts, texts, strict=True)]  # fmt: skip
+    assert _overlapping_pairs([a.get_window_extent(renderer) for a in naive]) > 0
+    for a in naive:
+        a.remove()
+    figures.place_labels(ax, pts, texts, pts)
+    for t in ax.texts:
+        t.update_positions(renderer)
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text, not its leader
+    assert len(boxes) == len(pts) and _overlapping_pairs(boxes) == 0
+    markers = [figures._marker_box(ax, p) for p in pts]
+    assert not any(b.overlaps(m) for b in boxes for m in markers)
+    plt.close(fig)
+
+
+def test_large_study_plots_one_bar_per_configuration():
+    def view(base, gas, rel):
+        return views.Row(scenario=f"{base}__gas-{gas}", base_scenario=base, relative_speed=rel)
+
+    many = [view(b, g, r) for b, f in (("a", 1.0), ("b", 0.5)) for g, r in
+            ((g, f * g / (g + 1)) for g in range(1, 21))]  # fmt: skip
+    rows, note = figures.bar_rows(many)
+    assert [(v["scenario"], len(group)) for v, group in rows] == [
+        ("a__gas-20", 20),
+        ("b__gas-20", 20),
+    ]
+    assert "40 scenarios" in note
+    assert figures.bar_rows(many[:5]) == ([(v, [v]) for v in many[:5]], None)
+
+
+BLOCK_TORCH = """
+import sys
+
+class NoTorch:  # what the analysis env is like: torch and deepspeed are not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "deepspeed"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+
+sys.meta_path.insert(0, NoTorch())
+for name in ("torch", "deepspeed"):
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise SystemExit(f"the blocker let {name} through")
+from offload_study import collect, report
+
+collect_args, report_args = sys.argv[1:3]
+assert collect.main(collect_args.split("\\x1f")) == 0
+assert report.main(report_args.split("\\x1f")) == 0
+assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "deepspeed")]
+print("ran without torch and deepspeed")
+"""
+
+
+def test_collect_and_report_need_neither_torch_nor_deepspeed(tmp_path):
+    paths = seed_like_records(tmp_path)
+    plan, out = make_plan(tmp_path, paths), tmp_path / "out"
+    collect_args = ["--runs-csv", str(out / "runs.csv"), "--runs-parquet",
+                    str(out / "runs.parquet"), "--summary-csv", str(out / "summary.csv"),
+                    "--n-boot", "100", *map(str, paths)]  # fmt: skip
+    report_args = ["--runs", str(out / "runs.csv"), "--summary", str(out / "summary.csv"),
+                   "--plan", str(plan), "--out", str(out / "report.html"),
+                   "--figures-dir", str(out / "figures")]  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", BLOCK_TORCH, "\x1f".join(collect_args), "\x1f".join(report_args)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    assert "ran without torch and deepspeed" in res.stdout
+    assert (out / "report.html").exists()
+
+
+# --------------------------------------------------------------------------- pairs and flags
+def verdict_lines(html: str) -> list[str]:
+    section = re.search(r'<section class="verdict".*?</section>', html, re.S)[0]
+    return [re.sub(r"<[^>]+>", "", li) for li in re.findall(r"<li>(.*?)</li>", section, re.S)]
+
+
+def test_paired_ratio_within_noise_and_its_pair_are_stated(tmp_path):
+    paths = []
+    for k, drift in enumerate((1.0, 0.98, 1.02)):
+        paths.append(make_record(tmp_path, "base", k, tokens_per_s=1000 * drift, seed=k))
+        paths.append(make_record(tmp_path, "same", k, tokens_per_s=1000 * drift,
+                                 offload_optimizer="cpu", seed=9 + k))  # fmt: skip
+        paths.append(make_record(tmp_path, "slow", k, tokens_per_s=500 * drift,
+                                 offload_optimizer="cpu", seed=19 + k))  # fmt: skip
+    html, _, _ = build_report(tmp_path, paths)
+    lines = {line.split(":")[0]: line for line in verdict_lines(html)}
+    assert "within noise of its no-offload pair &#39;base&#39;" in lines["ZeRO-3 same"]
+    assert "50% [" in lines["ZeRO-3 slow"] and "of its no-offload pair" in lines["ZeRO-3 slow"]
+    assert "vs pair <code>base</code>" in html and "Sanity checks" in html
+    assert 'id="sanity-table"' in html and "No scenario flagged." in html
+
+
+def test_the_h200_report_states_no_flagged_number_as_a_finding(tmp_path):
+    from test_sanity import H200
+
+    plan = json.loads((H200 / "plan.json").read_text())
+    paths = [H200 / s["name"] / "rep0" / "metrics.json" for s in plan["scenarios"]]
+    out = tmp_path / "out"
+    run_collect_cli(paths, out, plan["baseline"])
+    html = R.render(C.read_table(out / "runs.csv"), C.read_table(out / "summary.csv"), plan,
+                    tmp_path / "figures")  # fmt: skip
+    lines = {line.split(":")[0]: line for line in verdict_lines(html)}
+    gas8 = lines["ZeRO-3, no offload [gas-8]"]
+    assert gas8.startswith("ZeRO-3, no offload [gas-8]: flagged, not a finding")
+    assert "accumulation-slower-per-token" in gas8 and "of baseline speed" not in gas8
+    assert not any("of baseline speed" in line for line in lines.values())  # baseline flagged
+    assert "flagged: accumulation-slower-per-token" in html  # beside the number in the table
+
+
+def test_skipped_steps_show_when_the_records_count_them(tmp_path):
+    paths = [make_record(tmp_path, "base", extra={"skipped_steps_measured": 1})]
+    html, _, _ = build_report(tmp_path, paths)
+    assert "skipped steps</th>" in html
+    html, _, _ = build_report(tmp_path / "old", [make_record(tmp_path / "old", "base")])
+    assert "skipped steps</th>" not in html
+
+
+def test_flagged_bars_are_hatched(tmp_path):
+    def view(name, flagged):
+        flags = [{"name": "non-finite-loss"}] if flagged else []
+        return views.Row(scenario=name, label=name, relative_speed=0.5, n_ok=1,
+                         offload_kind="cpu", flag_list=flags, sweep_text="")  # fmt: skip
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    bars = ax.barh([0, 1], [1, 1])
+    assert figures._hatch_flagged(ax, bars, [view("a", True), view("b", False)])
+    assert [b.get_hatch() for b in bars] == ["///", None]
+    assert "flagged: not a finding" in ax.get_legend_handles_labels()[1]
+    plt.close(fig)

@@ -1,6 +1,9 @@
 """Unit tests for offload_study.resources (run spec + cluster -> slurm plugin resources)."""
 
+from dataclasses import replace
+
 import pytest
+from conftest import make_spec
 
 from offload_study.resources import (
     MEM_HEADROOM_MB,
@@ -9,6 +12,7 @@ from offload_study.resources import (
     resource_keys,
     train_resources,
 )
+from offload_study.study import StudyError
 
 GPU_CLUSTER = {
     "name": "gpu-h200",
@@ -29,20 +33,15 @@ GPU_CLUSTER = {
     },
 }
 CPU_CLUSTER = {"name": "local-cpu", "accelerator": "cpu", "gpus_per_node": 2, "nodes": 1}
+#: Room for every scenario below, so the planner accepts them; check_fits then meets GPU_CLUSTER.
+BIG_CLUSTER = dict(GPU_CLUSTER, name="big", gpus_per_node=16, nodes=8, mem_gb_per_node=4000,
+                   cpu_cores_per_node=192)  # fmt: skip
 
 
-def spec(**kw):
-    base = {
-        "scenario": "cpu-offload-opt",
-        "nodes": 1,
-        "gpus_per_node": 2,
-        "world_size": 2,
-        "accelerator": "cuda",
-        "cpu_mem_gb": 64,
-        "timeout_s": 1800,
-    }
-    base.update(kw)
-    return base
+def spec(cluster=GPU_CLUSTER, timeout_min=30, **scenario):
+    """A planned run: 2 GPUs, 64 GB host memory, 30 min, unless told otherwise."""
+    scenario = {"name": "cpu-offload-opt", "gpus_per_node": 2, "cpu_mem_gb": 64, **scenario}
+    return make_spec(cluster, scenario, timeout_min=timeout_min)
 
 
 def test_gpu_single_node():
@@ -61,7 +60,7 @@ def test_gpu_single_node():
 
 
 def test_gpu_multi_node_gres_is_per_node():
-    r = train_resources(spec(nodes=2, gpus_per_node=8, world_size=16), GPU_CLUSTER)
+    r = train_resources(spec(nodes=2, gpus_per_node=8), GPU_CLUSTER)
     assert r["gres"] == "gpu:h200:8"
     assert r["nodes"] == 2
     assert r["cpus_per_task"] == 96
@@ -70,14 +69,14 @@ def test_gpu_multi_node_gres_is_per_node():
 
 def test_untyped_gres_and_core_share():
     cl = dict(GPU_CLUSTER, slurm={"partition": None})
-    r = train_resources(spec(gpus_per_node=4, world_size=4), cl)
+    r = train_resources(spec(cl, gpus_per_node=4), cl)
     assert r["gres"] == "gpu:4"
     assert r["cpus_per_task"] == 48  # half the GPUs -> half the 96 cores
     assert "slurm_partition" not in r and "qos" not in r and "constraint" not in r
 
 
 def test_cpu_cluster_ranks_get_cpus_and_no_gpu():
-    r = train_resources(spec(accelerator="cpu", cpu_mem_gb=4, timeout_s=600), CPU_CLUSTER)
+    r = train_resources(spec(CPU_CLUSTER, timeout_min=10, cpu_mem_gb=4), CPU_CLUSTER)
     assert r == {
         "nodes": 1,
         "tasks": 1,
@@ -89,51 +88,74 @@ def test_cpu_cluster_ranks_get_cpus_and_no_gpu():
 
 
 def test_runtime_capped_and_margin():
-    r = train_resources(spec(timeout_s=3 * 3600), GPU_CLUSTER)
+    r = train_resources(spec(timeout_min=180), GPU_CLUSTER)
     assert r["runtime"] == 120
-    r = train_resources(spec(timeout_s=200 * 60), dict(GPU_CLUSTER, slurm={}))
+    cl = dict(GPU_CLUSTER, slurm={})
+    r = train_resources(spec(cl, timeout_min=200), cl)
     assert r["runtime"] == 220  # 10 % margin above 100 min
-    r = train_resources(spec(timeout_s=None), dict(GPU_CLUSTER, slurm={}))
-    assert r["runtime"] == 24 * 60
 
 
 def test_mem_headroom_capped_at_node():
     cl = dict(GPU_CLUSTER, mem_gb_per_node=64)
-    assert train_resources(spec(cpu_mem_gb=64), cl)["mem_mb"] == 64 * 1024
+    assert train_resources(spec(cl, cpu_mem_gb=64), cl)["mem_mb"] == 64 * 1024
 
 
 @pytest.mark.parametrize(
-    "kw, key",
+    "planned, key",
     [
-        ({"gpus_per_node": 9, "world_size": 9}, "gpus_per_node=9"),
-        ({"nodes": 5, "world_size": 10}, "nodes=5"),
-        ({"cpu_mem_gb": 2000}, "cpu_mem_gb=2000"),
-        ({"accelerator": "cpu"}, "accelerator='cpu'"),
-        ({"world_size": 3}, "world_size=3"),
+        (lambda: spec(BIG_CLUSTER, name="big-one", gpus_per_node=9), "gpus_per_node=9"),
+        (lambda: spec(BIG_CLUSTER, name="big-one", nodes=5), "nodes=5"),
+        (lambda: spec(BIG_CLUSTER, name="big-one", cpu_mem_gb=2000), "cpu_mem_gb=2000"),
+        (lambda: spec(CPU_CLUSTER, name="big-one"), "accelerator='cpu'"),
+        (lambda: replace(spec(name="big-one"), world_size=3), "world_size=3"),
     ],
+    ids=["gpus", "nodes", "cpu_mem", "accelerator", "world_size"],
 )
-def test_check_fits_names_scenario_and_key(kw, key):
-    with pytest.raises(ValueError) as e:
-        check_fits(spec(scenario="big-one", **kw), GPU_CLUSTER)
+def test_check_fits_names_scenario_and_key(planned, key):
+    run = planned()
+    with pytest.raises(StudyError) as e:
+        check_fits(run, GPU_CLUSTER)
     assert "big-one" in str(e.value) and key in str(e.value)
-    with pytest.raises(ValueError):
-        train_resources(spec(scenario="big-one", **kw), GPU_CLUSTER)
+    with pytest.raises(StudyError):
+        train_resources(run, GPU_CLUSTER)
 
 
 def test_cpu_ranks_more_than_cores():
+    run = spec(dict(CPU_CLUSTER, gpus_per_node=8), gpus_per_node=4)
     cl = dict(CPU_CLUSTER, gpus_per_node=8, cpu_cores_per_node=2)
-    with pytest.raises(ValueError, match="cpu_cores_per_node=2"):
-        check_fits(spec(accelerator="cpu", gpus_per_node=4, world_size=4), cl)
+    with pytest.raises(StudyError, match="cpu_cores_per_node=2"):
+        check_fits(run, cl)
+
+
+def test_plan_refuses_what_resources_refuse():
+    """One fit rule: the planner refuses a scenario that train_resources would refuse."""
+    cl = dict(CPU_CLUSTER, gpus_per_node=8, cpu_cores_per_node=2)
+    with pytest.raises(StudyError, match=r"scenarios\[0\]\.gpus_per_node: .*cpu_cores_per_node=2"):
+        spec(cl, gpus_per_node=4)
+
+
+def test_nvme_capacity_refuses_only_the_clearly_impossible():
+    nvme = {"offload_optimizer": "nvme", "nvme_path": "/scratch"}
+    # SMALL_LLAMA (~0.1 M parameters) needs ~1.5 MB of optimizer state: fits 1 GB
+    assert spec(dict(GPU_CLUSTER, nvme_capacity_gb=1), **nvme).nvme_capacity_gb == 1
+    seven_b = {"model": {"preset": "llama2-7b"}, "timeout_min": 30}
+    with pytest.raises(StudyError) as e:  # 6.7e9 params x 12 B = 81 GB > 50 GB
+        make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=50), {"name": "n", **nvme}, **seven_b)
+    assert "scenarios[0].offload_optimizer" in str(e.value) and "nvme_capacity_gb=50" in str(e.value)
+    # the same on two nodes: 40 GB each
+    run = make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=50), {"name": "n", "nodes": 2, **nvme},
+                    **seven_b)  # fmt: skip
+    assert run.nvme_capacity_gb == 50
 
 
 def test_bad_gres_type():
     cl = dict(GPU_CLUSTER, slurm={"gres_type": "h200;rm"})
-    with pytest.raises(ValueError, match="gres_type"):
+    with pytest.raises(StudyError, match="gres_type"):
         train_resources(spec(), cl)
 
 
 def test_resource_callables():
-    specs = {"a": spec(scenario="a"), "b": spec(scenario="b", gpus_per_node=8, world_size=8)}
+    specs = {"a": spec(name="a"), "b": spec(name="b", gpus_per_node=8)}
 
     class WC:
         def __init__(self, s):
@@ -147,5 +169,5 @@ def test_resource_callables():
 
 def test_mem_without_budget():
     assert train_resources(spec(cpu_mem_gb=None), GPU_CLUSTER)["mem_mb"] == 1500 * 1024
-    r = train_resources(spec(accelerator="cpu", cpu_mem_gb=None), CPU_CLUSTER)
+    r = train_resources(spec(CPU_CLUSTER, cpu_mem_gb=None), CPU_CLUSTER)
     assert r["mem_mb"] == 2 * 3072

@@ -13,77 +13,48 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from conftest import SMALL_LLAMA, make_spec
 
-from offload_study import runner
+from offload_study import contracts, metrics, outcome, placement, probes, provenance
+from offload_study.contracts import RankStats, StepRow, read_run_spec
+from offload_study.plan import write_scenario_files
+from offload_study.supervise import Supervision
 
-SCHEMA = json.loads(runner.SCHEMA_PATH.read_text())
-TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512,
-    "max_position_embeddings": 128,
-}  # fmt: skip
+NVME_AIO = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+            "single_submit": False, "overlap_events": True}  # fmt: skip
 
 
-def make_run(tmp_path: Path, offload_optimizer="none", offload_param="none", world=1, **over):
-    """Write a run spec (docs/design.md) + DeepSpeed config; return (spec_path, outdir, spec).
+def make_run(
+    tmp_path: Path, offload_optimizer="none", offload_param="none", world=1, *,
+    ds_over=None, scenario=None, **study,
+):  # fmt: skip
+    """Plan a one-scenario study (conftest.make_spec) and write its run spec + DeepSpeed config
+    as the plan rules do; return (spec_path, outdir, spec).
 
-    Small stand-in for offload_study.plan. ``ds_over`` (dict) is merged into the DS config.
+    ``scenario``/``study`` keys go into the study; ``ds_over`` (dict) is merged into the written
+    DeepSpeed config afterwards (a config DeepSpeed refuses at run time).
     """
-    ds_over = over.pop("ds_over", {})
-    model_over = over.pop("model_over", {})
-    mb, gas = 2, 2
     nvme = "nvme" in (offload_optimizer, offload_param)
-    scenario = f"z3-{offload_optimizer}-{offload_param}-w{world}"
-    cfg = dict(TINY_LLAMA, **model_over)
-    if nvme:  # big enough that partitions pass DeepSpeed's 1 MiB min_aio_bytes and are swapped
-        cfg["vocab_size"] = 8192
-    spec = {
-        "schema_version": 1, "study": "test", "cluster": "local-cpu", "scenario": scenario,
-        "base_scenario": scenario, "label": "ZeRO-3 <test>", "sweep": {},
-        "model": {"source": "config", "preset": "tiny-llama", "config": cfg, "name_or_path": None},
-        "seq_len": 64, "dtype": "bf16", "micro_batch": mb, "gradient_accumulation_steps": gas,
-        "global_batch": mb * gas * world, "gradient_checkpointing": False,
-        "steps": 3, "warmup_steps": 1, "seed": 1234,
-        "data": {"kind": "synthetic", "token_file": None},
-        "optimizer": {"type": "AdamW", "lr": 1e-4, "weight_decay": 0.0},
-        "nodes": 1, "gpus_per_node": world, "world_size": world, "accelerator": "cpu",
-        "gpu_mem_gb": 40, "cpu_mem_gb": 64,
+    name = f"z3-{offload_optimizer}-{offload_param}-w{world}"
+    # NVMe: big enough that partitions pass DeepSpeed's 1 MiB min_aio_bytes and are swapped
+    model = dict(SMALL_LLAMA, vocab_size=8192) if nvme else SMALL_LLAMA
+    scenario = {
+        "name": name, "gpus_per_node": world, "gpu_mem_gb": 40, "cpu_mem_gb": 64,
         "offload_optimizer": offload_optimizer, "offload_param": offload_param,
-        "nvme_path": str(tmp_path / "nvme") if nvme else None,
-        "timeout_s": 300, "step_timeout_s": None, "strict": False,
-        "ds_config": str(tmp_path / f"{scenario}.json"),
+        "nvme_path": str(tmp_path / "nvme") if nvme else None, **(scenario or {}),
     }  # fmt: skip
-    spec.update(over)
-    zero = {
-        "stage": 3, "overlap_comm": True, "contiguous_gradients": True,
-        "reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e8,
-        "stage3_param_persistence_threshold": 1e5, "stage3_max_live_parameters": 1e9,
-        "stage3_max_reuse_distance": 1e9, "sub_group_size": 1e8,
-    }  # fmt: skip
-    for key, dev in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
-        if dev != "none":
-            zero[key] = {"device": dev, "pin_memory": True}
-            if dev == "nvme":
-                zero[key]["nvme_path"] = spec["nvme_path"]
-    ds = {
-        "train_batch_size": spec["global_batch"], "train_micro_batch_size_per_gpu": mb,
-        "gradient_accumulation_steps": gas, "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "bf16": {"enabled": True},
-        "wall_clock_breakdown": True, "steps_per_print": 1,
-    }  # fmt: skip
-    if nvme:
-        ds["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
-                     "single_submit": False, "overlap_events": True}  # fmt: skip
-    for k, v in ds_over.items():
+    study = {"model": {"config": model}, "aio": NVME_AIO if nvme else {}, **study}
+    spec_path, ds_path = tmp_path / f"{name}.run.json", tmp_path / f"{name}.json"
+    write_scenario_files(make_spec("local-cpu", scenario, **study), str(ds_path), str(spec_path))
+    ds = contracts.read_json(ds_path)
+    for k, v in (ds_over or {}).items():
         if isinstance(v, dict) and isinstance(ds.get(k), dict):
             ds[k].update(v)
         else:
             ds[k] = v
-    Path(spec["ds_config"]).write_text(json.dumps(ds, indent=2))
-    spec_path = tmp_path / f"{scenario}.run.json"
-    spec_path.write_text(json.dumps(spec, indent=2))
-    outdir = tmp_path / "results" / "local-cpu" / "test" / scenario / "rep0"
-    return spec_path, outdir, spec
+    contracts.write_json(ds_path, ds)
+    outdir = tmp_path / "results" / "local-cpu" / "test" / name / "rep0"
+    return spec_path, outdir, read_run_spec(spec_path)
 
 
 def run_runner(spec_path, outdir, timeout=300):
@@ -98,7 +69,10 @@ def load_record(outdir: Path) -> dict:
     for name in ("metrics.json", "steps.csv", "provenance.json", "logs/launcher.log"):
         assert (outdir / name).is_file(), name
     m = json.loads((outdir / "metrics.json").read_text())
-    jsonschema.validate(m, SCHEMA)
+    jsonschema.validate(m, contracts.metrics_schema())
+    prov = json.loads((outdir / "provenance.json").read_text())
+    jsonschema.validate(prov, contracts.provenance_schema())
+    assert prov["schema_problems"] == []
     archived = list((outdir.parents[1] / "archive" / outdir.parent.name / "rep0").glob("*"))
     assert len(archived) == 1 and (archived[0] / "metrics.json").is_file()
     return m
@@ -130,8 +104,11 @@ def test_offload_modes_ok(tmp_path, opt, param, world):
     for r in range(world):
         assert (outdir / "logs" / f"rank{r}.log").stat().st_size > 0
     steps = (outdir / "steps.csv").read_text().splitlines()
-    assert steps[0] == "step,phase,step_time_s,tokens_per_s,samples_per_s,loss"
+    assert steps[0] == ",".join(contracts.STEPS_COLUMNS)
     assert [s.split(",")[1] for s in steps[1:]] == ["warmup"] + ["measured"] * 3
+    # the fixed mode (the study sets steps): exactly its steps; bf16 skips none
+    assert (m["measure_mode"], m["stop_reason"], m["steps_warmup"]) == ("fixed", "fixed", 1)
+    assert m["skipped_steps_measured"] == m["skipped_steps_ds_log"] == 0
     prov = json.loads((outdir / "provenance.json").read_text())
     assert prov["deepspeed_version"] and prov["rendezvous_port"] > 0
     assert prov["ds_config_sha256"] == m["ds_config_sha256"]
@@ -140,7 +117,7 @@ def test_offload_modes_ok(tmp_path, opt, param, world):
     if opt == "nvme":
         assert m["nvme_bytes_used"] > 1_000_000
         assert bd["optimizer_swap_in"] is not None and bd["optimizer_swap_out"] is not None
-        assert os.listdir(spec["nvme_path"]) == [], "NVMe swap files not cleaned"
+        assert os.listdir(spec.nvme_path) == [], "NVMe swap files not cleaned"
     else:
         assert m["nvme_bytes_used"] is None
         assert bd["optimizer_swap_in"] is None
@@ -173,7 +150,8 @@ def test_batch_mismatch_is_config_error_and_strict_exits_1(tmp_path):
 
 @pytest.mark.slow
 def test_host_oom(tmp_path):
-    spec_path, outdir, _ = make_run(tmp_path, cpu_mem_gb=0.15)
+    # force: the plan predicts it does not fit; this test wants it run into the budget
+    spec_path, outdir, _ = make_run(tmp_path, scenario={"cpu_mem_gb": 0.15, "force": True})
     res = run_runner(spec_path, outdir)
     assert res.returncode == 0, res.stderr
     m = load_record(outdir)
@@ -222,19 +200,19 @@ def test_sigterm_cancelled(tmp_path):
 def test_allowed_env_drops_secrets():
     env = {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO", "HF_TOKEN": "x", "NCCL_API_KEY": "y",
            "SLURM_JOB_ID": "12", "AWS_SECRET_ACCESS_KEY": "z", "HOME": "/root"}  # fmt: skip
-    got = runner.allowed_env(env)
+    got = provenance.allowed_env(env)
     assert got == {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "SLURM_JOB_ID": "12"}
 
 
 def test_archive_dir(tmp_path):
     out = tmp_path / "results" / "c" / "s" / "scen" / "rep3"
-    d = runner.archive_dir(out, {"scenario": "scen"}, 3, "2026-11-29T10:51:14Z", "ab" * 32)
+    d = placement.archive_dir(out, "scen", 3, "2026-11-29T10:51:14Z", "ab" * 32)
     assert d == (tmp_path / "results/c/s/archive/scen/rep3/20261129T105114Z-abababab").resolve()
 
 
 def test_percentile():
-    assert runner.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
-    assert runner.percentile([1.0, 2.0], 0.1) == pytest.approx(1.1)
+    assert metrics.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
+    assert metrics.percentile([1.0, 2.0], 0.1) == pytest.approx(1.1)
 
 
 @pytest.mark.slow
@@ -244,11 +222,7 @@ def test_token_file_and_gradient_checkpointing(tmp_path):
 
     tokens = tmp_path / "tokens.npy"
     np.save(tokens, np.random.default_rng(0).integers(0, 512, size=20_000, dtype=np.int32))
-    spec_path, outdir, _ = make_run(
-        tmp_path,
-        data={"kind": "token_file", "token_file": str(tokens)},
-        gradient_checkpointing=True,
-    )
+    spec_path, outdir, _ = make_run(tmp_path, token_file=str(tokens), gradient_checkpointing=True)
     res = run_runner(spec_path, outdir)
     assert res.returncode == 0, res.stderr
     m = load_record(outdir)
@@ -256,3 +230,84 @@ def test_token_file_and_gradient_checkpointing(tmp_path):
     assert m["gradient_checkpointing"] is True
     assert f"tokens from {tokens}: 20000 ids" in (outdir / "logs" / "rank0.log").read_text()
     assert math.isfinite(m["loss_last"]) and m["tokens_per_s"] > 0
+
+
+# --------------------------------------------------------------------------- outcome (pure)
+def evidence(rc=1, killed=None, detail=None, logs=None, finished=(), steps=(), step_timeout=None):
+    stats = {r: RankStats(rank=r, local_rank=r, world_size=2, host="h", pid=1, finished=True)
+             for r in finished}  # fmt: skip
+    sup = Supervision(rc=rc, killed=killed, detail=detail)
+    return outcome.Evidence(sup, logs or {}, stats, list(steps), 2, step_timeout)
+
+
+STEP = StepRow(1, "measured", 0.5, 100.0, 1.0, 6.0)
+OOM_LOG = {"launcher.log": "exitcode 1", "rank1.log": "torch.OutOfMemoryError: CUDA out of memory."}
+DECISIONS = [
+    # (evidence, outcome, words the excerpt must contain)
+    (evidence(rc=-15, killed="timeout", detail="run exceeded timeout_s=60"), "timeout",
+     ["run exceeded timeout_s=60"]),
+    (evidence(rc=0, finished=(0, 1), steps=[STEP], step_timeout=0.1), "timeout",
+     ["a step exceeded step_timeout_s=0.1"]),
+    (evidence(rc=0, finished=(0, 1), steps=[STEP], step_timeout=1.0), "ok", []),
+    (evidence(rc=1, logs=OOM_LOG, finished=(0,)), "gpu_oom", ["CUDA out of memory"]),
+    (evidence(rc=-9, logs={"rank0.log": "step 3"}), "host_oom", []),
+    (evidence(rc=1), "error", ["exit code 1"]),
+    (evidence(rc=0, finished=(0,), logs={"rank0.log": "bye"}), "error",
+     ["launcher exited 0 but 1/2 ranks finished"]),
+    (evidence(rc=None, logs={"launcher.log": "launch failed: RuntimeError: no SLURM"}), "error",
+     ["launch failed"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("ev", "expected", "words"), DECISIONS)
+def test_outcome_is_decided_by_the_rule_table(ev, expected, words):
+    got, excerpt = outcome.decide(ev)
+    assert got == expected and got in contracts.OUTCOMES
+    assert (excerpt is None) == (got == "ok")
+    for word in words:
+        assert word in excerpt
+
+
+def test_every_outcome_a_rule_or_pattern_gives_is_in_the_schema():
+    from offload_study import logparse
+
+    assert {o for o, _, _ in logparse.OUTCOME_PATTERNS} <= set(contracts.OUTCOMES)
+    assert {"ok", "timeout", "host_oom", "cancelled", "error"} <= set(contracts.OUTCOMES)
+
+
+# --------------------------------------------------------------------------- metrics (pure)
+def metrics_of(spec, stats=None, logs=None, steps=(STEP,), outcome_="ok"):
+    spec = spec.with_ds_config("no-such-config.json")  # its sha256 is then null
+    inp = metrics.MetricsInput(spec, 0, Supervision(rc=0, elapsed=3.0), outcome_, None,
+                               list(steps), stats or {}, logs or {}, "2026-01-01T00:00:00Z",
+                               "2026-01-01T00:00:03Z")  # fmt: skip
+    m = metrics.compute_metrics(inp)
+    assert metrics.metrics_problems(m) == [] and list(m) == contracts.METRICS_FIELDS
+    return m
+
+
+GPU_CLUSTER = {"name": "g", "accelerator": "cuda", "gpus_per_node": 1, "gpu_mem_gb": 141,
+               "gpu_model": "NVIDIA H200"}  # fmt: skip
+
+
+def test_mfu_uses_the_clusters_peak_tflops_override():
+    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1,
+                          device_name="NVIDIA H200", model_params=10**9)}  # fmt: skip
+    m = metrics_of(make_spec(dict(GPU_CLUSTER, peak_tflops=500.0), {"gpus_per_node": 1}), stats)
+    assert m["peak_tflops"] == 500.0 and m["mfu"] == pytest.approx(m["tflops_per_gpu"] / 500)
+    # no override: the device torch named, else the cluster's gpu_model
+    assert metrics_of(make_spec(GPU_CLUSTER, {"gpus_per_node": 1}), stats)["peak_tflops"] == 989.0
+    assert metrics_of(make_spec(GPU_CLUSTER, {"gpus_per_node": 1}))["peak_tflops"] == 989.0
+
+
+def test_gpu_cap_from_stats_else_from_the_log():
+    spec = make_spec(GPU_CLUSTER, {"gpus_per_node": 1, "gpu_mem_gb": 40})
+    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1,
+                          gpu_mem_cap_gib=40.0)}  # fmt: skip
+    died = {"rank0.log": f"{contracts.GPU_CAP_LOG_PREFIX}40.00 GiB of 139.80 GiB\nTraceback"}
+    assert metrics_of(spec, stats)["gpu_mem_cap_gib"] == 40.0
+    assert metrics_of(spec, logs=died, steps=(), outcome_="gpu_oom")["gpu_mem_cap_gib"] == 40.0
+    assert metrics_of(spec)["gpu_mem_cap_gib"] is None
+    # the harness' cap rule: below the cluster's card only, and smaller than the device
+    assert probes.gpu_cap_gib(spec, 150 * 2**30) == 40.0
+    assert probes.gpu_cap_gib(make_spec(GPU_CLUSTER, {"gpu_mem_gb": 141}), 150 * 2**30) is None

@@ -6,7 +6,6 @@ Two differently set-up clusters (partition, GRES type/count, MaxTime) run the sa
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -16,9 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import make_cluster, make_spec
+from slurm_cluster import slurm_fixture_gen
 
-sys.path.insert(0, str(Path(__file__).parent))
-from slurm_cluster import slurm_fixture_gen  # noqa: E402
+from offload_study.contracts import PROGRESS_FILE, read_json, write_json, write_run_spec
+from offload_study.resources import train_resources
+from offload_study.study import StudyError
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
@@ -32,9 +34,14 @@ SETUPS = {
 CLUSTER_FILE = {"a": "test-slurm", "b": "test-slurm-b"}
 
 
+#: Seconds a finished job stays known to slurmctld: the tests look up every job of a run after
+#: it ends, and the default study takes longer than SLURM's default 300 s.
+MIN_JOB_AGE_S = 3600
+
+
 @pytest.fixture(scope="module", params=list(SETUPS), ids=[f"setup-{k}" for k in SETUPS])
 def cluster(request):
-    for cl in slurm_fixture_gen(**SETUPS[request.param]):
+    for cl in slurm_fixture_gen(**SETUPS[request.param], min_job_age=MIN_JOB_AGE_S):
         cl.setup = request.param
         yield cl
 
@@ -56,6 +63,7 @@ def write_profile(dest: Path, **overrides) -> Path:
 
 
 def gpu_cluster_desc(cl, **kw) -> dict:
+    """A validated cuda cluster description of the test SLURM (``kw`` overrides keys)."""
     d = {
         "name": "fake-gpu",
         "accelerator": "cuda",
@@ -63,24 +71,34 @@ def gpu_cluster_desc(cl, **kw) -> dict:
         "nodes": 1,
         "cpu_cores_per_node": cl.cpus,
         "mem_gb_per_node": cl.real_memory_mb // 1024,
+        "scheduler": "slurm",
         "slurm": {"partition": cl.partition, "gres_type": cl.gres_type},
     }
     d.update(kw)
-    return d
+    return make_cluster(d)
 
 
+def planned(cluster_desc: dict, name: str, gpus: int, **scenario):
+    """The run of scenario ``name`` with ``gpus`` GPUs, planned by the real planner."""
+    return make_spec(cluster_desc, {"name": name, "gpus_per_node": gpus, **scenario})
+
+
+# A stand-in for the train rule: the planned run specs (specs/<scenario>.run.json) give its
+# resources exactly as in the workflow; `--config sleep=<s>` sets how long each job runs.
 SNAKEFILE = textwrap.dedent(
     """\
-    import json
+    from pathlib import Path
+    from offload_study.contracts import read_json, read_run_spec
     from offload_study.resources import resource_callables
-    CLUSTER = json.load(open("cluster.json"))
-    SPECS = json.load(open("specs.json"))
+    CLUSTER = read_json("cluster.json")
+    SPECS = {p.name.removesuffix(".run.json"): read_run_spec(p)
+             for p in Path("specs").glob("*.run.json")}
     localrules: all
     rule all:
         input: expand("out/{s}.txt", s=SPECS)
     rule train:
         output: "out/{scenario}.txt"
-        params: sleep=lambda wc: SPECS[wc.scenario].get("sleep", 1)
+        params: sleep=config.get("sleep", 1)
         resources: **resource_callables(lambda wc: SPECS[wc.scenario], CLUSTER)
         shell:
             "echo $SLURM_JOB_ID > {output}.tmp; "
@@ -90,12 +108,13 @@ SNAKEFILE = textwrap.dedent(
 )
 
 
-def make_workflow(tmp: Path, cluster_desc: dict, specs: dict) -> Path:
+def make_workflow(tmp: Path, cluster_desc: dict, specs: list) -> Path:
     wf = tmp / "wf"
     wf.mkdir()
     (wf / "Snakefile").write_text(SNAKEFILE)
-    (wf / "cluster.json").write_text(json.dumps(cluster_desc))
-    (wf / "specs.json").write_text(json.dumps(specs))
+    write_json(wf / "cluster.json", cluster_desc)
+    for spec in specs:
+        write_run_spec(wf / "specs" / f"{spec.scenario}.run.json", spec)
     return wf
 
 
@@ -137,25 +156,9 @@ def mem_mb(text: str) -> float:
     return float(text[:-1]) * mult[text[-1]] if text[-1] in mult else float(text)
 
 
-def spec(name, gpus, **kw):
-    d = {
-        "scenario": name,
-        "nodes": 1,
-        "gpus_per_node": gpus,
-        "world_size": gpus,
-        "accelerator": "cuda",
-        "cpu_mem_gb": 1,
-        "timeout_s": 120,
-    }
-    d.update(kw)
-    return d
-
-
 def test_profile_submits_with_requested_resources(cluster, tmp_path):
-    from offload_study.resources import train_resources
-
     desc = gpu_cluster_desc(cluster)
-    specs = {"two": spec("two", 2), "one": spec("one", 1, cpu_mem_gb=2)}
+    specs = [planned(desc, "two", 2, cpu_mem_gb=1), planned(desc, "one", 1, cpu_mem_gb=2)]
     wf = make_workflow(tmp_path, desc, specs)
     prof = write_profile(tmp_path / "prof")
     t0 = time.monotonic()
@@ -163,16 +166,16 @@ def test_profile_submits_with_requested_resources(cluster, tmp_path):
     elapsed = time.monotonic() - t0
     assert cp.returncode == 0, cp.stdout + cp.stderr + cluster.logs()
     print(f"two-job snakemake --profile run: {elapsed:.1f}s (bring-up {cluster.bring_up_s:.2f}s)")
-    for name, s in specs.items():
-        lines = (wf / "out" / f"{name}.txt").read_text().split()
+    for s in specs:
+        lines = (wf / "out" / f"{s.scenario}.txt").read_text().split()
         job_id = lines[0]
         res = train_resources(s, desc)
-        info = cluster.job_info(job_id)  # MinJobAge=300 keeps it visible after completion
+        info = cluster.job_info(job_id)  # MinJobAge keeps it visible after completion
         assert info is not None, f"job {job_id} unknown to slurmctld"
         assert info["JobState"] == "COMPLETED"
         assert info["Partition"] == cluster.partition
         tres_gpu = info.get("TresPerNode") or info.get("TresPerJob") or ""
-        assert tres_gpu.endswith(f"gpu:{cluster.gres_type}:{s['gpus_per_node']}"), info
+        assert tres_gpu.endswith(f"gpu:{cluster.gres_type}:{s.gpus_per_node}"), info
         assert mem_mb(info["MinMemoryNode"]) == res["mem_mb"]
         assert int(info["CPUs/Task"]) == res["cpus_per_task"]
         assert int(info["NumNodes"]) == 1
@@ -181,13 +184,13 @@ def test_profile_submits_with_requested_resources(cluster, tmp_path):
         assert int(h) * 60 + int(m) == res["runtime"]
         # the job step (the plugin's `srun` inside the job) saw exactly its GPUs
         visible = lines[1].split("=", 1)[1]
-        assert len(set(visible.split(","))) == s["gpus_per_node"], visible
+        assert len(set(visible.split(","))) == s.gpus_per_node, visible
 
 
 def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
     # A cluster description that overstates the node: SLURM itself must refuse the job.
     desc = gpu_cluster_desc(cluster, gpus_per_node=cluster.gpus * 2)
-    specs = {"greedy": spec("greedy", cluster.gpus + 1)}
+    specs = [planned(desc, "greedy", cluster.gpus + 1, cpu_mem_gb=1)]
     wf = make_workflow(tmp_path, desc, specs)
     cp = snakemake(cluster, wf, write_profile(tmp_path / "prof"), timeout=120)
     out = cp.stdout + cp.stderr
@@ -195,8 +198,15 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
     assert "SLURM sbatch failed" in out or "sbatch failed" in out, out
     assert "Requested node configuration is not available" in out, out
 
-    # An honest description: the plan step refuses it before anything is submitted.
+    # An honest description: the planner refuses the scenario, naming the key ...
     desc = gpu_cluster_desc(cluster)
+    with pytest.raises(
+        StudyError,
+        match=rf"scenarios\[0\]\.gpus_per_node: gpus_per_node="
+        rf"{cluster.gpus + 1} is more than",
+    ):
+        planned(desc, "greedy", cluster.gpus + 1)
+    # ... and a run planned elsewhere is refused by its resources before anything is submitted.
     (tmp_path / "honest").mkdir()
     wf2 = make_workflow(tmp_path / "honest", desc, specs)
     cp = snakemake(cluster, wf2, write_profile(tmp_path / "prof2"), timeout=120)
@@ -208,9 +218,10 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
 
 def test_scancel_is_reported_as_failure(cluster, tmp_path):
     desc = gpu_cluster_desc(cluster)
-    specs = {"sleepy": spec("sleepy", 1, sleep=120)}
-    wf = make_workflow(tmp_path, desc, specs)
-    proc = snakemake(cluster, wf, write_profile(tmp_path / "prof"), background=True)
+    wf = make_workflow(tmp_path, desc, [planned(desc, "sleepy", 1, cpu_mem_gb=1)])
+    proc = snakemake(
+        cluster, wf, write_profile(tmp_path / "prof"), "--config", "sleep=120", background=True
+    )
     job_id, out = scancel_once(
         cluster,
         proc,
@@ -258,12 +269,12 @@ def test_default_study_end_to_end(cluster, tmp_path):
     assert provs, "no provenance.json written"
     known = {j["JobId"]: j for j in cluster.jobs()}
     for p in provs:
-        prov = json.loads(p.read_text())
+        prov = read_json(p)
         jid = prov.get("slurm_job_id") or (prov.get("slurm") or {}).get("job_id")
         assert jid, f"{p}: no SLURM job id"
         assert str(jid) in known, f"{p}: job {jid} not a job of this SLURM"
         assert known[str(jid)]["Partition"] == cluster.partition
-        metrics = json.loads((p.parent / "metrics.json").read_text())
+        metrics = read_json(p.parent / "metrics.json")
         assert metrics["slurm_job_id"] == str(jid)
 
 
@@ -273,7 +284,10 @@ def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path):
     name = CLUSTER_FILE[cluster.setup]
     work = copy_repo_for_run(tmp_path)
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    study.update(study="cancel-me", cluster=name, steps=2000, timeout_min=10)
+    # fixed measurement: 2000 steps keep the run going until it is cancelled
+    study.update(
+        study="cancel-me", cluster=name, measure={"mode": "fixed"}, steps=2000, timeout_min=10
+    )
     study["scenarios"] = [s for s in study["scenarios"] if s["name"] == "offload-opt-param-1rank"]
     (work / "cancel.yaml").write_text(yaml.safe_dump(study))
     prof = write_profile(tmp_path / "prof")
@@ -283,11 +297,11 @@ def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path):
     job_id, out = scancel_once(
         cluster,
         proc,
-        lambda: bool(list(run_dir.glob("rep0.tmp-*/progress.json"))),
+        lambda: bool(list(run_dir.glob(f"rep0.tmp-*/{PROGRESS_FILE}"))),
         start_timeout=240,
         end_timeout=240,
     )
-    metrics = json.loads((run_dir / "rep0" / "metrics.json").read_text())
+    metrics = read_json(run_dir / "rep0" / "metrics.json")
     assert metrics["outcome"] == "cancelled", out[-4000:]
     assert metrics["slurm_job_id"] == str(job_id)
     assert cluster.job_state(job_id) == "CANCELLED"

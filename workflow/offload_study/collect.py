@@ -6,62 +6,49 @@ CLI::
         --runs-csv runs.csv --runs-parquet runs.parquet --summary-csv summary.csv \
         results/<cluster>/<study>/<scenario>/rep<k>/metrics.json ...
 
-A missing or unreadable metrics.json becomes a row with outcome "missing" / "error"; collecting
-never crashes on a bad record. The table functions (:func:`build_runs`, :func:`summarize`, ...)
-are pure: DataFrames / dicts in, DataFrames out.
+This module is the one reader of run records on the analysis side (metrics.json, steps.csv,
+provenance.json, through :mod:`offload_study.contracts`) and the owner of the two tables it
+writes (:func:`write_tables`, read back by :func:`read_table`). A missing or unreadable
+metrics.json becomes a row with outcome "missing" / "error"; collecting never crashes on a bad
+record. The table functions (:func:`build_runs`, :func:`summarize`, ...) are pure.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-#: The metrics.json contract (workflow/schemas/metrics.schema.json) decides the columns.
-METRICS_SCHEMA = json.loads(
-    (Path(__file__).resolve().parents[1] / "schemas" / "metrics.schema.json").read_text()
-)["properties"]
+from offload_study import contracts, sanity
+
+_METRICS = contracts.metrics_schema()["properties"]
+
+
+def _types(key: str) -> set[str]:
+    kind = _METRICS[key].get("type", [])
+    return {kind} if isinstance(kind, str) else set(kind)
+
+
 #: Columns every runs table has (in the schema's order), whatever the records contain.
-RUN_COLUMNS = [k for k in METRICS_SCHEMA if k not in ("schema_version", "breakdown_ms")]
-#: Counts kept as nullable integers; every other numeric key of the schema becomes float64.
-INTEGER_COLUMNS = [
-    "repeat", "nodes", "gpus_per_node", "world_size", "micro_batch", "global_batch",
-    "gradient_accumulation_steps",
-]  # fmt: skip
+RUN_COLUMNS = [k for k in _METRICS if k not in ("schema_version", "breakdown_ms")]
+#: Integers every record has (never null): nullable integers. Other numbers become float64.
+INTEGER_COLUMNS = [k for k in RUN_COLUMNS if _types(k) == {"integer"}]
 FLOAT_COLUMNS = [
-    k
-    for k in RUN_COLUMNS
-    if {"number", "integer"} & set(np.atleast_1d(METRICS_SCHEMA[k].get("type", [])))
-    and k not in INTEGER_COLUMNS + ["seq_len"]
+    k for k in RUN_COLUMNS if _types(k) & {"number", "integer"} and k not in INTEGER_COLUMNS
 ]
-BREAKDOWN_KEYS = [
-    "forward",
-    "backward",
-    "backward_inner",
-    "backward_allreduce",
-    "step",
-    "optimizer_swap_in",
-    "optimizer_swap_out",
-]
-BREAKDOWN_COLUMNS = [f"breakdown_ms.{k}" for k in BREAKDOWN_KEYS]
-OUTCOMES = [
-    "ok",
-    "gpu_oom",
-    "host_oom",
-    "timeout",
-    "cancelled",
-    "dist_error",
-    "config_error",
-    "op_build_error",
-    "error",
-    "missing",
-]
+BREAKDOWN_COLUMNS = [f"breakdown_ms.{k}" for k in contracts.BREAKDOWN_KEYS]
+#: Outcomes of the records plus "missing" (no metrics.json), which only collect assigns.
+OUTCOMES = [*contracts.OUTCOMES, "missing"]
+_TEXT_COLUMNS = ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt")
 _LIST_COLUMNS = ("host_peak_rss_gib_per_node", "host_peak_rss_gib_per_rank")
 _REP_RE = re.compile(r"^rep(\d+)$")
 
@@ -74,30 +61,33 @@ def _path_identity(metrics_path: Path) -> dict:
     m = _REP_RE.match(rep_dir.name)
     if m:
         ident["repeat"] = int(m.group(1))
-        parts = rep_dir.parts
-        if len(parts) >= 2:
-            ident["scenario"] = parts[-2]
-        if len(parts) >= 3:
-            ident["study"] = parts[-3]
-        if len(parts) >= 4:
-            ident["cluster"] = parts[-4]
+        names = ("scenario", "study", "cluster")
+        ident.update(zip(names, reversed(rep_dir.parts[-4:-1]), strict=False))
     return ident
 
 
 def _run_spec_identity(metrics_path: Path, ident: dict) -> dict:
-    """Fill setup columns of a missing record from configs/<scenario>.run.json when it exists."""
+    """Fill setup columns of a missing record from its run spec when it exists: the plan
+    writes it to <study dir>/configs/<scenario>.run.json, beside the scenario folders."""
     scen = ident.get("scenario")
     if not scen:
         return {}
-    spec_path = metrics_path.parent.parent.parent / "configs" / f"{scen}.run.json"
-    try:
-        spec = json.loads(spec_path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(spec, dict):
-        return {}
+    spec = _read_json_object(metrics_path.parents[2] / "configs" / f"{scen}.run.json")
     keep = set(RUN_COLUMNS) - {"outcome", "error_excerpt", "repeat"}
-    return {k: v for k, v in spec.items() if k in keep}
+    return {k: v for k, v in (spec or {}).items() if k in keep}
+
+
+def _read_json_object(path: Path) -> dict | None:
+    try:
+        data = contracts.read_json(path)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _failed_record(p: Path, ident: dict, outcome: str, excerpt: str) -> dict:
+    rec = {**_run_spec_identity(p, ident), **ident, "outcome": outcome, "error_excerpt": excerpt}
+    return flatten_record(rec)
 
 
 def read_record(metrics_path: str | Path) -> dict:
@@ -109,23 +99,16 @@ def read_record(metrics_path: str | Path) -> dict:
     p = Path(metrics_path)
     ident = _path_identity(p)
     try:
-        text = p.read_text()
+        data = contracts.read_json(p)
     except FileNotFoundError:
-        rec = {**_run_spec_identity(p, ident), **ident}
-        rec.update(outcome="missing", error_excerpt=f"metrics.json not found: {p}")
-        return flatten_record(rec)
+        return _failed_record(p, ident, "missing", f"metrics.json not found: {p}")
     except OSError as e:
-        rec = {**_run_spec_identity(p, ident), **ident}
-        rec.update(outcome="error", error_excerpt=f"cannot read {p}: {e}")
-        return flatten_record(rec)
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"top level is {type(data).__name__}, not an object")
+        return _failed_record(p, ident, "error", f"cannot read {p}: {e}")
     except ValueError as e:
-        rec = {**_run_spec_identity(p, ident), **ident}
-        rec.update(outcome="error", error_excerpt=f"corrupt metrics.json ({p}): {e}")
-        return flatten_record(rec)
+        return _failed_record(p, ident, "error", f"corrupt metrics.json ({p}): {e}")
+    if not isinstance(data, dict):
+        why = f"top level is {type(data).__name__}, not an object"
+        return _failed_record(p, ident, "error", f"corrupt metrics.json ({p}): {why}")
     rec = dict(data)
     for k, v in ident.items():  # path identity only fills gaps
         if rec.get(k) in (None, ""):
@@ -146,10 +129,10 @@ def flatten_record(rec: dict) -> dict:
     out = {k: v for k, v in rec.items() if k not in ("breakdown_ms", "sweep")}
     bd = rec.get("breakdown_ms")
     bd = bd if isinstance(bd, dict) else {}
-    for k in BREAKDOWN_KEYS:
+    for k in contracts.BREAKDOWN_KEYS:
         out[f"breakdown_ms.{k}"] = _num(bd.get(k))
     for k, v in bd.items():
-        if k not in BREAKDOWN_KEYS:
+        if k not in contracts.BREAKDOWN_KEYS:
             out[f"breakdown_ms.{k}"] = _num(v)
     sweep = rec.get("sweep")
     sweep = sweep if isinstance(sweep, dict) else {}
@@ -169,45 +152,48 @@ def _num(v) -> float:
         return math.nan
 
 
-def read_steps(record_dir: str | Path) -> pd.DataFrame:
-    """Measured steps of one run (steps.csv beside metrics.json); empty when absent/corrupt."""
-    cols = ["step", "phase", "step_time_s", "tokens_per_s", "samples_per_s", "loss"]
+def read_timed_steps(record_dir: str | Path) -> list[contracts.StepRow]:
+    """The steps of one run that count towards its speed (steps.csv): measured, optimizer step
+    not skipped (``StepRow.timed``); every step not skipped when no row names its phase. Empty
+    when the file is absent or corrupt."""
     try:
-        df = pd.read_csv(Path(record_dir) / "steps.csv")
-    except (OSError, ValueError, pd.errors.ParserError):
-        return pd.DataFrame(columns=cols)
-    for c in cols:
-        if c not in df.columns:
-            df[c] = np.nan
-    if df["phase"].notna().any():
-        df = df[df["phase"].astype(str) == "measured"]
-    for c in ("step_time_s", "tokens_per_s"):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df[cols].reset_index(drop=True)
+        rows = contracts.read_steps(contracts.RecordDir(Path(record_dir)).steps)
+    except (csv.Error, ValueError):  # binary junk or a broken quote: no steps, not a crash
+        return []
+    phased = any(r.phase for r in rows)
+    return [r for r in rows if (r.timed if phased else not r.skipped)]
+
+
+def read_step_speeds(record_dir: str | Path) -> np.ndarray:
+    """tokens/s of each timed step of one run (:func:`read_timed_steps`)."""
+    return np.array([r.tokens_per_s for r in read_timed_steps(record_dir)], dtype=float)
+
+
+def read_provenance(record_dir: str | Path | None) -> dict | None:
+    """provenance.json of one run (keys: contracts.PROVENANCE_FIELDS); None when unreadable."""
+    return (
+        _read_json_object(contracts.RecordDir(Path(record_dir)).provenance) if record_dir else None
+    )
 
 
 # --------------------------------------------------------------------------- runs table
 def build_runs(records: Iterable[dict]) -> pd.DataFrame:
     """One row per run (flat records from :func:`read_record`), contract columns always present."""
-    rows = list(records)
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(list(records))
     extra = [c for c in df.columns if c not in RUN_COLUMNS + BREAKDOWN_COLUMNS + ["record_dir"]]
     sweep_cols = sorted(c for c in extra if c.startswith("sweep."))
     other_bd = sorted(c for c in extra if c.startswith("breakdown_ms."))
     rest = [c for c in extra if c not in sweep_cols and c not in other_bd]
     cols = RUN_COLUMNS + sweep_cols + BREAKDOWN_COLUMNS + other_bd + rest + ["record_dir"]
     df = df.reindex(columns=cols)
-    if "sweep" in df:
-        df["sweep"] = df["sweep"].astype("object").where(df["sweep"].notna(), "{}")
+    df["sweep"] = df["sweep"].astype("object").where(df["sweep"].notna(), "{}")
     df["outcome"] = df["outcome"].fillna("missing").astype(str)
-    num_cols = [*FLOAT_COLUMNS, *BREAKDOWN_COLUMNS, *other_bd]
-    for c in num_cols:
+    for c in [*FLOAT_COLUMNS, *BREAKDOWN_COLUMNS, *other_bd]:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     for c in INTEGER_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
-    for c in ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt"):
-        df[c] = df[c].astype("object").where(df[c].notna(), None)
-        df[c] = df[c].map(lambda v: None if v is None else str(v))
+    for c in _TEXT_COLUMNS:
+        df[c] = df[c].map(_text, na_action="ignore").astype("object").where(df[c].notna(), None)
     # sweep.<knob> columns may mix numbers and strings across scenarios; keep them as text
     # (parquet needs one type per column) unless every value is numeric.
     for c in sweep_cols:
@@ -224,6 +210,10 @@ def build_runs(records: Iterable[dict]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def _text(v) -> str | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
 # --------------------------------------------------------------------------- statistics
 def _bootstrap_run_medians(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """n_boot bootstrap medians of one run's step values (constant when only one value)."""
@@ -234,6 +224,28 @@ def _bootstrap_run_medians(values: np.ndarray, n_boot: int, rng: np.random.Gener
         return np.full(n_boot, values[0])
     idx = rng.integers(0, values.size, size=(n_boot, values.size))
     return np.median(values[idx], axis=1)
+
+
+def _run_draws(
+    value: float, steps: Sequence[float] | None, n_boot: int, rng: np.random.Generator
+) -> tuple[np.ndarray, bool]:
+    """n_boot bootstrap medians of one run's measured steps, and whether it had steps; a run
+    with fewer than two steps stands in with its metrics.json value (no spread)."""
+    s = np.asarray([] if steps is None else steps, dtype=float)
+    s = s[np.isfinite(s)]
+    if s.size >= 2:
+        return _bootstrap_run_medians(s, n_boot, rng), True
+    return np.full(n_boot, value), False
+
+
+def _median_of_resampled(per_run: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Per bootstrap draw b: the median over rows resampled with replacement of per_run[:, b]
+    (rows: repeats, or pairs of repeats); one row is its own draws."""
+    r, n_boot = per_run.shape
+    if r == 1:
+        return per_run[0]
+    pick = rng.integers(0, r, size=(n_boot, r))
+    return np.median(per_run[pick, np.arange(n_boot)[:, None]], axis=1)
 
 
 def bootstrap_median(
@@ -254,29 +266,18 @@ def bootstrap_median(
     if not keep.any():
         return math.nan, np.full(n_boot, np.nan), "none"
     rng = np.random.default_rng(seed)
-    point = float(np.median(rv[keep]))
-    per_run = []
-    have_steps = False
-    for v, steps, k in zip(rv, step_values, keep, strict=False):
-        if not k:
-            continue
-        s = np.asarray([] if steps is None else steps, dtype=float)
-        s = s[np.isfinite(s)]
-        if s.size >= 2:
-            have_steps = True
-            per_run.append(_bootstrap_run_medians(s, n_boot, rng))
-        else:
-            per_run.append(np.full(n_boot, v))
-    per_run_arr = np.vstack(per_run)  # (R, B)
-    r = per_run_arr.shape[0]
-    if r == 1:
-        draws = per_run_arr[0]
+    runs = [
+        _run_draws(v, steps, n_boot, rng)
+        for v, steps, k in zip(rv, step_values, keep, strict=False)
+        if k
+    ]
+    have_steps = any(had for _, had in runs)
+    draws = _median_of_resampled(np.vstack([d for d, _ in runs]), rng)
+    if len(runs) == 1:
         method = "steps" if have_steps else "none"
     else:
-        pick = rng.integers(0, r, size=(n_boot, r))
-        draws = np.median(per_run_arr[pick, np.arange(n_boot)[:, None]], axis=1)
         method = "repeats+steps" if have_steps else "repeats"
-    return point, draws, method
+    return float(np.median(rv[keep])), draws, method
 
 
 def _ci(draws: np.ndarray) -> tuple[float, float]:
@@ -287,20 +288,98 @@ def _ci(draws: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def choose_baseline(runs: pd.DataFrame, requested: str | None = None) -> str | None:
-    """The requested baseline, else the first scenario with no offload at all (None if none)."""
-    if requested:
-        return requested
+# --------------------------------------------------------------------------- summary table
+#: Setup columns of a scenario: the first non-null value over its runs.
+SUMMARY_SETUP = [
+    "study", "cluster", "base_scenario", "label", "sweep", "nodes", "gpus_per_node", "world_size",
+    "accelerator", "device_name", "gpu_mem_gb", "cpu_mem_gb", "offload_optimizer",
+    "offload_param", "micro_batch", "gradient_accumulation_steps", "global_batch", "seq_len",
+    "dtype", "gradient_checkpointing", "model_params",
+]  # fmt: skip
+#: Measured columns of a scenario over its ok runs: (how to aggregate, columns).
+SUMMARY_MEASURES = [
+    ("median", ["step_time_s", "samples_per_s", "tflops_per_gpu", "mfu"]),
+    ("max", ["peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "nvml_used_gib",
+             "host_peak_rss_gib"]),
+    ("per_node_max", ["host_peak_rss_gib_per_node"]),
+    ("max", ["nvme_bytes_used"]),
+    ("median", ["loss_last"]),
+    ("sum", ["skipped_steps_measured"]),  # records from before the harness counted them lack it
+]  # fmt: skip
+_EMPTY_SUMMARY = ["scenario", "runs", "relative_speed", "relative_speed_note"]
+
+
+def summarize(
+    runs: pd.DataFrame,
+    steps: dict[str, np.ndarray] | None = None,
+    baseline: str | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    losses: dict[str, np.ndarray] | None = None,
+) -> pd.DataFrame:
+    """One row per scenario (order of first appearance in ``runs``).
+
+    ``steps`` maps a run's ``record_dir`` to its measured steps' tokens/s (from
+    :func:`read_step_speeds`); runs without steps use their metrics.json tokens_per_s only.
+    ``losses`` maps it to those steps' losses (the non-finite-loss check).
+    ``baseline`` is a scenario name; empty or None: :func:`contracts.choose_baseline` picks.
+    Two speed ratios: ``relative_speed`` against the study baseline (the seed's table), and
+    ``paired_ratio`` against the scenario's pair (:func:`choose_pairs`, :func:`paired_ratio`).
+    Either is NaN with the reason in its note when it has no ok partner. ``flags`` names the
+    sanity checks that fired (:mod:`offload_study.sanity`). Aggregates are computed per column
+    over all scenarios at once (groupby), not per scenario: a 250-scenario study took seconds
+    the other way.
+    """
     if runs.empty:
-        return None
-    df = runs[runs["scenario"].notna()]
-    none = df[
-        (df["offload_optimizer"].astype(str) == "none")
-        & (df["offload_param"].astype(str) == "none")
-    ]
-    if none.empty:
-        return None
-    return str(none["scenario"].iloc[0])
+        return pd.DataFrame(columns=_EMPTY_SUMMARY)
+    runs = runs.reset_index(drop=True).assign(scenario=runs["scenario"].fillna("(unknown)"))
+    order = pd.Index(dict.fromkeys(runs["scenario"]), name="scenario")
+    ok = runs[runs["outcome"] == "ok"]
+    setup = _setup_columns(runs, order)
+    speed, draws = _speed_columns(ok, order, steps or {}, n_boot, seed)
+    summary = pd.concat(
+        [setup, _outcome_columns(runs, order), speed,
+         _measure_columns(ok, order, [c for c in runs if c.startswith("breakdown_ms.")])],
+        axis=1,
+    ).reset_index()  # fmt: skip
+    offloads = setup[["offload_optimizer", "offload_param"]].astype(str)
+    base = contracts.choose_baseline(
+        list(order),
+        baseline,
+        dict(zip(order, offloads.itertuples(index=False, name=None), strict=True)),
+    )
+    summary["is_baseline"] = summary["scenario"] == base
+    summary["baseline"] = base
+    rel, lo, hi, notes = _relative(summary, draws, base)
+    summary = summary.assign(relative_speed=rel, relative_speed_ci_low=lo,
+                             relative_speed_ci_high=hi, relative_speed_note=notes)  # fmt: skip
+    summary = pd.concat([summary, _pair_columns(summary, ok, steps or {}, base, n_boot, seed)],
+                        axis=1)  # fmt: skip
+    return pd.concat([summary, sanity.flag(summary, runs, losses or {})], axis=1)
+
+
+def _setup_columns(runs: pd.DataFrame, order: pd.Index) -> pd.DataFrame:
+    setup = runs.reindex(columns=["scenario", *SUMMARY_SETUP]).astype("object")
+    first = setup.groupby("scenario", sort=False).first().reindex(order)
+    return first.astype("object").where(first.notna(), None)
+
+
+def _outcome_columns(runs: pd.DataFrame, order: pd.Index) -> pd.DataFrame:
+    """Run counts per outcome, status and the first failure of each scenario."""
+    rows = []
+    for _, g in runs.groupby("scenario", sort=False):
+        counts = Counter(g["outcome"])
+        n_ok = counts.get("ok", 0)
+        failed = g[g["outcome"] != "ok"]
+        rows.append({
+            "runs": len(g), "n_ok": n_ok, "n_failed": len(g) - n_ok,
+            **{f"n_{o}": counts.get(o, 0) for o in OUTCOMES},
+            "outcomes": ", ".join(f"{o}:{n}" for o, n in counts.most_common()),
+            "status": "ok" if n_ok == len(g) else "partial" if n_ok else "failed",
+            "first_failure_outcome": _first(failed["outcome"]),
+            "error_excerpt": _first(failed["error_excerpt"]),
+        })  # fmt: skip
+    return pd.DataFrame(rows, index=order)
 
 
 def _first(series: pd.Series):
@@ -308,138 +387,47 @@ def _first(series: pd.Series):
     return s.iloc[0] if len(s) else None
 
 
-def _max(series: pd.Series) -> float:
-    s = pd.to_numeric(series, errors="coerce").dropna()
-    return float(s.max()) if len(s) else math.nan
-
-
-def _median(series: pd.Series) -> float:
-    s = pd.to_numeric(series, errors="coerce").dropna()
-    return float(s.median()) if len(s) else math.nan
-
-
-def _per_node_max(values: pd.Series) -> float:
-    """Max host RSS per node over runs (host_peak_rss_gib_per_node holds JSON lists)."""
-    best = math.nan
-    for v in values.dropna():
-        try:
-            lst = json.loads(v) if isinstance(v, str) else list(v)
-        except (ValueError, TypeError):
-            continue
-        nums = [_num(x) for x in lst if np.isfinite(_num(x))]
-        if nums:
-            best = max(nums) if math.isnan(best) else max(best, max(nums))
-    return best
-
-
-SUMMARY_SETUP = [
-    "study",
-    "cluster",
-    "base_scenario",
-    "label",
-    "sweep",
-    "nodes",
-    "gpus_per_node",
-    "world_size",
-    "accelerator",
-    "device_name",
-    "gpu_mem_gb",
-    "cpu_mem_gb",
-    "offload_optimizer",
-    "offload_param",
-    "micro_batch",
-    "gradient_accumulation_steps",
-    "global_batch",
-    "seq_len",
-    "dtype",
-    "gradient_checkpointing",
-    "model_params",
-]
-
-
-def summarize(
-    runs: pd.DataFrame,
-    steps: dict[str, pd.DataFrame] | None = None,
-    baseline: str | None = None,
-    n_boot: int = 2000,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """One row per scenario (order of first appearance in ``runs``).
-
-    ``steps`` maps a run's ``record_dir`` to its measured steps (from :func:`read_steps`); runs
-    without steps use their metrics.json tokens_per_s only. ``baseline`` is a scenario name; empty
-    or None picks :func:`choose_baseline`'s default. Relative speed is NaN, with the reason in
-    ``relative_speed_note``, when the baseline has no ok run.
-    """
-    steps = steps or {}
-    cols_out: list[dict] = []
-    if runs.empty:
-        return pd.DataFrame(columns=["scenario", "runs", "relative_speed", "relative_speed_note"])
-    runs = runs.copy()
-    runs["scenario"] = runs["scenario"].fillna("(unknown)")
-    base = choose_baseline(runs, baseline)
-    draws_by_scen: dict[str, np.ndarray] = {}
-    order = list(dict.fromkeys(runs["scenario"]))
+def _speed_columns(ok, order, steps, n_boot, seed) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Median tokens/s with its bootstrap CI per scenario, and the bootstrap draws."""
+    rows, draws = {}, {}
+    by_scenario = dict(tuple(ok.groupby("scenario", sort=False)))
     for i, scen in enumerate(order):
-        g = runs[runs["scenario"] == scen]
-        ok = g[g["outcome"] == "ok"]
-        row: dict = {"scenario": scen}
-        for c in SUMMARY_SETUP:
-            row[c] = _first(g[c]) if c in g else None
-        row["runs"] = len(g)
-        row["n_ok"] = len(ok)
-        row["n_failed"] = len(g) - len(ok)
-        counts = g["outcome"].value_counts()
-        for o in OUTCOMES:
-            row[f"n_{o}"] = int(counts.get(o, 0))
-        row["outcomes"] = ", ".join(f"{o}:{n}" for o, n in counts.items())
-        if len(ok) == len(g):
-            row["status"] = "ok"
-        elif len(ok):
-            row["status"] = "partial"
+        g = by_scenario.get(scen, ok.iloc[0:0])
+        step_lists = [steps.get(rd) for rd in g["record_dir"]]
+        point, draws[scen], method = bootstrap_median(
+            g["tokens_per_s"].tolist(), step_lists, n_boot=n_boot, seed=seed + i
+        )
+        lo, hi = _ci(draws[scen]) if method != "none" else (math.nan, math.nan)
+        rows[scen] = {"tokens_per_s": point, "tokens_per_s_ci_low": lo,
+                      "tokens_per_s_ci_high": hi, "ci_method": method}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(order), draws
+
+
+def _measure_columns(ok: pd.DataFrame, order: pd.Index, breakdown: list[str]) -> pd.DataFrame:
+    by = ok.groupby("scenario", sort=False)
+    parts = []
+    for how, wanted in [*SUMMARY_MEASURES, ("median", breakdown)]:
+        cols = [c for c in wanted if c in ok]
+        if not cols:
+            continue
+        if how == "per_node_max":
+            nodes = ok[cols[0]].map(_list_max, na_action="ignore").astype("float64")
+            parts.append(nodes.groupby(ok["scenario"]).max().rename(f"{cols[0]}_max"))
+        elif how == "sum":  # NaN, not 0, for a scenario whose runs have no value
+            parts.append(by[cols].sum(min_count=1).astype("float64"))
         else:
-            row["status"] = "failed"
-        failed = g[g["outcome"] != "ok"]
-        row["first_failure_outcome"] = _first(failed["outcome"]) if len(failed) else None
-        row["error_excerpt"] = _first(failed["error_excerpt"]) if len(failed) else None
-        step_lists = []
-        for rd in ok.get("record_dir", pd.Series([None] * len(ok))):
-            st = steps.get(rd) if rd is not None else None
-            step_lists.append(None if st is None or st.empty else st["tokens_per_s"].to_numpy())
-        point, draws, method = bootstrap_median(
-            ok["tokens_per_s"].tolist(), step_lists, n_boot=n_boot, seed=seed + i
-        )
-        draws_by_scen[scen] = draws
-        lo, hi = _ci(draws) if method != "none" else (math.nan, math.nan)
-        row.update(
-            tokens_per_s=point,
-            tokens_per_s_ci_low=lo,
-            tokens_per_s_ci_high=hi,
-            ci_method=method,
-            step_time_s=_median(ok["step_time_s"]),
-            samples_per_s=_median(ok["samples_per_s"]),
-            tflops_per_gpu=_median(ok["tflops_per_gpu"]),
-            mfu=_median(ok["mfu"]),
-            peak_gpu_allocated_gib=_max(ok["peak_gpu_allocated_gib"]),
-            peak_gpu_reserved_gib=_max(ok["peak_gpu_reserved_gib"]),
-            nvml_used_gib=_max(ok["nvml_used_gib"]),
-            host_peak_rss_gib=_max(ok["host_peak_rss_gib"]),
-            host_peak_rss_gib_per_node_max=_per_node_max(ok["host_peak_rss_gib_per_node"]),
-            nvme_bytes_used=_max(ok["nvme_bytes_used"]),
-            loss_last=_median(ok["loss_last"]),
-        )
-        for c in [c for c in runs.columns if c.startswith("breakdown_ms.")]:
-            row[c] = _median(ok[c])
-        row["is_baseline"] = scen == base
-        cols_out.append(row)
-    summary = pd.DataFrame(cols_out)
-    summary["baseline"] = base
-    rel, lo, hi, notes = _relative(summary, draws_by_scen, base)
-    summary["relative_speed"] = rel
-    summary["relative_speed_ci_low"] = lo
-    summary["relative_speed_ci_high"] = hi
-    summary["relative_speed_note"] = notes
-    return summary
+            parts.append(by[cols].agg(how).astype("float64"))
+    return pd.concat(parts, axis=1).reindex(order)
+
+
+def _list_max(value) -> float:
+    """Largest number of a JSON list (host_peak_rss_gib_per_node); NaN when none."""
+    try:
+        nums = [_num(x) for x in (json.loads(value) if isinstance(value, str) else value)]
+    except (ValueError, TypeError):
+        return math.nan
+    nums = [x for x in nums if math.isfinite(x)]
+    return max(nums) if nums else math.nan
 
 
 def _relative(summary: pd.DataFrame, draws: dict[str, np.ndarray], base: str | None):
@@ -456,40 +444,183 @@ def _relative(summary: pd.DataFrame, draws: dict[str, np.ndarray], base: str | N
         return nan, nan, nan, [f"baseline '{base}' has no ok run ({reason})"] * n
     bpoint, bdraws = brow["tokens_per_s"], draws[base]
     rel, los, his, notes = [], [], [], []
-    for _, r in summary.iterrows():
-        val = r["tokens_per_s"] / bpoint if np.isfinite(r["tokens_per_s"]) else math.nan
-        rel.append(val)
-        if r["scenario"] == base:
-            los.append(1.0 if np.isfinite(val) else math.nan)
-            his.append(1.0 if np.isfinite(val) else math.nan)
+    for scen, tps, outcomes in summary[["scenario", "tokens_per_s", "outcomes"]].itertuples(
+        index=False
+    ):
+        val = tps / bpoint if np.isfinite(tps) else math.nan
+        lo = hi = math.nan
+        if scen == base:
+            lo = hi = 1.0
             notes.append("baseline")
-            continue
-        if np.isfinite(val):
+        elif np.isfinite(val):
             with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = draws[r["scenario"]] / bdraws
-            lo, hi = _ci(ratio)
+                lo, hi = _ci(draws[scen] / bdraws)
             notes.append(f"relative to '{base}'")
         else:
-            lo = hi = math.nan
-            notes.append(f"no ok run ({r['outcomes']})")
+            notes.append(f"no ok run ({outcomes})")
+        rel.append(val)
         los.append(lo)
         his.append(hi)
     return rel, los, his, notes
 
 
-# --------------------------------------------------------------------------- CLI
+# --------------------------------------------------------------------------- pairs
+#: How a scenario's paired ratio was taken (summary column ``pair_kind``): ``self`` (it offloads
+#: nothing: it is the reference of its settings), ``same-settings`` (the no-offload scenario with
+#: its GPUs, micro-batch and gas: the same tokens per optimizer step), ``study baseline`` (no such
+#: scenario with an ok run; the study's baseline stands in) or ``none``.
+PAIR_KINDS = ("self", "same-settings", "study baseline", "none")
+PAIR_COLUMNS = [
+    "pair", "pair_kind", "pair_note", "paired_ratio", "paired_ratio_ci_low",
+    "paired_ratio_ci_high", "paired_repeats",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Pair:
+    scenario: str | None  # the scenario compared with (None: kind "none")
+    kind: str  # one of PAIR_KINDS
+    note: str  # why this pair, for humans
+
+
+def choose_pairs(rows: Sequence[Mapping], baseline: str | None) -> dict[str, Pair]:
+    """Each scenario's comparison partner, from summary rows (in study order).
+
+    The first no-offload scenario with the same settings and an ok run (one with the same
+    ``gpu_mem_gb`` first); failing that the study baseline, with the reason in the note.
+    """
+    by_name = {r["scenario"]: r for r in rows}
+    candidates: dict[tuple, list[Mapping]] = {}
+    for r in rows:
+        settings = contracts.settings_of(r)
+        if contracts.offloads_nothing(r["offload_optimizer"], r["offload_param"]) and settings:
+            candidates.setdefault(settings, []).append(r)
+    out = {}
+    for r in rows:
+        same = candidates.get(contracts.settings_of(r), [])
+        same = sorted(same, key=lambda c, r=r: c["gpu_mem_gb"] != r["gpu_mem_gb"])
+        out[r["scenario"]] = _pair_of(r, same, by_name.get(baseline or ""))
+    return out
+
+
+def _pair_of(row: Mapping, same: list[Mapping], base: Mapping | None) -> Pair:
+    if contracts.offloads_nothing(row["offload_optimizer"], row["offload_param"]):
+        return Pair(row["scenario"], "self", "no offload: the reference of its settings")
+    ok = [c for c in same if c["n_ok"]]
+    if ok:
+        return Pair(
+            ok[0]["scenario"], "same-settings", "no offload, same GPUs, micro-batch and gas"
+        )
+    why = (
+        f"its no-offload pair '{same[0]['scenario']}' has no ok run ({same[0]['outcomes']})"
+        if same
+        else "no scenario without offload has its GPUs, micro-batch and gas"
+    )
+    if base is not None and base["n_ok"] and base["scenario"] != row["scenario"]:
+        return Pair(base["scenario"], "study baseline", f"{why}; the study baseline instead")
+    return Pair(None, "none", f"{why}, and no other study baseline with an ok run")
+
+
+def paired_ratio(
+    mine: pd.DataFrame, theirs: pd.DataFrame, steps: Mapping, n_boot: int, seed: int
+) -> tuple[float, float, float, int, str]:
+    """My tokens/s over my pair's, run for run: (ratio, CI low, CI high, pairs, how paired).
+
+    Repeat k of a scenario is paired with repeat k of its pair (on one machine they ran close
+    in time: plan.run_order); repeats ok in only one of the two are left out. The ratio is the
+    median over pairs of the runs' tokens/s ratio; the 95 % CI bootstraps pairs and, inside
+    each run, its measured steps. ``mine``/``theirs``: ok runs (repeat, tokens_per_s,
+    record_dir); ``steps``: record_dir -> measured steps' tokens/s.
+    """
+    a, b = _runs_by_repeat(mine), _runs_by_repeat(theirs)
+    common = sorted(set(a) & set(b))
+    left_out = sorted(set(a) ^ set(b))
+    how = f"{len(common)} pair(s) by repeat" + (
+        f"; rep {', '.join(map(str, left_out))} ok in only one of the two" if left_out else ""
+    )
+    if not common:
+        return math.nan, math.nan, math.nan, 0, how
+    rng = np.random.default_rng(seed)
+    per_pair = []
+    for k in common:
+        (va, da), (vb, db) = a[k], b[k]
+        per_pair.append(_run_draws(va, steps.get(da), n_boot, rng)[0]
+                        / _run_draws(vb, steps.get(db), n_boot, rng)[0])  # fmt: skip
+    point = float(np.median([a[k][0] / b[k][0] for k in common]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _ci(_median_of_resampled(np.vstack(per_pair), rng))
+    return point, lo, hi, len(common), how
+
+
+def _runs_by_repeat(ok: pd.DataFrame) -> dict[int, tuple[float, str]]:
+    """repeat -> (tokens_per_s, record_dir) of ok runs with a speed (first run of a repeat)."""
+    out: dict[int, tuple[float, str]] = {}
+    for rep, tps, rd in ok[["repeat", "tokens_per_s", "record_dir"]].itertuples(index=False):
+        if pd.notna(rep) and math.isfinite(_num(tps)) and _num(tps) > 0:
+            out.setdefault(int(rep), (float(tps), rd))
+    return out
+
+
+def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
+    """The PAIR_COLUMNS of every scenario (rows in summary order)."""
+    rows = summary.to_dict("records")
+    by_scenario = dict(tuple(ok.groupby("scenario", sort=False)))
+    empty = ok.iloc[0:0]
+    out = []
+    for i, (row, pair) in enumerate(zip(rows, choose_pairs(rows, baseline).values(), strict=True)):
+        ratio = lo = hi = math.nan
+        n, note = 0, pair.note
+        if not row["n_ok"]:
+            note = f"{note}; no ok run ({row['outcomes']})"
+        elif pair.kind == "self":
+            ratio = lo = hi = 1.0
+            n = int(row["n_ok"])
+        elif pair.scenario is not None:
+            mine = by_scenario.get(row["scenario"], empty)
+            theirs = by_scenario.get(pair.scenario, empty)
+            ratio, lo, hi, n, how = paired_ratio(mine, theirs, steps, n_boot, seed + i)
+            note = f"{note}; {how}"
+        out.append(dict(zip(PAIR_COLUMNS, (pair.scenario, pair.kind, note, ratio, lo, hi, n),
+                            strict=True)))  # fmt: skip
+    return pd.DataFrame(out, columns=PAIR_COLUMNS, index=summary.index)
+
+
+# --------------------------------------------------------------------------- table files
 def collect(
     metrics_paths: Sequence[str | Path], baseline: str | None = None, n_boot: int = 2000
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read records from disk and return (runs, summary)."""
     records = [read_record(p) for p in metrics_paths]
     runs = build_runs(records) if records else build_runs([{"outcome": "missing"}]).iloc[0:0]
-    steps = {
-        rd: read_steps(rd)
+    measured = {
+        rd: read_timed_steps(rd)
         for rd, o in zip(runs["record_dir"], runs["outcome"], strict=False)
         if rd is not None and o == "ok"
     }
-    return runs, summarize(runs, steps, baseline=baseline or None, n_boot=n_boot)
+    steps = {rd: np.array([r.tokens_per_s for r in rows]) for rd, rows in measured.items()}
+    losses = {rd: np.array([r.loss for r in rows]) for rd, rows in measured.items()}
+    return runs, summarize(runs, steps, baseline=baseline or None, n_boot=n_boot, losses=losses)
+
+
+def write_tables(runs: pd.DataFrame, summary: pd.DataFrame, runs_csv, runs_parquet, summary_csv):
+    """runs.csv, runs.parquet (same rows) and summary.csv."""
+    for p in (runs_csv, runs_parquet, summary_csv):
+        Path(p).parent.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(runs_csv, index=False)
+    runs.to_parquet(runs_parquet, index=False)
+    summary.to_csv(summary_csv, index=False)
+
+
+def read_table(path: str | Path | None) -> pd.DataFrame:
+    """runs or summary table written by :func:`write_tables` (CSV or Parquet by suffix); an
+    empty frame when the file is missing or empty (a study with no scenario still reports)."""
+    if not path:
+        return pd.DataFrame()
+    p = Path(path)
+    try:
+        return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        return pd.DataFrame()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -502,11 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("metrics", nargs="*", help="metrics.json files (missing ones become rows)")
     a = ap.parse_args(argv)
     runs, summary = collect(a.metrics, baseline=a.baseline or None, n_boot=a.n_boot)
-    for p in (a.runs_csv, a.runs_parquet, a.summary_csv):
-        Path(p).parent.mkdir(parents=True, exist_ok=True)
-    runs.to_csv(a.runs_csv, index=False)
-    runs.to_parquet(a.runs_parquet, index=False)
-    summary.to_csv(a.summary_csv, index=False)
+    write_tables(runs, summary, a.runs_csv, a.runs_parquet, a.summary_csv)
     n_ok = int((runs["outcome"] == "ok").sum()) if len(runs) else 0
     base = summary["baseline"].iloc[0] if "baseline" in summary and len(summary) else None
     print(f"collect: {len(runs)} runs ({n_ok} ok), {len(summary)} scenarios, baseline={base}")

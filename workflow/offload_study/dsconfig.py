@@ -12,8 +12,12 @@ import functools
 import importlib.util
 import os
 import re
-import socket
+import sys
 from pathlib import Path
+
+from offload_study.contracts import RunSpec
+from offload_study.launch import free_port
+from offload_study.study import StudyError
 
 # The seed document's "ZeRO-3 production config" (shared/seed): the base of every scenario.
 SEED_ZERO3 = {
@@ -72,10 +76,18 @@ def _class_fields(source: str, class_name: str) -> set[str]:
 
 @functools.lru_cache(maxsize=1)
 def installed_key_names() -> dict[str, set[str]]:
-    """ZeRO, offload and aio key names of the installed DeepSpeed (empty sets if absent)."""
+    """ZeRO, offload and aio key names of the installed DeepSpeed.
+
+    Raises StudyError when DeepSpeed is not importable here: the plan would otherwise accept
+    any key, and a typo would only surface when the first run fails (or never, for aio).
+    """
     ds = _deepspeed_dir()
     if ds is None:
-        return {"zero": set(), "offload_param": set(), "offload_optimizer": set(), "aio": set()}
+        raise StudyError(
+            f"DeepSpeed is not importable by {sys.executable}, so the ZeRO and aio keys of the "
+            "study cannot be checked: install deepspeed where snakemake runs (e.g. "
+            "`pip install -e .` in the environment of the snakemake command)"
+        )
     zero_src = (ds / "runtime/zero/config.py").read_text()
     offload_src = (ds / "runtime/zero/offload_config.py").read_text()
     aio_src = (ds / "runtime/swap_tensor/constants.py").read_text()
@@ -114,7 +126,7 @@ def check_zero_keys(knobs: dict, where: str) -> list[str]:
                 f"{where}.{key}: set by the scenario (stage is always 3; use "
                 "offload_optimizer/offload_param of the scenario), not a ZeRO override"
             )
-        elif known and key not in known:
+        elif key not in known:
             errors.append(_unknown_key_message(where, key, known))
     return errors
 
@@ -127,7 +139,7 @@ def check_aio_keys(aio: dict, where: str = "aio") -> list[str]:
             errors.append(
                 f"{where}.{key}: DeepSpeed ignores this name; use {RENAMED_AIO_KEYS[key]}"
             )
-        elif known and key not in known:
+        elif key not in known:
             errors.append(_unknown_key_message(where, key, known))
     return errors
 
@@ -141,39 +153,47 @@ def offload_block(device: str, nvme_path: str | None, pin_memory: bool) -> dict 
     return block
 
 
-def build_ds_config(run: dict) -> dict:
+def build_ds_config(run: RunSpec) -> dict:
     """The DeepSpeed config of one planned run (see offload_study.plan.expand_plan)."""
     zero = dict(SEED_ZERO3)
-    zero.update({k: normalize_number(v) for k, v in run["zero"].items()})
-    for kind in ("optimizer", "param"):
-        block = offload_block(run[f"offload_{kind}"], run["nvme_path"], run["pin_memory"])
+    zero.update({k: normalize_number(v) for k, v in run.zero.items()})
+    for kind, device in (("optimizer", run.offload_optimizer), ("param", run.offload_param)):
+        block = offload_block(device, run.nvme_path, run.pin_memory)
         if block:
             zero[f"offload_{kind}"] = block
     config = {
-        "train_batch_size": run["global_batch"],
-        "train_micro_batch_size_per_gpu": run["micro_batch"],
-        "gradient_accumulation_steps": run["gradient_accumulation_steps"],
+        "train_batch_size": run.global_batch,
+        "train_micro_batch_size_per_gpu": run.micro_batch,
+        "gradient_accumulation_steps": run.gradient_accumulation_steps,
         "zero_optimization": zero,
         "optimizer": {
-            "type": run["optimizer"]["type"],
-            "params": {
-                "lr": run["optimizer"]["lr"],
-                "weight_decay": run["optimizer"]["weight_decay"],
-            },
+            "type": run.optimizer.type,
+            "params": {"lr": run.optimizer.lr, "weight_decay": run.optimizer.weight_decay},
         },
         "gradient_clipping": 1.0,
         # Per-step forward/backward/step timers: the report's step-time breakdown comes from them.
         "wall_clock_breakdown": True,
         "steps_per_print": 1,
     }
-    if run["dtype"] == "fp16":
+    if run.dtype == "fp16":
         config["fp16"] = dict(SEED_FP16)
-    elif run["dtype"] == "bf16":
+    elif run.dtype == "bf16":
         config["bf16"] = {"enabled": True}
-    uses_nvme = "nvme" in (run["offload_optimizer"], run["offload_param"])
-    if uses_nvme and run["aio"]:
-        config["aio"] = {k: normalize_number(v) for k, v in run["aio"].items()}
+    if run.uses_nvme and run.aio:
+        config["aio"] = {k: normalize_number(v) for k, v in run.aio.items()}
     return config
+
+
+def rewrite_nvme_path(ds_config: dict, nvme_dir: str) -> bool:
+    """Point every nvme offload block of a DS config at nvme_dir; True if any uses nvme."""
+    zero = ds_config.get("zero_optimization", {}) or {}
+    used = False
+    for key in ("offload_optimizer", "offload_param"):
+        block = zero.get(key)
+        if isinstance(block, dict) and block.get("device") == "nvme":
+            block["nvme_path"] = nvme_dir
+            used = True
+    return used
 
 
 class _DataParallelWorld:
@@ -186,12 +206,6 @@ class _DataParallelWorld:
         return self.world_size
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def ensure_single_process_comm() -> None:
     """DeepSpeedConfig only honours the data-parallel size it is told once deepspeed.comm is up:
     start a one-process gloo group on a free port, leaving the caller's environment as it was."""
@@ -201,7 +215,7 @@ def ensure_single_process_comm() -> None:
         return
     single = {
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "RANK": "0",
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",

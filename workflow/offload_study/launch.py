@@ -24,6 +24,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from offload_study.contracts import RunSpec
+
 # Always exported into the launched environment (NVLink multicast/NVLS off: see device notes).
 FIXED_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -49,7 +51,9 @@ class Launch:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now (bind to port 0). Small race window; recorded per run."""
+    """A TCP port that is free right now (bind to port 0). Small race window; recorded per run.
+
+    The one free-port helper (also used for DeepSpeed's one-process config check)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, 0))
@@ -83,17 +87,17 @@ def harness_args(spec_path: str, out_dir: str, run_id: str | None = None) -> lis
     return args
 
 
-def build_env(spec: Mapping, cores: int, ranks_per_node: int) -> dict[str, str]:
+def build_env(spec: RunSpec, cores: int) -> dict[str, str]:
     env = dict(FIXED_ENV)
-    env["OMP_NUM_THREADS"] = str(threads_per_rank(cores, ranks_per_node))
-    if spec.get("accelerator") == "cpu":
+    env["OMP_NUM_THREADS"] = str(threads_per_rank(cores, spec.gpus_per_node))
+    if spec.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
 def build_launch(
-    spec: Mapping,
+    spec: RunSpec,
     spec_path: str,
     out_dir: str,
     *,
@@ -109,11 +113,10 @@ def build_launch(
     Multi-node needs SLURM_JOB_ID and SLURM_JOB_NODELIST in `environ` (default os.environ).
     """
     environ = os.environ if environ is None else environ
-    nodes = int(spec.get("nodes", 1))
-    g = int(spec.get("gpus_per_node") or spec.get("world_size") or 1)
+    nodes, g = spec.nodes, spec.gpus_per_node
     torchrun = torchrun or default_torchrun()
     h_args = harness_args(spec_path, out_dir, run_id)
-    env = build_env(spec, cores, g)
+    env = build_env(spec, cores)
     if nodes <= 1:
         port = port or free_port()
         argv = [

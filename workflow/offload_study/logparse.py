@@ -18,21 +18,14 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass
+
+from offload_study import ops
+from offload_study.contracts import BREAKDOWN_TIMERS, GPU_CAP_LOG_PREFIX
 
 # ----------------------------------------------------------------------------- timers
 TIMER_LINE = re.compile(r"\[Rank (?P<rank>\d+)\] time \(ms\) \|(?P<body>.*)$", re.MULTILINE)
 TIMER_ITEM = re.compile(r"\s*(?P<name>[A-Za-z0-9_]+):\s*(?P<ms>[-+0-9.eE]+|nan|inf)\s*")
-
-# DeepSpeed timer name -> metrics.json breakdown_ms key
-BREAKDOWN_KEYS = {
-    "fwd": "forward",
-    "bwd": "backward",
-    "bwd_inner": "backward_inner",
-    "bwd_allreduce": "backward_allreduce",
-    "step": "step",
-    "optimizer_swap_in_state": "optimizer_swap_in",
-    "optimizer_swap_out_state": "optimizer_swap_out",
-}
 
 THROUGHPUT_LINE = re.compile(
     r"epoch=(?P<epoch>\d+)/micro_step=(?P<micro_step>\d+)/global_step=(?P<global_step>\d+), "
@@ -70,22 +63,26 @@ def timer_series(text: str, rank: int | None = 0) -> dict[str, list[float]]:
 def breakdown_ms(text: str, skip_steps: int = 0, rank: int | None = 0) -> dict[str, float | None]:
     """Median ms per optimizer step of the breakdown timers, skipping the first skip_steps.
 
-    Keys are those of metrics.json ``breakdown_ms``; a timer that never appears gives None.
+    Keys are those of metrics.json ``breakdown_ms`` (each with its DeepSpeed timer, from the
+    schema); a timer that never appears gives None.
     """
     series = timer_series(text, rank)
     out: dict[str, float | None] = {}
-    for ds_name, key in BREAKDOWN_KEYS.items():
+    for key, ds_name in BREAKDOWN_TIMERS.items():
         vals = series.get(ds_name, [])
         vals = vals[skip_steps:] if len(vals) > skip_steps else vals
         out[key] = round(statistics.median(vals), 4) if vals else None
     return out
 
 
-GPU_CAP_LINE = re.compile(r"\[harness\] GPU memory capped to (?P<gib>[0-9.]+) GiB")
+GPU_CAP_LINE = re.compile(re.escape(GPU_CAP_LOG_PREFIX) + r"(?P<gib>[0-9.]+) GiB")
 
 
 def gpu_mem_cap_gib(text: str) -> float | None:
-    """The per-process GPU memory cap the harness announced (also known when a run died later)."""
+    """The per-process GPU memory cap the harness announced in its log.
+
+    Only for a rank that died before writing its stats (they carry the cap otherwise).
+    """
     match = GPU_CAP_LINE.search(text)
     return float(match["gib"]) if match else None
 
@@ -106,42 +103,148 @@ def last_running_avg_samples_per_s(text: str) -> float | None:
     return rows[-1]["running_avg"] if rows else None
 
 
+# ----------------------------------------------------------------------------- skipped steps
+# DeepSpeed's own account of skipped optimizer steps (rank 0, info level), a cross-check of the
+# harness's count (engine.skipped_steps). Line kind -> pattern:
+#   progress: every steps_per_print steps, the running count of skipped steps
+#     "[Rank 0] step=3, skipped=1, lr=[0.0001], mom=[(0.9, 0.999)]"
+#   overflow: one per skipped step. fp16's dynamic scaler names the scale it tried and the next
+#     one ("... Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"), or only
+#     uses up hysteresis ("... Attempted loss scale: 65536, but hysteresis is 2. Reducing
+#     hysteresis to 1"); a static scaler (bf16) says "[deepspeed] OVERFLOW! Skipping step.
+#     Gradients are non-finite, weights were not updated."
+SKIP_PATTERNS: dict[str, re.Pattern] = {
+    "progress": re.compile(r"\[Rank (?P<rank>\d+)\] step=(?P<step>\d+), skipped=(?P<skipped>\d+),"),
+    "overflow": re.compile(
+        r"\[deepspeed\] OVERFLOW! (?:Rank (?P<rank>\d+) )?Skipping step\."
+        r"(?: Attempted loss scale: (?P<attempted>\d+)"
+        r"(?:, reducing to (?P<reduced>\d+)|, but hysteresis is (?P<hysteresis>\d+))?)?"
+    ),
+}
+
+
+def skip_lines(text: str, kind: str) -> list[dict[str, int | None]]:
+    """Every ``kind`` line of SKIP_PATTERNS in log order, its named numbers as ints (None: absent)."""
+    return [
+        {k: None if v is None else int(v) for k, v in m.groupdict().items()}
+        for m in SKIP_PATTERNS[kind].finditer(text)
+    ]
+
+
+def ds_skipped_steps(text: str) -> int | None:
+    """Skipped steps by DeepSpeed's log: the last progress line's count, else the number of
+    overflow lines; None when the log has neither (DeepSpeed never reached a step)."""
+    progress = skip_lines(text, "progress")
+    if progress:
+        return progress[-1]["skipped"]
+    overflows = skip_lines(text, "overflow")
+    return len(overflows) if overflows else None
+
+
 # ----------------------------------------------------------------------------- outcomes
-# Checked in order; the first outcome whose pattern matches anywhere in the logs wins. Order goes
-# from the most specific root cause to the generic consequences (a rank that dies makes the other
-# ranks fail with gloo/NCCL connection errors, so dist_error comes late).
-OUTCOME_PATTERNS: list[tuple[str, str]] = [
-    ("gpu_oom", r"torch\.OutOfMemoryError|CUDA out of memory|torch\.cuda\.OutOfMemoryError"),
-    ("gpu_oom", r"CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(?:Cuda failure 'out of memory'|OOM)"),
-    ("host_oom", r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bMemoryError\b"),
-    ("host_oom", r"DefaultCPUAllocator: (?:can't|not enough memory)|Cannot allocate memory"),
-    ("op_build_error", r"Error building extension '[^']+'"),
-    ("op_build_error", r"async_io requires the dev libaio|Ninja is required to load C\+\+ ext"),
-    ("op_build_error", r"op_builder.*(?:is not compatible|failed to build)|CompileError"),
-    ("config_error", r"Check batch related parameters"),
-    ("config_error", r"\d+ validation errors? for \w+|pydantic(?:_core)?.*ValidationError"),
-    ("config_error", r"Extra inputs are not permitted|extra_forbidden"),
+# (outcome, pattern, remedy), checked in order; the first row whose pattern matches anywhere in
+# the logs wins (each outcome one of contracts.OUTCOMES). Order goes from the most specific root
+# cause to the generic consequences (a rank that dies makes the other ranks fail with gloo/NCCL
+# connection errors, so dist_error comes late). ``remedy`` (None: none known) is a str.format
+# template over the pattern's named groups; it becomes the first line of the error excerpt.
+# The op-build messages are those of DeepSpeed 0.19 (op_builder/builder.py, async_io.py),
+# torch.utils.cpp_extension and the compiler; tests/fixtures/op_build/ holds real captures.
+# preflight.refusal_line, as the runner logs it for a run it does not launch:
+_REFUSED_BY_PREFLIGHT = r"DeepSpeed op \w+ cannot be built on \S+: .* — (?P<fix>fix: .*)"
+_LIBAIO = (
+    r"Unable to JIT load the async_io op due to it not being compatible|async_io requires the "
+    r"dev libaio|libaio\.h: No such file|cannot find -laio|async_io \.+ \S+ \.+ \S*\[NO\]"
+)
+OUTCOME_PATTERNS: list[tuple[str, str, str | None]] = [
+    ("gpu_oom", r"torch\.OutOfMemoryError|CUDA out of memory|torch\.cuda\.OutOfMemoryError", None),
+    ("gpu_oom", r"CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(?:Cuda failure 'out of memory'|OOM)", None),
+    ("host_oom", r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bMemoryError\b", None),
+    ("host_oom", r"DefaultCPUAllocator: (?:can't|not enough memory)|Cannot allocate memory", None),
+    ("op_build_error", _REFUSED_BY_PREFLIGHT, "{fix}"),
+    ("op_build_error", _LIBAIO, ops.remedy("libaio", "async_io")),
+    (
+        "op_build_error",
+        r"Unable to JIT load the (?P<op>\w+) op due to ninja",
+        ops.remedy("ninja", "{op}"),
+    ),
+    ("op_build_error", r"Ninja is required to load C\+\+ ext", ops.remedy("ninja")),
+    (
+        "op_build_error",
+        r"invalid literal for int\(\) with base 10: '\d+[a-z]'",
+        ops.remedy("cuda_arch"),
+    ),
+    (
+        "op_build_error",
+        r"CUDA_HOME (?:does not exist|environment variable is not set)|Unable to run \S*nvcc",
+        ops.remedy("cuda_home"),
+    ),
+    ("op_build_error", r"Installed CUDA version \S+ does not match", ops.remedy("cuda_mismatch")),
+    (
+        "op_build_error",
+        r"\b(?:c\+\+|g\+\+|gcc|cc|clang\+*)(?:-\d+)?: (?:command )?not found",
+        ops.remedy("compiler"),
+    ),
+    ("op_build_error", r"Error building extension '(?P<op>[^']+)'", ops.remedy("compile", "{op}")),
+    (
+        "op_build_error",
+        r"Unable to JIT load the (?P<op>\w+) op due to it not being compatible",
+        ops.remedy("incompatible", "{op}"),
+    ),
+    ("op_build_error", r"op_builder.*(?:is not compatible|failed to build)|CompileError", None),
+    ("config_error", r"Check batch related parameters", None),
+    ("config_error", r"\d+ validation errors? for \w+|pydantic(?:_core)?.*ValidationError", None),
+    ("config_error", r"Extra inputs are not permitted|extra_forbidden", None),
     (
         "config_error",
         r"is not supported on your device|DeepSpeedConfigError|Unknown (?:config )?key",
+        None,
     ),
-    ("dist_error", r"EADDRINUSE|address already in use|DistNetworkError|DistStoreError"),
-    ("dist_error", r"Rendezvous\w*Error|RendezvousTimeout|rendezvous .* (?:failed|timed out)"),
-    ("dist_error", r"NCCL (?:error|WARN)|ncclInternalError|ncclSystemError|ncclUnhandledCudaError"),
-    ("dist_error", r"Gloo|gloo/transport|Connection (?:reset|closed) by peer|collective.*timeout"),
+    ("dist_error", r"EADDRINUSE|address already in use|DistNetworkError|DistStoreError", None),
+    (
+        "dist_error",
+        r"Rendezvous\w*Error|RendezvousTimeout|rendezvous .* (?:failed|timed out)",
+        None,
+    ),
+    (
+        "dist_error",
+        r"NCCL (?:error|WARN)|ncclInternalError|ncclSystemError|ncclUnhandledCudaError",
+        None,
+    ),
+    (
+        "dist_error",
+        r"Gloo|gloo/transport|Connection (?:reset|closed) by peer|collective.*timeout",
+        None,
+    ),
 ]
-_COMPILED = [(o, re.compile(p)) for o, p in OUTCOME_PATTERNS]
+_COMPILED = [(o, re.compile(p), remedy) for o, p, remedy in OUTCOME_PATTERNS]
 
 
-def classify_text(text: str) -> tuple[str, str | None]:
-    """(outcome, matching line) for failure log text; ('error', None) if no pattern matches."""
-    for outcome, rx in _COMPILED:
+@dataclass(frozen=True)
+class Classified:
+    """What the outcome table says of failure log text."""
+
+    outcome: str  # "error" when no row matches
+    line: str | None = None  # the whole log line of the match
+    remedy: str | None = None  # "fix: ..." of the row, its groups filled in
+
+
+def classify(text: str) -> Classified:
+    """The first row of OUTCOME_PATTERNS that matches ``text``; Classified("error") if none."""
+    for outcome, rx, remedy in _COMPILED:
         m = rx.search(text)
         if m:
             start = text.rfind("\n", 0, m.start()) + 1
             end = text.find("\n", m.end())
-            return outcome, text[start : end if end >= 0 else len(text)].strip()
-    return "error", None
+            line = text[start : end if end >= 0 else len(text)].strip()
+            groups = {k: v or "" for k, v in m.groupdict().items()}
+            return Classified(outcome, line, remedy.format(**groups).rstrip() if remedy else None)
+    return Classified("error")
+
+
+def classify_text(text: str) -> tuple[str, str | None]:
+    """(outcome, matching line) for failure log text; ('error', None) if no pattern matches."""
+    found = classify(text)
+    return found.outcome, found.line
 
 
 EXCERPT_PATTERN = re.compile(

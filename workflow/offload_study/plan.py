@@ -1,25 +1,38 @@
 """Expand a validated study into runs: scenarios x sweeps, in one place (like Ramble's matrices).
 
-``expand_plan`` is pure: study + cluster dicts in, a list of run specs out (docs/design.md).
-Every semantic check that JSON schema cannot express happens here, before anything runs,
+``expand_plan`` is pure: study + cluster dicts in, a list of
+:class:`~offload_study.contracts.RunSpec` out (docs/design.md). Every semantic check that JSON schema cannot express happens here, before anything runs,
 and each error names the key path.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import hashlib
+import functools
 import itertools
-import json
-import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from offload_study import dsconfig, presets
+from offload_study import dsconfig, predict, preflight, presets
+from offload_study.contracts import (
+    DataSpec,
+    MeasureSpec,
+    ModelSpec,
+    OptimizerSpec,
+    RunSpec,
+    choose_baseline,
+    read_calibration,
+    read_json,
+    read_run_spec,
+    sha256_file,
+    write_json,
+    write_predictions,
+    write_run_spec,
+)
+from offload_study.resources import check_fits
 from offload_study.study import StudyError, load_cluster, load_study
 
-RUN_SPEC_VERSION = 1
 # Short names for common sweep knobs, so generated scenario names stay readable.
 KNOB_ABBREV = {
     "micro_batch": "mb",
@@ -50,16 +63,11 @@ def expanded_name(base: str, combo: dict) -> str:
     return "__".join([base, *parts])
 
 
-def model_spec(study: dict) -> dict:
+def model_spec(study: dict) -> ModelSpec:
     model = study["model"]
     overrides = model.get("overrides", {})
     if "name_or_path" in model:
-        return {
-            "source": "pretrained",
-            "preset": None,
-            "config": dict(overrides),
-            "name_or_path": model["name_or_path"],
-        }
+        return ModelSpec("pretrained", None, dict(overrides), model["name_or_path"])
     if "preset" in model:
         if model["preset"] not in presets.PRESETS:
             known = ", ".join(sorted(presets.PRESETS))
@@ -67,25 +75,15 @@ def model_spec(study: dict) -> dict:
                 f"model.preset: {model['preset']!r} is unknown; known presets: {known}"
             )
         config = {**presets.PRESETS[model["preset"]], **overrides}
-        return {
-            "source": "config",
-            "preset": model["preset"],
-            "config": config,
-            "name_or_path": None,
-        }
-    return {
-        "source": "config",
-        "preset": None,
-        "config": {**model["config"], **overrides},
-        "name_or_path": None,
-    }
+        return ModelSpec("config", model["preset"], config, None)
+    return ModelSpec("config", None, {**model["config"], **overrides}, None)
 
 
-def _param_count(model: dict) -> int | None:
-    cfg = model["config"]
+def _param_count(model: ModelSpec) -> int | None:
+    cfg = model.config
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     if (
-        model["source"] == "config"
+        model.source == "config"
         and cfg.get("model_type") == "llama"
         and all(k in cfg for k in needed)
     ):
@@ -128,32 +126,142 @@ def _batch(
     return micro, global_batch // (micro * world), global_batch
 
 
-def _check_cluster_fit(scenario: dict, cluster: dict, where: str) -> None:
-    if scenario["gpus_per_node"] > cluster["gpus_per_node"]:
+def _run_spec(
+    study: dict, cluster: dict, scenario: dict, combo: dict, batch: tuple[int, int, int]
+) -> RunSpec:
+    """The RunSpec of one expansion (sweep combo) of a scenario."""
+    micro, gas, global_batch = batch
+    zero = {**study["zero"], **scenario.get("zero", {})}
+    zero.update({k: v for k, v in combo.items() if k not in BATCH_KNOBS})
+    model = model_spec(study)
+    nvme_path = scenario["nvme_path"] or cluster["nvme_path"]
+    uses_nvme = "nvme" in (scenario["offload_optimizer"], scenario["offload_param"])
+    return RunSpec(
+        study=study["study"],
+        cluster=cluster["name"],
+        scenario=expanded_name(scenario["name"], combo),
+        base_scenario=scenario["name"],
+        label=scenario.get("label") or scenario["name"],
+        sweep={k: dsconfig.normalize_number(v) for k, v in combo.items()},
+        model=model,
+        model_params=_param_count(model),
+        seq_len=study["seq_len"],
+        dtype=study["dtype"],
+        micro_batch=micro,
+        gradient_accumulation_steps=gas,
+        global_batch=global_batch,
+        gradient_checkpointing=study["gradient_checkpointing"],
+        **measure_fields(study, scenario),
+        seed=study["seed"],
+        data=DataSpec(
+            kind="token_file" if study["token_file"] else "synthetic",
+            token_file=study["token_file"],
+        ),
+        optimizer=OptimizerSpec(**study["optimizer"]),
+        nodes=scenario["nodes"],
+        gpus_per_node=scenario["gpus_per_node"],
+        world_size=scenario["gpus_per_node"] * scenario["nodes"],
+        accelerator=cluster["accelerator"],
+        gpu_mem_gb=scenario["gpu_mem_gb"],
+        cluster_gpu_mem_gb=cluster["gpu_mem_gb"],
+        gpu_model=cluster["gpu_model"],
+        peak_tflops=cluster["peak_tflops"],
+        cpu_mem_gb=scenario["cpu_mem_gb"],
+        offload_optimizer=scenario["offload_optimizer"],
+        offload_param=scenario["offload_param"],
+        nvme_path=nvme_path if uses_nvme else None,
+        nvme_capacity_gb=cluster["nvme_capacity_gb"],
+        pin_memory=scenario["pin_memory"],
+        zero=zero,
+        aio=study["aio"],
+        timeout_s=study["timeout_min"] * 60,
+        step_timeout_s=study["step_timeout_s"],
+        strict=study["strict"],
+        reference=scenario.get("reference"),
+        force=scenario.get("force", study["force"]),
+        predict_only=scenario["predict_only"],
+    )
+
+
+def measure_fields(study: dict, scenario: dict) -> dict:
+    """RunSpec's measure, warmup_steps and steps: the scenario's measure keys over the study's,
+    the mode resolved (unset: fixed when the study sets steps, else adaptive); the step counts
+    are the fixed mode's (None in adaptive mode)."""
+    merged = {**study["measure"], **scenario.get("measure", {})}
+    merged.setdefault("mode", "fixed" if "steps" in study else "adaptive")
+    fixed = merged["mode"] == "fixed"
+    return {
+        "measure": MeasureSpec(**merged),
+        "warmup_steps": study["warmup_steps"] if fixed else None,
+        "steps": study.get("steps") if fixed else None,
+    }
+
+
+def _check_measure(study: dict, scenario: dict, where: str) -> None:
+    """Measure keys that contradict each other (each error names the key that set the value)."""
+    if study["measure"].get("mode") == "adaptive" and "steps" in study:
         raise StudyError(
-            f"{where}.gpus_per_node: {scenario['gpus_per_node']} is more than cluster "
-            f"{cluster['name']!r} has per node ({cluster['gpus_per_node']})"
+            "steps: only the fixed mode uses it, but measure.mode is adaptive; remove steps "
+            "or set measure.mode: fixed"
         )
-    if scenario["nodes"] > cluster["nodes"]:
+    m = measure_fields(study, scenario)["measure"]
+    own = scenario.get("measure", {})
+
+    def key(name: str) -> str:
+        return f"{where}.measure.{name}" if name in own else f"measure.{name}"
+
+    problems = [
+        (m.mode == "fixed" and "steps" not in study, "mode", "the fixed mode needs the study's steps"),
+        (m.min_warmup_steps > m.max_warmup_steps, "min_warmup_steps",
+         f"is above max_warmup_steps ({m.max_warmup_steps})"),
+        (2 * m.settle_window > m.max_warmup_steps, "max_warmup_steps",
+         f"is below 2 × settle_window ({m.settle_window}), so step times could never settle"),
+        (m.min_steps > m.max_steps, "min_steps", f"is above max_steps ({m.max_steps})"),
+    ]  # fmt: skip
+    for broken, name, why in problems:
+        if broken and (name == "mode" or m.mode == "adaptive"):
+            raise StudyError(f"{key(name)}: {getattr(m, name)!r} {why}")
+
+
+def _check_scenario_keys(scenario: dict, cluster: dict, where: str) -> None:
+    """ZeRO knobs the installed DeepSpeed knows, and a folder for NVMe offload."""
+    errors = dsconfig.check_zero_keys(scenario.get("zero", {}), f"{where}.zero")
+    for knob in scenario.get("sweep", {}):
+        if knob not in BATCH_KNOBS:
+            errors += dsconfig.check_zero_keys({knob: None}, f"{where}.sweep")
+    if errors:
+        raise StudyError(errors[0])
+    devices = (scenario["offload_optimizer"], scenario["offload_param"])
+    if "nvme" in devices and not (scenario["nvme_path"] or cluster["nvme_path"]):
+        key = "offload_optimizer" if devices[0] == "nvme" else "offload_param"
         raise StudyError(
-            f"{where}.nodes: {scenario['nodes']} is more than cluster {cluster['name']!r} "
-            f"allows ({cluster['nodes']})"
-        )
-    card = cluster.get("gpu_mem_gb")
-    if card and scenario["gpu_mem_gb"] and scenario["gpu_mem_gb"] > card:
-        raise StudyError(
-            f"{where}.gpu_mem_gb: {scenario['gpu_mem_gb']} GB is more than the cards of cluster "
-            f"{cluster['name']!r} have ({card} GB); memory can only be capped, not added"
-        )
-    host = cluster.get("mem_gb_per_node")
-    if host and scenario["cpu_mem_gb"] and scenario["cpu_mem_gb"] > host:
-        raise StudyError(
-            f"{where}.cpu_mem_gb: {scenario['cpu_mem_gb']} GB is more than a node of cluster "
-            f"{cluster['name']!r} has ({host} GB)"
+            f"{where}.{key}: nvme offload needs a directory: set {where}.nvme_path or "
+            f"nvme_path in config/clusters/{cluster['name']}.yaml"
         )
 
 
-def expand_plan(study: dict, cluster: dict) -> list[dict]:
+def _expand_scenario(study: dict, cluster: dict, scenario: dict, where: str) -> list[RunSpec]:
+    """One RunSpec per sweep combo. A scenario that does not fit the cluster is the root cause,
+    so that is reported before its batch arithmetic (which more GPUs can also break)."""
+    _check_scenario_keys(scenario, cluster, where)
+    _check_measure(study, scenario, where)
+    world = scenario["gpus_per_node"] * scenario["nodes"]
+    runs = []
+    for combo in _sweep_combos(scenario.get("sweep", {})):
+        try:
+            batch, batch_error = _batch(study, scenario, combo, world, where), None
+        except StudyError as err:
+            batch, batch_error = (1, 1, world), err  # stand-in so that the fit is checked first
+        run = _run_spec(study, cluster, scenario, combo, batch)
+        if not run.predict_only:  # a prediction may stand for a bigger cluster than this one
+            check_fits(run, cluster, where)
+        if batch_error:
+            raise batch_error
+        runs.append(run)
+    return runs
+
+
+def expand_plan(study: dict, cluster: dict) -> list[RunSpec]:
     """All runs of a validated study (one spec per expanded scenario; repeats are not expanded)."""
     if study["cluster"] != cluster["name"]:
         raise StudyError(
@@ -162,8 +270,7 @@ def expand_plan(study: dict, cluster: dict) -> list[dict]:
     errors = dsconfig.check_zero_keys(study["zero"], "zero") + dsconfig.check_aio_keys(study["aio"])
     if errors:
         raise StudyError(errors[0])
-    model = model_spec(study)
-    runs: list[dict] = []
+    runs: list[RunSpec] = []
     seen: dict[str, str] = {}
     for index, scenario in enumerate(study["scenarios"]):
         where = f"scenarios[{index}]"
@@ -172,90 +279,30 @@ def expand_plan(study: dict, cluster: dict) -> list[dict]:
                 f"{where}.name: {scenario['name']!r} is used twice (also {seen[scenario['name']]})"
             )
         seen[scenario["name"]] = where
-        errors = dsconfig.check_zero_keys(scenario.get("zero", {}), f"{where}.zero")
-        for knob in scenario.get("sweep", {}):
-            if knob not in BATCH_KNOBS:
-                errors += dsconfig.check_zero_keys({knob: None}, f"{where}.sweep")
-        if errors:
-            raise StudyError(errors[0])
-        _check_cluster_fit(scenario, cluster, where)
-        nvme = "nvme" in (scenario["offload_optimizer"], scenario["offload_param"])
-        nvme_path = scenario["nvme_path"] or cluster.get("nvme_path")
-        if nvme and not nvme_path:
-            key = (
-                "offload_optimizer" if scenario["offload_optimizer"] == "nvme" else "offload_param"
-            )
-            raise StudyError(
-                f"{where}.{key}: nvme offload needs a directory: set {where}.nvme_path or "
-                f"nvme_path in config/clusters/{cluster['name']}.yaml"
-            )
-        world = scenario["gpus_per_node"] * scenario["nodes"]
-        for combo in _sweep_combos(scenario.get("sweep", {})):
-            name = expanded_name(scenario["name"], combo)
-            micro, gas, global_batch = _batch(study, scenario, combo, world, where)
-            zero = {**study["zero"], **scenario.get("zero", {})}
-            zero.update({k: v for k, v in combo.items() if k not in BATCH_KNOBS})
-            runs.append(
-                {
-                    "schema_version": RUN_SPEC_VERSION,
-                    "study": study["study"],
-                    "cluster": cluster["name"],
-                    "scenario": name,
-                    "base_scenario": scenario["name"],
-                    "label": scenario.get("label") or scenario["name"],
-                    "sweep": {k: dsconfig.normalize_number(v) for k, v in combo.items()},
-                    "model": model,
-                    "model_params": _param_count(model),
-                    "seq_len": study["seq_len"],
-                    "dtype": study["dtype"],
-                    "micro_batch": micro,
-                    "gradient_accumulation_steps": gas,
-                    "global_batch": global_batch,
-                    "gradient_checkpointing": study["gradient_checkpointing"],
-                    "steps": study["steps"],
-                    "warmup_steps": study["warmup_steps"],
-                    "seed": study["seed"],
-                    "data": {
-                        "kind": "token_file" if study["token_file"] else "synthetic",
-                        "token_file": study["token_file"],
-                    },
-                    "optimizer": study["optimizer"],
-                    "nodes": scenario["nodes"],
-                    "gpus_per_node": scenario["gpus_per_node"],
-                    "world_size": world,
-                    "accelerator": cluster["accelerator"],
-                    "gpu_mem_gb": scenario["gpu_mem_gb"],
-                    "cluster_gpu_mem_gb": cluster.get("gpu_mem_gb"),
-                    "cpu_mem_gb": scenario["cpu_mem_gb"],
-                    "offload_optimizer": scenario["offload_optimizer"],
-                    "offload_param": scenario["offload_param"],
-                    "nvme_path": nvme_path if nvme else None,
-                    "pin_memory": scenario["pin_memory"],
-                    "zero": zero,
-                    "aio": study["aio"],
-                    "timeout_s": study["timeout_min"] * 60,
-                    "step_timeout_s": study["step_timeout_s"],
-                    "strict": study["strict"],
-                    "reference": scenario.get("reference"),
-                }
-            )
-        if len({r["scenario"] for r in runs}) != len(runs):
+        runs += _expand_scenario(study, cluster, scenario, where)
+        if len({r.scenario for r in runs}) != len(runs):
             raise StudyError(f"{where}.sweep: expands to a scenario name that already exists")
     baseline = study["baseline"]
-    if baseline is not None and baseline not in {r["scenario"] for r in runs} | set(seen):
+    if baseline is not None and baseline not in {r.scenario for r in runs} | set(seen):
         raise StudyError(
             f"baseline: {baseline!r} is not a scenario of this study; scenarios: {', '.join(seen)}"
         )
     return runs
 
 
-def default_baseline(study: dict, runs: list[dict]) -> str | None:
-    if study["baseline"]:
-        return study["baseline"]
-    for run in runs:
-        if run["offload_optimizer"] == run["offload_param"] == "none":
-            return run["scenario"]
-    return None
+#: The study's run_order -> the runs (scenario, repeat) in the order they start on one machine.
+RUN_ORDERS = {
+    "interleaved": lambda scenarios, repeats: [(s, r) for r in repeats for s in scenarios],
+    "grouped": lambda scenarios, repeats: [(s, r) for s in scenarios for r in repeats],
+}
+
+
+def run_order(scenarios: list[str], repeats: list[int], order: str) -> list[tuple[str, int]]:
+    """Every run (scenario, repeat) in the order they should start when one runs at a time:
+    interleaved (A B C A B C) so that drift over time hits every scenario alike, or grouped."""
+    if order not in RUN_ORDERS:
+        raise StudyError(f"run_order: {order!r} is not one of {', '.join(RUN_ORDERS)}")
+    return RUN_ORDERS[order](scenarios, repeats)
 
 
 class Plan:
@@ -267,9 +314,16 @@ class Plan:
         self.study = load_study(config, source=source)
         kwargs = {"cluster_dir": cluster_dir} if cluster_dir else {}
         self.cluster = load_cluster(self.study["cluster"], **kwargs)
-        self.runs = expand_plan(self.study, self.cluster)
-        self.by_name = {run["scenario"]: run for run in self.runs}
-        self.baseline = default_baseline(self.study, self.runs)
+        planned = expand_plan(self.study, self.cluster)
+        #: the runs to train, and those only predicted (plan.csv, report), never trained
+        self.runs = [run for run in planned if not run.predict_only]
+        self.predicted_only = [run for run in planned if run.predict_only]
+        self.by_name = {run.scenario: run for run in self.runs}
+        self.baseline = choose_baseline(
+            self.scenarios,
+            self.study["baseline"],
+            {r.scenario: (r.offload_optimizer, r.offload_param) for r in self.runs},
+        )
         self.results_dir = f"results/{self.cluster['name']}/{self.study['study']}"
 
     @property
@@ -280,10 +334,27 @@ class Plan:
     def repeats(self) -> list[int]:
         return list(range(self.study["repeats"]))
 
+    def run_order(self) -> list[tuple[str, int]]:
+        """The runs (scenario, repeat) in the study's run_order."""
+        return run_order(self.scenarios, self.repeats, self.study["run_order"])
+
+    @functools.cached_property
+    def _priorities(self) -> dict[tuple[str, int], int]:
+        order = self.run_order()
+        return {run: len(order) - i for i, run in enumerate(order)}
+
+    def run_priority(self, scenario: str, repeat: int) -> int:
+        """A Snakemake job priority that starts the runs in :meth:`run_order` (the first run has
+        the highest); 0 for a run the plan does not have."""
+        return self._priorities.get((scenario, int(repeat)), 0)
+
+    def ds_config_path(self, scenario: str) -> str:
+        return f"{self.results_dir}/configs/{scenario}.json"
+
     def run_spec(self, scenario: str) -> dict:
-        run = copy.deepcopy(self.by_name[scenario])
-        run["ds_config"] = f"{self.results_dir}/configs/{scenario}.json"
-        return run
+        """The run spec with its ds_config path, as the plain dict of run.json: Snakemake compares
+        a rule's params between runs only when they are plain data (not a dataclass)."""
+        return self.by_name[scenario].with_ds_config(self.ds_config_path(scenario)).to_dict()
 
     def summary(self) -> dict:
         """plan.json: what the report needs to know of each scenario."""
@@ -292,60 +363,83 @@ class Plan:
             "offload_optimizer offload_param sweep micro_batch gradient_accumulation_steps "
             "global_batch reference"
         ).split()
+        first = (self.runs or self.predicted_only)[0].to_dict()
         return {
             "study": self.study["study"],
             "cluster": self.cluster["name"],
             "cluster_description": self.cluster.get("description", ""),
             "description": self.study.get("description", ""),
             "baseline": self.baseline,
-            "model": self.runs[0]["model"],
-            "model_params": self.runs[0]["model_params"],
+            "model": first["model"],
+            "model_params": first["model_params"],
             "seq_len": self.study["seq_len"],
             "dtype": self.study["dtype"],
             "repeats": self.study["repeats"],
-            "scenarios": [
-                {
-                    **{k: run[k] for k in keys},
-                    "name": run["scenario"],
-                    "ds_config": f"{self.results_dir}/configs/{run['scenario']}.json",
-                    "run_spec": f"{self.results_dir}/configs/{run['scenario']}.run.json",
-                }
-                for run in self.runs
+            "preflight": self.study["preflight"],  # refuse | warn (plan main: the op preflight)
+            "scenarios": [self._scenario_summary(run.to_dict(), keys) for run in self.runs],
+            # the whole spec: the plan job predicts them without a configs/ file
+            "predict_only": [
+                {**{k: run[k] for k in keys}, "name": run["scenario"], "spec": run}
+                for run in (r.to_dict() for r in self.predicted_only)
             ],
         }
 
+    def _scenario_summary(self, run: dict, keys: list[str]) -> dict:
+        return {
+            **{k: run[k] for k in keys},
+            "name": run["scenario"],
+            "ds_config": self.ds_config_path(run["scenario"]),
+            "run_spec": f"{self.results_dir}/configs/{run['scenario']}.run.json",
+        }
 
-def write_json(path: str | Path, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
+def write_scenario_files(run_spec: RunSpec | dict, ds_config_path: str, spec_path: str) -> None:
+    """configs/<scenario>.json (DeepSpeed config) and configs/<scenario>.run.json (run spec).
 
-def write_scenario_files(run_spec: dict, ds_config_path: str, spec_path: str) -> None:
+    ``run_spec`` may be the plain dict of :meth:`Plan.run_spec` (what a rule's params carry).
+    """
+    if not isinstance(run_spec, RunSpec):
+        run_spec = RunSpec.from_dict(run_spec)
+    run_spec = run_spec.with_ds_config(ds_config_path)
     write_json(ds_config_path, dsconfig.build_ds_config(run_spec))
-    write_json(spec_path, {**run_spec, "ds_config": str(ds_config_path)})
+    write_run_spec(spec_path, run_spec)
 
 
-def check_with_deepspeed(spec_paths: list[str]) -> list[str]:
-    """Parse every DeepSpeed config with DeepSpeed's own parser; return one error per refusal."""
+def check_with_deepspeed(
+    spec_paths: list[str], more: Sequence[tuple[RunSpec, dict]] = ()
+) -> list[str]:
+    """Parse every DeepSpeed config with DeepSpeed's own parser; return one error per refusal.
+
+    ``more``: (run spec, DeepSpeed config) pairs that have no files (predict-only scenarios).
+    """
     dsconfig.ensure_single_process_comm()
+    pairs = [(spec, read_json(spec.ds_config)) for spec in map(read_run_spec, spec_paths)]
     errors = []
-    for spec_path in spec_paths:
-        spec = json.loads(Path(spec_path).read_text())
-        config = json.loads(Path(spec["ds_config"]).read_text())
+    for spec, config in [*pairs, *more]:
         try:
-            dsconfig.parse_with_deepspeed(config, spec["world_size"])
+            dsconfig.parse_with_deepspeed(config, spec.world_size)
         except Exception as exc:  # DeepSpeed raises AssertionError, ValueError, ValidationError
-            errors.append(
-                f"{spec['ds_config']} (scenario {spec['scenario']!r}): DeepSpeed refused it: {exc}"
-            )
+            where = spec.ds_config or "predict-only config"
+            errors.append(f"{where} (scenario {spec.scenario!r}): DeepSpeed refused it: {exc}")
     return errors
 
 
-def sha256_file(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def predict_plan(plan: dict, specs: list[RunSpec], calibration: str | None, plan_csv: str) -> dict:
+    """plan.csv (one prediction per scenario, predict-only ones too) and what plan.json says of
+    it (predicted GPU-hours, the calibration used)."""
+    cal = read_calibration(calibration) if calibration else None
+    pairs = [(spec, read_json(spec.ds_config)) for spec in specs] + predict_only_configs(plan)
+    rows = [predict.predict(s, c, cal, plan["repeats"], with_deepspeed=True) for s, c in pairs]
+    write_predictions(plan_csv, rows)
+    return {"plan_csv": plan_csv, **predict.summarize(rows, calibration, cal)}
+
+
+def predict_only_configs(plan: dict) -> list[tuple[RunSpec, dict]]:
+    """(run spec, DeepSpeed config) of each predict-only scenario of a plan summary."""
+    specs = [
+        RunSpec.from_dict(s["spec"], "plan: predict_only") for s in plan.get("predict_only", [])
+    ]
+    return [(spec, dsconfig.build_ds_config(spec)) for spec in specs]
 
 
 def main(argv=None) -> int:
@@ -354,20 +448,26 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--plan-json", required=True, help="plan summary written by the workflow")
     parser.add_argument("--out", required=True, help="validated plan to write")
+    parser.add_argument("--plan-csv", help="plan.csv to write: predictions per scenario")
+    parser.add_argument("--calibration", help="the cluster's calibration.json (step times)")
     parser.add_argument("specs", nargs="+", help="run specs (configs/<scenario>.run.json)")
     args = parser.parse_args(argv)
-    errors = check_with_deepspeed(args.specs)
+    plan = read_json(args.plan_json)
+    errors = check_with_deepspeed(args.specs, predict_only_configs(plan))
     if errors:
         print("\n".join(errors), file=sys.stderr)
         return 1
-    plan = json.loads(Path(args.plan_json).read_text())
+    specs = [read_run_spec(path) for path in args.specs]
+    plan["preflight"], lines, stops = preflight.plan_gate(specs, plan["preflight"])
+    if lines:
+        print("\n".join(lines), file=sys.stderr)
+    if stops:  # an op DeepSpeed cannot build here: nothing trains (study key preflight)
+        return 1
     plan["deepspeed_checked"] = True
-    plan["ds_config_sha256"] = {
-        json.loads(Path(p).read_text())["scenario"]: sha256_file(
-            json.loads(Path(p).read_text())["ds_config"]
-        )
-        for p in args.specs
-    }
+    plan["ds_config_sha256"] = {spec.scenario: sha256_file(spec.ds_config) for spec in specs}
+    if args.plan_csv:
+        plan["prediction"] = predict_plan(plan, specs, args.calibration, args.plan_csv)
+        print(plan["prediction"]["summary"])
     write_json(args.out, plan)
     return 0
 

@@ -34,10 +34,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from offload_study.contracts import RunSpec
+from offload_study.study import StudyError
+
 __all__ = [
     "RUNTIME_MARGIN_MIN",
     "MEM_HEADROOM_MB",
     "check_fits",
+    "fit_problems",
     "train_resources",
     "resource_keys",
     "resource_callables",
@@ -51,8 +55,10 @@ RUNTIME_MARGIN_MIN = 10
 MEM_HEADROOM_MB = 1024
 #: --mem per rank (gpus_per_node) when neither cpu_mem_gb nor mem_gb_per_node is known.
 DEFAULT_MEM_MB_PER_RANK = 3072
-#: runtime when neither timeout_s nor max_runtime_min is given.
-DEFAULT_RUNTIME_MIN = 24 * 60
+#: Lower bounds of the NVMe bytes per parameter: optimizer offload swaps the fp32 master weights
+#: and Adam's two moments (4 + 4 + 4 B), param offload the parameters in the training dtype.
+NVME_OPTIMIZER_BYTES_PER_PARAM = 12
+NVME_PARAM_BYTES_PER_PARAM = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 _GRES_TOKEN_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
 
@@ -71,69 +77,99 @@ def _slurm(cluster: dict) -> dict:
     return cluster.get("slurm") or {}
 
 
-def _name(run_spec: dict) -> str:
-    return str(run_spec.get("scenario") or run_spec.get("base_scenario") or "<unnamed>")
+def check_fits(spec: RunSpec, cluster: dict, where: str | None = None) -> None:
+    """Raise StudyError when the run asks for more than the cluster offers (see fit_problems).
+
+    The plan passes ``where``, the scenario's key path (``scenarios[2]``): the message then starts
+    with the key path of the first problem. Otherwise it names the scenario and every problem.
+    """
+    problems = fit_problems(spec, cluster)
+    if not problems:
+        return
+    if where:
+        key, text = problems[0]
+        raise StudyError(f"{where}.{key}: {text}")
+    raise StudyError(
+        f"scenario {spec.scenario!r} does not fit cluster {cluster.get('name', '<cluster>')!r}: "
+        + "; ".join(text for _, text in problems)
+    )
 
 
-def _int(run_spec: dict, key: str, default: int | None = None) -> int:
-    val = run_spec.get(key, default)
-    if val is None:
-        raise ValueError(f"scenario {_name(run_spec)!r}: run spec lacks {key!r}")
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or int(val) != val or val < 1:
-        raise ValueError(f"scenario {_name(run_spec)!r}: {key}={val!r} must be a positive integer")
-    return int(val)
-
-
-def check_fits(run_spec: dict, cluster: dict) -> None:
-    """Raise ValueError (naming the scenario and the key) when the run asks for more than the
-    cluster offers: nodes, gpus_per_node, host memory per node, CPU cores per node, or a
-    different accelerator."""
-    name = _name(run_spec)
+def fit_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
+    """(run spec key, what is wrong) for each way the run asks more than the cluster offers:
+    accelerator, nodes, GPUs (ranks) per node, card and host memory, CPU cores, NVMe space."""
     cname = cluster.get("name", "<cluster>")
-    nodes = _int(run_spec, "nodes", 1)
-    gpn = _int(run_spec, "gpus_per_node")
-    world = run_spec.get("world_size")
-    problems = []
+    gpn, nodes = spec.gpus_per_node, spec.nodes
+    limits = [
+        ("accelerator", spec.accelerator, cluster.get("accelerator"), "!=",
+         f"accelerator={spec.accelerator!r} but cluster {cname!r} has "
+         f"accelerator={cluster.get('accelerator')!r}"),
+        ("gpus_per_node", gpn, cluster.get("gpus_per_node"), ">",
+         f"gpus_per_node={gpn} is more than cluster {cname!r} has per node "
+         f"({cluster.get('gpus_per_node')})"),
+        ("nodes", nodes, cluster.get("nodes") or 1, ">",
+         f"nodes={nodes} is more than cluster {cname!r} allows ({cluster.get('nodes') or 1})"),
+        ("world_size", spec.world_size, nodes * gpn, "!=",
+         f"world_size={spec.world_size} != nodes*gpus_per_node={nodes * gpn}"),
+        ("gpu_mem_gb", spec.gpu_mem_gb, cluster.get("gpu_mem_gb"), ">",
+         f"gpu_mem_gb={spec.gpu_mem_gb} GB is more than the cards of cluster {cname!r} have "
+         f"({cluster.get('gpu_mem_gb')} GB); memory can only be capped, not added"),
+        ("cpu_mem_gb", spec.cpu_mem_gb, cluster.get("mem_gb_per_node"), ">",
+         f"cpu_mem_gb={spec.cpu_mem_gb} GB is more than a node of cluster {cname!r} has "
+         f"({cluster.get('mem_gb_per_node')} GB)"),
+    ]  # fmt: skip
+    problems = [
+        (key, text)
+        for key, asked, offered, op, text in limits
+        if asked is not None and offered is not None
+        and (asked != offered if op == "!=" else asked > offered)
+    ]  # fmt: skip
+    return problems + _core_problems(spec, cluster) + _nvme_problems(spec, cluster)
 
-    acc_c = cluster.get("accelerator")
-    acc_r = run_spec.get("accelerator")
-    if acc_r is not None and acc_c is not None and acc_r != acc_c:
-        problems.append(f"accelerator={acc_r!r} but cluster {cname!r} has accelerator={acc_c!r}")
-    c_nodes = cluster.get("nodes", 1) or 1
-    if nodes > c_nodes:
-        problems.append(f"nodes={nodes} > cluster {cname!r} nodes={c_nodes}")
-    c_gpn = cluster.get("gpus_per_node")
-    if c_gpn is not None and gpn > c_gpn:
-        what = "GPUs" if acc_c == "cuda" else "ranks (gpus_per_node)"
-        problems.append(f"gpus_per_node={gpn} > cluster {cname!r} gpus_per_node={c_gpn} ({what})")
-    if world is not None and world != nodes * gpn:
-        problems.append(f"world_size={world} != nodes*gpus_per_node={nodes * gpn}")
-    mem = run_spec.get("cpu_mem_gb")
-    c_mem = cluster.get("mem_gb_per_node")
-    if mem is not None and c_mem is not None and mem > c_mem:
-        problems.append(f"cpu_mem_gb={mem} > cluster {cname!r} mem_gb_per_node={c_mem}")
+
+def _core_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
     cores = cluster.get("cpu_cores_per_node")
-    if cores is not None:
-        need = _cpus_per_task(run_spec, cluster, cap=False)
-        if acc_c != "cuda" and need > cores:
-            problems.append(
-                f"gpus_per_node={gpn} CPU ranks need {need} cores > cluster {cname!r} "
-                f"cpu_cores_per_node={cores}"
-            )
-        if acc_c == "cuda" and _slurm(cluster).get("cpus_per_gpu") and need > cores:
-            problems.append(
-                f"gpus_per_node={gpn} x slurm.cpus_per_gpu needs {need} cores > cluster "
-                f"{cname!r} cpu_cores_per_node={cores}"
-            )
-    if problems:
-        raise ValueError(
-            f"scenario {name!r} does not fit cluster {cname!r}: " + "; ".join(problems)
+    need = _cpus_per_task(spec, cluster, cap=False)
+    cname, gpn = cluster.get("name", "<cluster>"), spec.gpus_per_node
+    if cores is None or need <= cores:
+        return []
+    if cluster.get("accelerator") != "cuda":
+        what = f"gpus_per_node={gpn} CPU ranks need {need} cores"
+    elif _slurm(cluster).get("cpus_per_gpu"):
+        what = f"gpus_per_node={gpn} x slurm.cpus_per_gpu needs {need} cores"
+    else:
+        return []  # GPU jobs without cpus_per_gpu take a share of the node: always fits
+    return [("gpus_per_node", f"{what} > cluster {cname!r} cpu_cores_per_node={cores}")]
+
+
+def _nvme_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
+    """NVMe offload that cannot fit even by the lower bound of what it swaps (refused only when
+    clearly impossible: parameter count and capacity known)."""
+    capacity = cluster.get("nvme_capacity_gb")
+    if not (spec.uses_nvme and capacity and spec.model_params):
+        return []
+    per_param = 0
+    if spec.offload_optimizer == "nvme":
+        per_param += NVME_OPTIMIZER_BYTES_PER_PARAM
+    if spec.offload_param == "nvme":
+        per_param += NVME_PARAM_BYTES_PER_PARAM[spec.dtype]
+    need_gb = spec.model_params * per_param / spec.nodes / 1e9  # ZeRO-3 splits it over the nodes
+    if need_gb <= capacity:
+        return []
+    key = "offload_optimizer" if spec.offload_optimizer == "nvme" else "offload_param"
+    return [
+        (
+            key,
+            f"NVMe offload needs at least {need_gb:.1f} GB per node ({spec.model_params} "
+            f"parameters x {per_param} B / {spec.nodes} node(s)) but cluster "
+            f"{cluster.get('name', '<cluster>')!r} has nvme_capacity_gb={capacity}",
         )
+    ]
 
 
-def _cpus_per_task(run_spec: dict, cluster: dict, cap: bool = True) -> int:
+def _cpus_per_task(spec: RunSpec, cluster: dict, cap: bool = True) -> int:
     """CPUs for the one task per node (the launcher and all of its ranks on that node)."""
-    gpn = _int(run_spec, "gpus_per_node")
+    gpn = spec.gpus_per_node
     cores = cluster.get("cpu_cores_per_node")
     per_gpu = _slurm(cluster).get("cpus_per_gpu")
     if cluster.get("accelerator") == "cuda":
@@ -153,60 +189,53 @@ def _cpus_per_task(run_spec: dict, cluster: dict, cap: bool = True) -> int:
     return need
 
 
-def _runtime_min(run_spec: dict, cluster: dict) -> int:
+def _runtime_min(spec: RunSpec, cluster: dict) -> int:
+    base = math.ceil(float(spec.timeout_s) / 60.0)
+    runtime = base + max(RUNTIME_MARGIN_MIN, math.ceil(0.1 * base))
     max_rt = _slurm(cluster).get("max_runtime_min")
-    timeout_s = run_spec.get("timeout_s")
-    if timeout_s is None:
-        rt = max_rt or DEFAULT_RUNTIME_MIN
-    else:
-        base = math.ceil(float(timeout_s) / 60.0)
-        rt = base + max(RUNTIME_MARGIN_MIN, math.ceil(0.1 * base))
     if max_rt:
-        rt = min(rt, int(max_rt))
-    return max(1, int(rt))
+        runtime = min(runtime, int(max_rt))
+    return max(1, int(runtime))
 
 
-def _mem_mb(run_spec: dict, cluster: dict) -> int:
-    mem_gb = run_spec.get("cpu_mem_gb")
+def _mem_mb(spec: RunSpec, cluster: dict) -> int:
     c_mem = cluster.get("mem_gb_per_node")
-    if mem_gb is None:
+    if spec.cpu_mem_gb is None:
         if c_mem is not None:
             return int(c_mem * 1024)  # no budget: the whole node's memory
         # nothing known: a modest request per rank (the node's real size decides the rest)
-        return DEFAULT_MEM_MB_PER_RANK * _int(run_spec, "gpus_per_node")
-    mb = math.ceil(float(mem_gb) * 1024) + MEM_HEADROOM_MB
+        return DEFAULT_MEM_MB_PER_RANK * spec.gpus_per_node
+    mb = math.ceil(float(spec.cpu_mem_gb) * 1024) + MEM_HEADROOM_MB
     if c_mem is not None:
         mb = min(mb, int(c_mem * 1024))
     return mb
 
 
-def _gres(run_spec: dict, cluster: dict) -> str:
-    gpn = _int(run_spec, "gpus_per_node")
+def _gres(spec: RunSpec, cluster: dict) -> str:
     typ = _slurm(cluster).get("gres_type")
     if typ:
         if not set(typ) <= _GRES_TOKEN_OK:
-            raise ValueError(f"cluster slurm.gres_type={typ!r}: only letters, digits, '_' and '.'")
-        return f"gpu:{typ}:{gpn}"
-    return f"gpu:{gpn}"
+            raise StudyError(f"cluster slurm.gres_type={typ!r}: only letters, digits, '_' and '.'")
+        return f"gpu:{typ}:{spec.gpus_per_node}"
+    return f"gpu:{spec.gpus_per_node}"
 
 
-def train_resources(run_spec: dict, cluster: dict) -> dict[str, Any]:
+def train_resources(spec: RunSpec, cluster: dict) -> dict[str, Any]:
     """Snakemake resources (for the slurm executor plugin) of one training run.
 
-    Raises ValueError (see :func:`check_fits`) when the run does not fit the cluster.
+    Raises StudyError (see :func:`check_fits`) when the run does not fit the cluster.
     """
-    check_fits(run_spec, cluster)
-    nodes = _int(run_spec, "nodes", 1)
+    check_fits(spec, cluster)
     res: dict[str, Any] = {
-        "nodes": nodes,
-        "mem_mb": _mem_mb(run_spec, cluster),
-        "runtime": _runtime_min(run_spec, cluster),
-        "cpus_per_task": _cpus_per_task(run_spec, cluster),
+        "nodes": spec.nodes,
+        "mem_mb": _mem_mb(spec, cluster),
+        "runtime": _runtime_min(spec, cluster),
+        "cpus_per_task": _cpus_per_task(spec, cluster),
     }
     if cluster.get("accelerator") == "cuda":
-        res["gres"] = _gres(run_spec, cluster)
+        res["gres"] = _gres(spec, cluster)
     else:
-        res["tasks"] = nodes  # one launcher task per node
+        res["tasks"] = spec.nodes  # one launcher task per node
     s = _slurm(cluster)
     for src, dst in SLURM_SETTING_RESOURCES:
         if s.get(src):
@@ -226,11 +255,11 @@ def resource_keys(cluster: dict) -> list[str]:
 
 
 def resource_callables(
-    spec_for: Callable[[Any], dict], cluster: dict
+    spec_for: Callable[[Any], RunSpec], cluster: dict
 ) -> dict[str, Callable[[Any], Any]]:
     """``{key: lambda wildcards: ...}`` for a rule's ``resources: **...``.
 
-    spec_for(wildcards) returns the run spec dict of the job (e.g. looked up by
+    spec_for(wildcards) returns the RunSpec of the job (e.g. looked up by
     wildcards.scenario in the plan computed at parse time)."""
 
     def getter(key: str):

@@ -1,13 +1,17 @@
 """Load and validate a study config and its cluster description.
 
-The JSON schemas in workflow/schemas/ are the one source of truth for keys, types and
-defaults; this module turns jsonschema's errors into one message that names the key path
+The schemas in the package (offload_study/schemas/, read with importlib.resources through
+:func:`load_schema`, so an installed package finds them too) are the one source of truth for
+keys, types and defaults; this module turns jsonschema's errors into one message that names the key path
 (``scenarios[2].offload_optimizer``) and the allowed values.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,6 @@ import jsonschema
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 CLUSTER_DIR = REPO_ROOT / "config" / "clusters"
 
 
@@ -24,11 +27,21 @@ class StudyError(ValueError):
 
 
 def load_schema(name: str) -> dict:
-    path = SCHEMA_DIR / f"{name}.schema.yaml"
-    if not path.exists():
-        path = SCHEMA_DIR / f"{name}.schema.json"
-    with open(path) as fh:
-        return yaml.safe_load(fh)  # JSON is YAML
+    """The package's schema ``name`` (study, cluster, metrics, provenance): the one way to read one.
+
+    Returns a fresh copy (callers may fill defaults into what they get).
+    """
+    return copy.deepcopy(_parsed_schema(name))
+
+
+@functools.cache
+def _parsed_schema(name: str) -> dict:
+    folder = resources.files("offload_study") / "schemas"
+    for suffix, parse in ((".schema.json", json.loads), (".schema.yaml", yaml.safe_load)):
+        path = folder / f"{name}{suffix}"
+        if path.is_file():
+            return parse(path.read_text())
+    raise FileNotFoundError(f"offload_study/schemas/{name}.schema.json|yaml: no such schema")
 
 
 def key_path(parts) -> str:

@@ -1,5 +1,4 @@
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -9,22 +8,18 @@ sys.path.insert(
     0, f"{workflow.basedir}/workflow"
 )  # the library, also without pip install -e
 
+from offload_study.bundle import compare_name
 from offload_study.plan import Plan
-from offload_study.resources import resource_callables, train_resources
+from offload_study.resources import resource_keys, train_resources
 from offload_study.study import StudyError
 
-# A study given with --configfile replaces the default study instead of being merged into it
-# (Snakemake merges key by key, which would leak the default study's scenarios and knobs).
-if workflow.overwrite_configfiles:
-    config.clear()
-    config.update(workflow.config_settings.overwrite_config)
-
 try:
-    PLAN = Plan(
-        config,
-        source=", ".join(map(str, workflow.overwrite_configfiles))
-        or "config/config.yaml",
-    )
+    PLAN = Plan(config, source=STUDY_SOURCE)  # STUDY_SOURCE: set by the Snakefile
+    # Each run's resources (GPUs, CPUs, memory, runtime, partition, ...) from the cluster
+    # description, computed once here.
+    RESOURCES_BY_SCENARIO = {
+        name: train_resources(run, PLAN.cluster) for name, run in PLAN.by_name.items()
+    }
 except StudyError as err:
     raise WorkflowError(f"invalid study: {err}") from None
 
@@ -34,12 +29,42 @@ REPEATS = PLAN.repeats
 
 
 wildcard_constraints:
-    scenario="|".join(map(re.escape, SCENARIOS)),
+    # Not an alternation of the scenario names: Snakemake copies the constraint into every
+    # output pattern, and 1,000 names there cost seconds per dry run. A name no scenario has
+    # is refused by scenario_of().
+    scenario=r"[^/]+",
     rep=r"\d+",
 
 
-def run_dirs():
-    return expand(f"{RESULTS}/{{scenario}}/rep{{rep}}", scenario=SCENARIOS, rep=REPEATS)
+def scenario_of(wildcards):
+    """The job's scenario; a target naming no scenario of the study fails here."""
+    if wildcards.scenario not in PLAN.by_name:
+        raise WorkflowError(
+            f"no scenario {wildcards.scenario!r} in study {PLAN.study['study']!r}"
+        )
+    return wildcards.scenario
+
+
+def per_job(by_scenario):
+    """scenario -> value, as a rule's threads or resource: the value itself when all runs have
+    the same (Snakemake calls a function once per job and key: seconds for 1,000 runs).
+    """
+    if len(set(by_scenario.values())) == 1:
+        return next(iter(by_scenario.values()))
+    return lambda wildcards: by_scenario[scenario_of(wildcards)]
+
+
+TRAIN_RESOURCES = {
+    key: per_job({name: res[key] for name, res in RESOURCES_BY_SCENARIO.items()})
+    for key in resource_keys(PLAN.cluster)
+}
+# On one machine a run takes every core given to Snakemake, so runs never overlap (two runs
+# sharing GPUs or cores would skew each other's numbers); under SLURM, its CPUs.
+TRAIN_THREADS = (
+    workflow.cores
+    if PLAN.cluster["scheduler"] == "local"
+    else TRAIN_RESOURCES["cpus_per_task"]
+)
 
 
 REPORT_DIR = f"reports/{PLAN.study['study']}"
@@ -61,11 +86,15 @@ def report_figure(name, title):
     )
 
 
-def train_threads(wildcards):
-    """On one machine a run takes every core given to Snakemake, so runs never overlap (two
-    runs sharing GPUs or cores would skew each other's numbers); under SLURM, its CPUs.
-    """
-    if PLAN.cluster["scheduler"] == "local":
-        return workflow.cores
-    run = PLAN.by_name[wildcards.scenario]
-    return train_resources(run, PLAN.cluster)["cpus_per_task"]
+# Bundles given with --config compare='[a.tar.gz, b.tar.gz]' (or a --configfile with `compare:`)
+COMPARE_BUNDLES = config.get("compare") or []
+
+
+def compare_bundles(wildcards):
+    """The bundles to compare; asking for `compare` without two of them fails here."""
+    if len(COMPARE_BUNDLES) < 2:
+        raise WorkflowError(
+            "compare: give two or more bundles, the first the reference: "
+            "--config compare='[bundles/a.tar.gz, bundles/b.tar.gz]'"
+        )
+    return COMPARE_BUNDLES

@@ -13,7 +13,7 @@ rule deepspeed_config:
         f"{RESULTS}/logs/deepspeed_config/{{scenario}}.log",
     params:
         # A changed scenario re-plans (and re-runs) that scenario alone.
-        spec=lambda wc: PLAN.run_spec(wc.scenario),
+        spec=lambda wc: PLAN.run_spec(scenario_of(wc)),
     run:
         from offload_study.plan import write_scenario_files
 
@@ -33,16 +33,60 @@ rule plan_summary:
         write_json(output[0], params.summary)
 
 
+CALIBRATION_MEASURED = f"results/{PLAN.cluster['name']}/calibration.json"
+CALIBRATION_SHIPPED = f"config/calibration/{PLAN.cluster['name']}.json"
+
+
+# The cluster's calibration: what was measured on it, else the file config/calibration ships
+# for it (clusters we cannot measure now), else measure it (rule calibrate).
+CALIBRATION = (
+    CALIBRATION_SHIPPED
+    if os.path.exists(CALIBRATION_SHIPPED) and not os.path.exists(CALIBRATION_MEASURED)
+    else CALIBRATION_MEASURED
+)
+# Calibration runs once per cluster, on a node like the first run's (not per scenario).
+CALIBRATION_NODE = RESOURCES_BY_SCENARIO[SCENARIOS[0]] if SCENARIOS else {}
+CALIBRATION_THREADS = (
+    workflow.cores
+    if PLAN.cluster["scheduler"] == "local"
+    else CALIBRATION_NODE.get("cpus_per_task", 1)
+)
+
+
+rule calibrate:
+    """The cluster's own rates (matmul, host<->GPU copies, CPU Adam, disk), measured in seconds
+    on a node of it and kept for every study planned there."""
+    output:
+        CALIBRATION_MEASURED,
+    log:
+        f"results/{PLAN.cluster['name']}/logs/calibrate.log",
+    conda:
+        "../../envs/train.yaml"
+    threads: CALIBRATION_THREADS
+    resources:
+        **{**CALIBRATION_NODE, "runtime": 10},
+    params:
+        cluster=PLAN.cluster["name"],
+    shell:
+        "python -m offload_study.calibrate --cluster {params.cluster} --cores {threads}"
+        " --out {output} > {log} 2>&1"
+
+
 rule plan:
-    """Every DeepSpeed config parsed by DeepSpeed's own parser before anything trains."""
+    """Every DeepSpeed config parsed by DeepSpeed's own parser, and every scenario's memory and
+    step time predicted (plan.csv; infeasible ones are not launched), before anything trains.
+    """
     input:
         summary=rules.plan_summary.output[0],
         specs=expand(f"{RESULTS}/configs/{{scenario}}.run.json", scenario=SCENARIOS),
+        calibration=CALIBRATION,
     output:
-        f"{RESULTS}/plan.json",
+        json=f"{RESULTS}/plan.json",
+        csv=f"{RESULTS}/plan.csv",
     log:
         f"{RESULTS}/logs/plan.log",
     conda:
         "../../envs/train.yaml"
     shell:
-        "python -m offload_study.plan --plan-json {input.summary} --out {output} {input.specs} > {log} 2>&1"
+        "python -m offload_study.plan --plan-json {input.summary} --out {output.json}"
+        " --plan-csv {output.csv} --calibration {input.calibration} {input.specs} > {log} 2>&1"

@@ -1,3 +1,14 @@
+# On one machine the runs go one at a time (TRAIN_THREADS is every core) and Snakemake starts the
+# ready job of highest priority first: so they start in the study's run_order. Unlike an
+# order-only input, a priority never re-runs a finished run when the order changes (a scenario
+# added). Under SLURM the runs go to parallel allocations: no order.
+TRAIN_PRIORITY = (
+    (lambda wildcards: PLAN.run_priority(wildcards.scenario, wildcards.rep))
+    if PLAN.cluster["scheduler"] == "local"
+    else 0
+)
+
+
 rule train:
     """One scenario x repeat: a real DeepSpeed run; failures become an outcome in metrics.json."""
     input:
@@ -11,12 +22,12 @@ rule train:
         provenance=f"{RESULTS}/{{scenario}}/rep{{rep}}/provenance.json",
     log:
         f"{RESULTS}/logs/train/{{scenario}}.rep{{rep}}.log",
+    priority: TRAIN_PRIORITY
     conda:
         "../../envs/train.yaml"
-    threads: train_threads
+    threads: TRAIN_THREADS
     resources:
-        # GPUs, CPUs, memory, runtime, partition/account/... from the cluster description.
-        **resource_callables(lambda wc: PLAN.by_name[wc.scenario], PLAN.cluster),
+        **TRAIN_RESOURCES,
     params:
         outdir=subpath(output.metrics, parent=True),
     shell:

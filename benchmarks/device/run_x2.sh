@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The seed's 2-GPU study on the nvidia-h200-x2 machine (2 x H200), driven from the device `run`
+# tool, through the workflow itself (snakemake, one run record per scenario x repeat):
+#   run(kind="nvidia-h200-x2", command="bash benchmarks/device/run_x2.sh", carry=[".whl"])
+# A gas-16 step of the 7B takes tens of seconds, so the study does not fit one 10-minute call:
+# each call installs what is missing, builds the ops once per machine, then runs the records
+# still missing in QUEUE order (repeat 0 of every scenario first, so drift hits every scenario
+# alike), starting one only when its estimate fits before the deadline. Records stay on a warm
+# machine between calls, and every call packs them into $OUT; after a lost machine, unpack the
+# last results.tar.gz into the tree and carry "results" along.
+#   REPS="0 1"  repeats to run; ONLY="scenario ..."  run only these scenarios.
+#   OVERFLOW=1  also capture an fp16 overflow log (tiny model, initial loss scale 2^32) at the end.
+set -uo pipefail
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-560}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+OUT=${OUT:-$REPO/.device-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run_x2.log") 2>&1
+CORES=$(nproc)
+SITE=/tmp/site
+LOGS=/tmp/logs
+mkdir -p $LOGS
+export CORES SITE LOGS OUT
+SUMMARY=()
+NAME=run_x2
+# shellcheck source=benchmarks/device/lib.sh
+source "$REPO/benchmarks/device/lib.sh"
+
+STUDY=${STUDY:-config/studies/seed-2gpu.yaml}
+RES=results/h200-2gpu/seed-2gpu
+# scenario:estimated seconds (start-up + 2 warm-up + 3 measured steps), in run order
+EST=(zero3-2gpu:150 offload-2gpu-80gb:260 offload-opt-2gpu-80gb:220
+  offload-2gpu-80gb-gas4:150 offload-opt-2gpu-80gb-gas4:140 zero3-2gpu-80gb:150)
+REPS=${REPS:-0 1}
+
+snake() { # snake [targets...]
+  python3 -m snakemake "$@" --cores "$CORES" --scheduler greedy --keep-going \
+    --rerun-incomplete --configfile "$STUDY"
+}
+
+# A record that exists and was not cancelled (e.g. cut by an earlier call's deadline) is kept.
+done_record() {
+  local m=$1/metrics.json
+  [ -f "$m" ] && ! grep -q '"outcome": "cancelled"' "$m"
+}
+
+run_queue() {
+  local rep item scen est dir
+  for rep in $REPS; do
+    for item in "${EST[@]}"; do
+      scen=${item%%:*} est=${item##*:} dir=$RES/$scen/rep$rep
+      done_record "$dir" && continue
+      [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $scen "* ]] && continue
+      if (($(elapsed) + est + 15 > DEADLINE_S)); then
+        say "-- $scen rep$rep needs ~${est}s, $((DEADLINE_S - $(elapsed)))s left: next call"
+        continue
+      fi
+      [ -d "$dir" ] && rm -rf "$dir" # a cancelled half: redo (the archive keeps a copy)
+      timed "$scen rep$rep" $((est + 120)) snake "$dir/metrics.json"
+      pack
+    done
+  done
+}
+
+overflow_fixture() { # fp16 with an initial loss scale of 2^32: DeepSpeed skips steps on purpose
+  python3 -m snakemake plan --cores "$CORES" --scheduler greedy \
+    --configfile config/studies/default-gpu.yaml --config cluster=h200-2gpu >"$LOGS/overflow_plan.log" 2>&1
+  python3 - <<'PY'
+import json
+base = "results/h200-2gpu/default-gpu/configs/zero3"
+spec, ds = json.load(open(base + ".run.json")), json.load(open(base + ".json"))
+ds.pop("bf16", None)
+ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 32}
+json.dump(ds, open("/tmp/overflow.json", "w"), indent=1)
+spec.update(dtype="fp16", steps=4, warmup_steps=0, scenario="fp16-overflow", ds_config="/tmp/overflow.json")
+json.dump(spec, open("/tmp/overflow.run.json", "w"), indent=1)
+PY
+  python3 -m offload_study.runner --spec /tmp/overflow.run.json --repeat 0 --outdir /tmp/overflow/rep0
+  grep -h "OVERFLOW\|loss scale" /tmp/overflow/rep0/logs/rank0.log | head -20
+}
+
+pack() {
+  tar -czhf "$OUT/results.tar.gz" $(ls -d "$RES" .snakemake/log 2>/dev/null)
+  tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d overflow 2>/dev/null)
+}
+
+summary() {
+  echo
+  echo "==================== summary ($(elapsed) s) ===================="
+  printf '%s\n' "${SUMMARY[@]}"
+  [ -d "$RES" ] && table "$RES"
+  pack
+}
+trap summary EXIT
+export -f elapsed say left versions build_ops snake overflow_fixture
+export T0 DEADLINE_S STUDY CORES
+
+# Records and Snakemake's state live outside the carried tree, so that carrying the tree again
+# (a later call) never replaces what an earlier call measured on this machine.
+keep_outside() {
+  local d
+  for d in results .snakemake; do
+    [ -L $d ] && continue
+    mkdir -p /tmp/x2/$d
+    [ -d $d ] && cp -a $d/. /tmp/x2/$d/ && rm -rf $d
+    ln -s /tmp/x2/$d $d
+  done
+}
+
+keep_outside
+setup
+timed versions 60 versions
+timed ops 240 build_ops cpu_adam fused_adam
+timed plan 120 snake "$RES/plan.json"
+run_queue
+if [ "${OVERFLOW:-0}" = 1 ] && (($(elapsed) + 90 < DEADLINE_S)); then
+  timed overflow 90 overflow_fixture
+fi

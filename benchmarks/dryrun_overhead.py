@@ -1,0 +1,142 @@
+"""What the workflow adds to Snakemake's own dry-run time, and how planning scales with sweeps.
+
+    python benchmarks/dryrun_overhead.py [--runs 1000] [--repeats 3] [--sizes 4 100 1000]
+
+1. `snakemake -n --forceall` of the default study (config/config.yaml) with its scenarios swept
+   to `--runs` runs in total, against the same dry run of a trivial workflow of `--runs` jobs
+   (one rule: one output, no params, no resources) made in a temp folder; also, for reference,
+   a trivial workflow with as many jobs as the study's dry run plans (each run is two jobs:
+   deepspeed_config and train). Each is run `--repeats` times, interleaved so drifting machine
+   load hits all alike; prints every wall time, the medians (and the CPU time the dry runs
+   used, which moves less with other work on a shared machine) and the ratio study / trivial
+   of the wall-time medians against the target (at most 2x).
+2. With `--sizes`: in-process `Plan()` time per study size (the planner's share of a dry run).
+
+Exit status 0 whether or not the target is met (a benchmark prints numbers, it does not judge);
+1 when a dry run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from offload_study.plan import Plan
+from offload_study.study import REPO_ROOT
+
+TARGET_RATIO = 2.0
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-n", "--forceall"]
+
+TRIVIAL_SNAKEFILE = """\
+rule all:
+    input:
+        expand("out/{i}.txt", i=range(JOBS)),
+
+
+rule one:
+    output:
+        "out/{i}.txt",
+    shell:
+        "touch {output}"
+"""
+
+
+def study_with_runs(runs: int) -> dict:
+    """The default study, each scenario swept over runs/scenarios values of one ZeRO knob."""
+    study = yaml.safe_load((REPO_ROOT / "config/config.yaml").read_text())
+    study["study"] = f"bench-dryrun-{runs}"
+    per_scenario = max(1, runs // len(study["scenarios"]))
+    values = [int(5e7) * (i + 1) for i in range(per_scenario)]
+    for scenario in study["scenarios"]:
+        scenario["sweep"] = {"reduce_bucket_size": values}
+    return study
+
+
+def warn_if_slurm_is_configured_but_down() -> None:
+    """Every snakemake command waits ~9 s then (see the script): the numbers would mean nothing."""
+    subprocess.run(["bash", REPO_ROOT / "scripts/warn-slurm-without-controller.sh"], check=False)
+
+
+def child_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def dry_run(cwd: Path, *args: str) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, stdout) of one dry run; exits when it fails. CPU time is
+    shown beside wall time: on a shared machine it moves less with the other work."""
+    cpu, start = child_cpu_seconds(), time.perf_counter()
+    result = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - start, child_cpu_seconds() - cpu
+    if result.returncode:
+        sys.exit(f"dry run failed in {cwd}:\n{result.stderr[-3000:]}")
+    return wall, cpu, result.stdout
+
+
+def trivial_workflow(folder: Path, jobs: int) -> Path:
+    folder.mkdir()
+    (folder / "Snakefile").write_text(TRIVIAL_SNAKEFILE.replace("JOBS", str(jobs)))
+    return folder
+
+
+def compare_dry_runs(runs: int, repeats: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="dryrun-bench-") as tmp:
+        study = Path(tmp, "study.yaml")
+        study.write_text(yaml.safe_dump(study_with_runs(runs), sort_keys=False))
+        cases = {f"{runs}-run study": (REPO_ROOT, "--configfile", str(study))}
+        *_, planned = dry_run(*cases[f"{runs}-run study"])
+        jobs = int(re.search(r"^total\s+(\d+)", planned, re.M)[1])
+        cases[f"trivial, {runs} jobs"] = (trivial_workflow(Path(tmp, "trivial"), runs),)
+        cases[f"trivial, {jobs} jobs"] = (trivial_workflow(Path(tmp, "same-jobs"), jobs),)
+        walls, cpus = {name: [] for name in cases}, {name: [] for name in cases}
+        for _ in range(repeats):
+            for name, args in cases.items():
+                wall, cpu, _ = dry_run(*args)
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+    wall, cpu = ({n: statistics.median(t) for n, t in d.items()} for d in (walls, cpus))
+    for name, seconds in walls.items():
+        each = "  ".join(f"{t:5.2f}" for t in seconds)
+        print(f"{name:>24}: wall {each}  median {wall[name]:5.2f} s  (CPU {cpu[name]:5.2f} s)")
+    study, trivial = f"{runs}-run study", f"trivial, {runs} jobs"
+    ratio = wall[study] / wall[trivial]
+    verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
+    print(
+        f"{'study / trivial':>24}: {ratio:.2f}x wall (target <= {TARGET_RATIO:g}x: {verdict}),"
+        f" {cpu[study] / cpu[trivial]:.2f}x CPU"
+    )
+
+
+def plan_scaling(sizes: list[int]) -> None:
+    print(f"{'runs':>6} {'Plan() s':>9}")
+    for size in sizes:
+        study = study_with_runs(size)
+        start = time.perf_counter()
+        plan = Plan(study)
+        print(f"{len(plan.scenarios):>6} {time.perf_counter() - start:>9.3f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[])
+    args = parser.parse_args()
+    warn_if_slurm_is_configured_but_down()
+    compare_dry_runs(args.runs, args.repeats)
+    if args.sizes:
+        plan_scaling(args.sizes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

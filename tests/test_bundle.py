@@ -1,0 +1,299 @@
+"""Bundles of real CPU runs on two "clusters": made, checked, refused when tampered or unsafe.
+
+The session fixture :func:`cross_cluster` runs one tiny study on two CPU "clusters" that differ
+in the cores granted to each run (2 against 1) through the real pipeline pieces: the planner
+(run specs, DeepSpeed configs, plan.json), the runner (a real ZeRO-3 run each), collect, the
+report and the bundle CLI. test_compare, test_check and test_site import it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SMALL_LLAMA
+
+from offload_study import bundle, collect, compare, contracts
+from offload_study import report as R
+from offload_study.plan import Plan, write_scenario_files
+
+STUDY = "xc"
+#: cluster -> cores granted to each of its runs (what makes the two clusters differ)
+CORES = {"cpu-a": 2, "cpu-b": 1}
+SCENARIOS = [
+    {"name": "zero3", "label": "ZeRO-3, no offload", "gpus_per_node": 1, "cpu_mem_gb": 8},
+    {"name": "offload-opt", "label": "ZeRO-3 + CPU optimizer offload", "gpus_per_node": 1,
+     "cpu_mem_gb": 8, "offload_optimizer": "cpu"},
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CrossCluster:
+    root: Path  # the working tree the runs were made in (results/, reports/)
+    bundles: dict[str, Path]  # cluster -> its bundle
+
+
+def study_config(cluster: str) -> dict:
+    return {
+        "study": STUDY, "cluster": cluster, "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64, "dtype": "bf16", "global_batch": 4, "micro_batch": 2,
+        "gradient_checkpointing": False, "steps": 3, "warmup_steps": 1, "repeats": 1,
+        "timeout_min": 5, "scenarios": SCENARIOS,
+    }  # fmt: skip
+
+
+def write_clusters(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, cores in CORES.items():
+        description = f"CPU test cluster granting {cores} core(s) per run"
+        cluster = {"name": name, "description": description, "accelerator": "cpu",
+                   "gpus_per_node": 2, "cpu_cores_per_node": cores}  # fmt: skip
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(cluster))
+    return folder
+
+
+def run_study(root: Path, cluster: str, cluster_dir: Path) -> Path:
+    """Plan, run, collect and report the study on ``cluster`` as the rules do; bundle it."""
+    plan = Plan(study_config(cluster), cluster_dir=cluster_dir, source="test study")
+    results = root / plan.results_dir
+    paths = []
+    for scenario in plan.scenarios:
+        spec, ds_config = (results / "configs" / f"{scenario}{s}" for s in (".run.json", ".json"))
+        write_scenario_files(plan.run_spec(scenario), str(ds_config), str(spec))
+        outdir = results / scenario / "rep0"
+        cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec), "--repeat", "0",
+               "--outdir", str(outdir), "--cores", str(CORES[cluster])]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        paths.append(outdir / contracts.METRICS_FILE)
+    contracts.write_json(results / "plan.json", plan.summary())
+    tables = {k: str(results / k) for k in ("runs.csv", "runs.parquet", "summary.csv")}
+    assert collect.main(["--baseline", plan.baseline, "--runs-csv", tables["runs.csv"],
+                         "--runs-parquet", tables["runs.parquet"], "--summary-csv",
+                         tables["summary.csv"], *map(str, paths)]) == 0  # fmt: skip
+    report = root / bundle.report_path(STUDY)
+    assert R.main(["--runs", tables["runs.csv"], "--summary", tables["summary.csv"],
+                   "--plan", str(results / "plan.json"), "--out", str(report),
+                   "--figures-dir", str(report.parent / "figures")]) == 0  # fmt: skip
+    out = root / "bundles" / f"{bundle.bundle_name(STUDY, cluster)}{bundle.SUFFIX}"
+    assert bundle.main(["create", "--root", str(root), "--cluster", cluster, "--study", STUDY,
+                        "--report", str(report), "--out", str(out)]) == 0  # fmt: skip
+    return out
+
+
+_MADE: dict[str, CrossCluster] = {}
+
+
+@pytest.fixture(scope="session")
+def cross_cluster(tmp_path_factory) -> CrossCluster:
+    """Four real CPU runs (2 scenarios x 2 clusters), bundled; shared by the bundle tests.
+
+    Made once per session: each module that imports this fixture is, to pytest, a fixture of its
+    own, so the runs are kept here (the test_bundle module is imported once).
+    """
+    if not _MADE:
+        root = tmp_path_factory.mktemp("cross-cluster")
+        clusters = write_clusters(root / "clusters")
+        _MADE["runs"] = CrossCluster(root, {n: run_study(root, n, clusters) for n in CORES})
+    return _MADE["runs"]
+
+
+# --------------------------------------------------------------------------- helpers
+def members(path: Path) -> dict[str, bytes]:
+    """name -> bytes of every file member of a bundle (test side: read without the checks)."""
+    with tarfile.open(path, "r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def rewrite(src: Path, dst: Path, change) -> Path:
+    """A copy of bundle ``src`` whose members go through ``change(tar_out, info, data)``."""
+    with tarfile.open(src, "r:gz") as tin, tarfile.open(dst, "w:gz") as tout:
+        for info in tin.getmembers():
+            data = tin.extractfile(info).read() if info.isfile() else None
+            change(tout, info, data)
+    return dst
+
+
+def keep(tout, info, data) -> None:
+    tout.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def refused(path: Path, tmp_path: Path, **limits) -> str:
+    into = tmp_path / "into"
+    with pytest.raises(bundle.BundleError) as err:
+        bundle.extract(path, into, bundle.Limits(**limits) if limits else bundle.LIMITS)
+    assert not into.exists(), "a refused bundle left files behind"
+    return str(err.value)
+
+
+# --------------------------------------------------------------------------- tests
+@pytest.mark.slow
+def test_bundle_carries_records_logs_configs_report_and_manifest(cross_cluster, tmp_path):
+    path = cross_cluster.bundles["cpu-a"]
+    names = members(path)
+    top = bundle.bundle_name(STUDY, "cpu-a")
+    assert {n.split("/")[0] for n in names} == {top}
+    rel = {n.removeprefix(top + "/") for n in names}
+    study = bundle.study_dir("cpu-a", STUDY)
+    for scenario in ("zero3", "offload-opt"):
+        for f in ("metrics.json", "steps.csv", "provenance.json", "logs/launcher.log",
+                  "logs/rank0.log"):  # fmt: skip
+            assert f"{study}/{scenario}/rep0/{f}" in rel
+        assert f"{study}/configs/{scenario}.json" in rel
+    assert {f"{study}/plan.json", f"{study}/summary.csv", f"{study}/runs.csv",
+            bundle.report_path(STUDY), bundle.MANIFEST} <= rel  # fmt: skip
+    assert not any("/archive/" in n for n in rel), "superseded-record archive is not bundled"
+    manifest = json.loads(names[f"{top}/{bundle.MANIFEST}"])
+    assert set(manifest["members"]) == rel - {bundle.MANIFEST}
+    m = manifest["members"][f"{study}/zero3/rep0/metrics.json"]
+    assert m["sha256"] == contracts.sha256_file(
+        cross_cluster.root / study / "zero3/rep0/metrics.json"
+    )
+
+
+@pytest.mark.slow
+def test_extracted_bundle_reads_like_the_working_tree(cross_cluster, tmp_path):
+    b = bundle.extract(cross_cluster.bundles["cpu-b"], tmp_path / "x")
+    assert (b.manifest.study, b.manifest.cluster) == (STUDY, "cpu-b")
+    assert b.sha256 == contracts.sha256_file(cross_cluster.bundles["cpu-b"])
+    rec = b.study_dir / "offload-opt" / "rep0"
+    assert collect.read_record(rec / "metrics.json")["outcome"] == "ok"
+    assert collect.read_provenance(rec)["cores_granted"] == 1
+    assert b.report.read_text().startswith("<!DOCTYPE html>")
+    cli = subprocess.run([sys.executable, "-m", "offload_study.bundle", "verify",
+                          *map(str, cross_cluster.bundles.values())],
+                         capture_output=True, text=True)  # fmt: skip
+    assert cli.returncode == 0 and cli.stdout.count("bundle: ok") == 2, cli.stdout
+
+
+@pytest.mark.slow
+def test_tampered_member_is_refused_naming_it(cross_cluster, tmp_path):
+    def edit(tout, info, data):
+        if info.name.endswith("zero3/rep0/metrics.json"):
+            m = json.loads(data)
+            m["tokens_per_s"] *= 10  # a better number than was measured
+            data = json.dumps(m).encode()
+            info.size = len(data)
+        keep(tout, info, data)
+
+    bad = rewrite(cross_cluster.bundles["cpu-a"], tmp_path / "bad.tar.gz", edit)
+    msg = refused(bad, tmp_path)
+    assert "zero3/rep0/metrics.json" in msg and "sha256" in msg
+
+
+@pytest.mark.slow
+def test_member_added_or_removed_after_bundling_is_refused(cross_cluster, tmp_path):
+    top = bundle.bundle_name(STUDY, "cpu-a")
+    study = bundle.study_dir("cpu-a", STUDY)
+
+    def add(tout, info, data):
+        keep(tout, info, data)
+        if info.name.endswith("plan.json"):
+            extra = tarfile.TarInfo(f"{top}/{study}/zero3/rep0/extra.json")
+            extra.size = 2
+            tout.addfile(extra, io.BytesIO(b"{}"))
+
+    msg = refused(rewrite(cross_cluster.bundles["cpu-a"], tmp_path / "add.tar.gz", add), tmp_path)
+    assert "extra.json" in msg and "not in the manifest" in msg
+
+    def drop(tout, info, data):
+        if not info.name.endswith("offload-opt/rep0/steps.csv"):
+            keep(tout, info, data)
+
+    msg = refused(rewrite(cross_cluster.bundles["cpu-a"], tmp_path / "drop.tar.gz", drop), tmp_path)
+    assert "offload-opt/rep0/steps.csv" in msg and "not the bundle" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    ["../evil.txt", "/etc/evil.txt", "{top}/../../evil.txt", "{top}/results/./x", "{top}//x"],
+)
+def test_path_traversal_member_is_refused(cross_cluster, tmp_path, name):
+    top = bundle.bundle_name(STUDY, "cpu-a")
+    name = name.format(top=top)
+
+    def inject(tout, info, data):
+        keep(tout, info, data)
+        if info.name.endswith(bundle.MANIFEST):
+            evil = tarfile.TarInfo(name)
+            evil.size = 4
+            tout.addfile(evil, io.BytesIO(b"evil"))
+
+    bad = rewrite(cross_cluster.bundles["cpu-a"], tmp_path / "evil.tar.gz", inject)
+    msg = refused(bad, tmp_path)
+    assert repr(name) in msg or repr(name.rstrip("/")) in msg
+    assert not list(tmp_path.rglob("evil.txt")) and not Path("/etc/evil.txt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE])
+def test_links_and_special_members_are_refused(cross_cluster, tmp_path, kind):
+    top = bundle.bundle_name(STUDY, "cpu-a")
+
+    def inject(tout, info, data):
+        if info.name.endswith("zero3/rep0/steps.csv"):  # replaced by a link to a host file
+            info = tarfile.TarInfo(info.name)
+            info.type, info.linkname = kind, "/etc/passwd"
+            data = None
+        keep(tout, info, data)
+
+    msg = refused(rewrite(cross_cluster.bundles["cpu-a"], tmp_path / "l.tar.gz", inject), tmp_path)
+    assert f"{top}/" in msg and "plain files only" in msg
+
+
+@pytest.mark.slow
+def test_size_limits_refuse_a_bundle_before_filling_the_disk(cross_cluster, tmp_path):
+    path = cross_cluster.bundles["cpu-a"]
+    assert "larger than 1000 bytes" in refused(path, tmp_path, member_bytes=1000)
+    assert "more than 20000 bytes" in refused(path, tmp_path, total_bytes=20_000)
+    assert "more than 3 members" in refused(path, tmp_path, members=3)
+
+
+def test_not_a_bundle_is_refused_with_one_clear_error(tmp_path):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not a tar at all")
+    assert "not a readable bundle" in refused(junk, tmp_path)
+    plain = tmp_path / "plain.tar.gz"
+    with tarfile.open(plain, "w:gz") as tar:
+        info = tarfile.TarInfo("x--y/readme.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    assert "no x--y/manifest.json" in refused(plain, tmp_path)
+    assert "bundle not found" in refused(tmp_path / "absent.tar.gz", tmp_path)
+
+
+def test_a_study_without_plan_is_not_bundled(tmp_path):
+    (tmp_path / "results" / "c" / "s").mkdir(parents=True)
+    with pytest.raises(bundle.BundleError, match="no plan.json"):
+        bundle.create(tmp_path, "c", "s", tmp_path / "b.tar.gz")
+
+
+def test_a_plan_whose_names_would_leave_the_bundle_is_refused(tmp_path):
+    """Scenario names of a bundle's plan.json become paths when it is read: plain names only."""
+    study = tmp_path / bundle.study_dir("c", "s")
+    study.mkdir(parents=True)
+    for bad, why in (
+        ("../../../etc", "scenario name '../../../etc'"),
+        ("..", "scenario name '..'"),
+    ):
+        contracts.write_json(study / "plan.json", {"scenarios": [{"name": bad}], "repeats": 1})
+        bundle.create(tmp_path, "c", "s", tmp_path / "b.tar.gz")
+        with bundle.opened([tmp_path / "b.tar.gz"]) as (b,):
+            with pytest.raises(bundle.BundleError, match=re.escape(why)):
+                compare.load_side(b, "c")
+    with pytest.raises(bundle.BundleError, match="'..' is not a valid name"):
+        bundle.Manifest.from_dict({**_manifest_fields(), "study": ".."}, "m")
+
+
+def _manifest_fields() -> dict:
+    return {"bundle_version": 1, "study": "s", "cluster": "c", "created_at": "now",
+            "created_by": {}, "report": None, "calibration": None, "members": {}}  # fmt: skip

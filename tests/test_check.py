@@ -1,0 +1,161 @@
+"""`check`: measured numbers of real runs against references, pass and fail as they should."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_bundle import STUDY, cross_cluster  # noqa: F401 - the session fixture
+
+from offload_study import bundle, check, collect, contracts
+from offload_study.plan import Plan
+from offload_study.report.views import Row
+from offload_study.study import REPO_ROOT, StudyError
+
+
+def study_files(cross_cluster, cluster: str = "cpu-a") -> tuple[Path, Path]:  # noqa: F811
+    """(summary.csv, plan.json) of the study on ``cluster``: what the check rule gets."""
+    folder = cross_cluster.root / bundle.study_dir(cluster, STUDY)
+    return folder / "summary.csv", folder / "plan.json"
+
+
+def measured(cross_cluster, scenario: str, metric: str, cluster: str = "cpu-a") -> float:  # noqa: F811
+    summary = collect.read_table(study_files(cross_cluster, cluster)[0])
+    return float(summary.loc[summary["scenario"] == scenario, metric].item())
+
+
+def write_refs(folder: Path, refs: list[dict], name: str = "refs", study: str = STUDY) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump({"study": study, "references": refs}))
+    return folder
+
+
+def run_check(cross_cluster, refs: Path, *extra: str) -> subprocess.CompletedProcess:  # noqa: F811
+    summary, plan = study_files(cross_cluster)
+    cmd = [sys.executable, "-m", "offload_study.check", "--summary", str(summary),
+           "--plan", str(plan), "--references", str(refs), *extra]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_check_passes_within_the_reference_band(cross_cluster, tmp_path):  # noqa: F811
+    rel = measured(cross_cluster, "offload-opt", "relative_speed")
+    tps = measured(cross_cluster, "zero3", "tokens_per_s")
+    refs = write_refs(tmp_path / "refs", [
+        {"scenario": "offload-opt", "value": rel * 1.05, "lower": -0.2, "upper": 0.2},
+        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "cluster": "cpu-a"},
+    ])  # fmt: skip
+    res = run_check(cross_cluster, refs, "--out", str(tmp_path / "check.json"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS         offload-opt: relative_speed" in res.stdout
+    assert "PASS         zero3: tokens_per_s" in res.stdout
+    assert res.stdout.strip().endswith("2 pass, 0 fail, 0 missing, 0 no reference -> ok")
+    saved = contracts.read_json(tmp_path / "check.json")
+    assert saved["passed"] and [v["status"] for v in saved["verdicts"]] == ["pass", "pass"]
+
+
+@pytest.mark.slow
+def test_check_fails_outside_the_band_and_names_the_scenario(cross_cluster, tmp_path):  # noqa: F811
+    tps = measured(cross_cluster, "offload-opt", "tokens_per_s")
+    refs = write_refs(tmp_path / "refs", [
+        # the cluster ran at a third of what it used to: a regression
+        {"scenario": "offload-opt", "metric": "tokens_per_s", "value": 3 * tps},
+    ])  # fmt: skip
+    res = run_check(cross_cluster, refs)
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.strip().startswith("FAIL"))
+    assert "offload-opt: tokens_per_s" in line and "-66.7% of the reference, below its band" in line
+    assert "NO REFERENCE zero3" in res.stdout and "-> FAILED" in res.stdout
+    above = write_refs(tmp_path / "above", [
+        {"scenario": "offload-opt", "metric": "tokens_per_s", "value": tps / 3, "upper": 0.5},
+    ])  # fmt: skip
+    res = run_check(cross_cluster, above)
+    assert res.returncode == 1 and "+200.0% of the reference, above its band" in res.stdout
+
+
+@pytest.mark.slow
+def test_most_specific_reference_wins(cross_cluster, tmp_path):  # noqa: F811
+    summary, plan = study_files(cross_cluster)
+    tps = measured(cross_cluster, "zero3", "tokens_per_s")
+    device = collect.read_table(summary)["device_name"].dropna().iloc[0]
+    refs = check.load_references(write_refs(tmp_path / "refs", [
+        {"scenario": "zero3", "metric": "tokens_per_s", "value": 100 * tps},  # any cluster
+        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "gpu_model": device},
+        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps / 100, "cluster": "cpu-b"},
+    ]))  # fmt: skip
+    found = check.verdicts(collect.read_table(summary), contracts.read_json(plan), refs)
+    zero3 = [v for v in found if v.scenario == "zero3"]
+    assert [(v.status, v.reference.gpu_model) for v in zero3] == [("pass", device)]
+    other = [r for r in refs if r.gpu_model is None and r.cluster is None]
+    (v,) = [v for v in check.verdicts(collect.read_table(summary), contracts.read_json(plan), other)
+            if v.scenario == "zero3"]  # fmt: skip
+    assert v.status == "fail"
+
+
+@pytest.mark.slow
+def test_a_bundle_is_checked_like_the_local_study(cross_cluster, tmp_path):  # noqa: F811
+    rel = measured(cross_cluster, "offload-opt", "relative_speed", "cpu-b")
+    refs = write_refs(tmp_path / "refs", [
+        {"scenario": "offload-opt", "value": rel, "cluster": "cpu-b"},
+        {"scenario": "no-such-scenario", "value": 1.0},
+    ])  # fmt: skip
+    cmd = [sys.executable, "-m", "offload_study.check", "--bundle",
+           str(cross_cluster.bundles["cpu-b"]), "--references", str(refs)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr  # the reference nobody can meet
+    assert "PASS         offload-opt: relative_speed" in res.stdout
+    assert "MISSING      no-such-scenario" in res.stdout and "does not have" in res.stdout
+
+
+@pytest.mark.slow
+def test_every_reference_metric_is_a_summary_column(cross_cluster):  # noqa: F811
+    summary = collect.read_table(study_files(cross_cluster)[0])
+    assert set(check.METRICS) <= set(summary.columns)
+
+
+def test_a_bad_reference_file_is_one_clear_error(tmp_path):
+    refs = write_refs(tmp_path / "refs", [{"scenario": "zero3", "value": 1.0, "tolerance": 0.1}])
+    with pytest.raises(StudyError, match=r"refs\.yaml: references\[0\]\.tolerance: unknown key"):
+        check.load_references(refs)
+    refs = write_refs(tmp_path / "neg", [{"scenario": "zero3", "value": 1.0, "lower": 0.1}])
+    with pytest.raises(StudyError, match=r"references\[0\]\.lower"):
+        check.load_references(refs)
+    twice = write_refs(tmp_path / "twice", [{"scenario": "zero3", "value": 1.0}])
+    write_refs(twice, [{"scenario": "zero3", "value": 2.0}], name="again")
+    with pytest.raises(StudyError, match="also given in"):
+        check.load_references(twice)
+    res = subprocess.run([sys.executable, "-m", "offload_study.check", "--summary", "x.csv",
+                          "--plan", "p.json", "--references", str(refs)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2 and "references[0].lower" in res.stdout
+
+
+def test_shipped_references_name_scenarios_of_their_study():
+    """config/references/*.yaml load, and each names scenarios its study really has."""
+    refs = check.load_references()
+    assert refs, "the seed's table ships as a reference"
+    studies = {}
+    for path in sorted((REPO_ROOT / "config" / "studies").glob("*.yaml")):
+        studies[yaml.safe_load(path.read_text())["study"]] = path
+    for ref in refs:
+        plan = Plan(str(studies[ref.study]))
+        assert ref.scenario in plan.scenarios, (ref.file, ref.scenario)
+    seed = {r.scenario: r.value for r in refs if r.study == "seed"}
+    assert seed == {"zero3-8gpu-40gb": 1.0, "offload-4gpu-40gb": 0.35, "offload-2gpu-80gb": 0.2}
+
+
+def test_judge_is_pure_over_a_summary_row():
+    ref = check.Reference(file="f.yaml", study="s", scenario="a", metric="relative_speed",
+                          value=0.35, lower=-0.25, upper=0.25, cluster=None, gpu_model=None,
+                          note="seed", source="seed")  # fmt: skip
+    row = Row
+    assert check.judge("a", row(relative_speed=0.30), ref).status == check.PASS
+    assert check.judge("a", row(relative_speed=0.25), ref).status == check.FAIL
+    assert check.judge("a", row(relative_speed=0.44), ref).status == check.FAIL
+    missing = check.judge("a", row(relative_speed=None, outcomes="gpu_oom:1"), ref)
+    assert missing.status == check.MISSING and "gpu_oom:1" in missing.message
+    flagged = check.judge("a", row(relative_speed=0.36, flags="ci-target-missed"), ref)
+    assert flagged.status == check.PASS and "flagged: ci-target-missed" in flagged.message

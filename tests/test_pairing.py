@@ -1,0 +1,124 @@
+"""Paired relative speed: each scenario against the no-offload scenario with its settings, run
+for run (records written by test_collect's helper)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from test_collect import make_record, run_collect_cli
+
+from offload_study import collect as C
+
+DRIFT = (1.0, 0.7, 1.3)  # the machine's speed at repeat k: both scenarios of a pair feel it
+
+
+def drifting_pair(root, offload_speed: float = 500.0, base_speed: float = 1000.0) -> list:
+    """A no-offload scenario and its offload twin (same settings), 3 repeats each, run k of
+    both slowed alike by the machine's drift."""
+    paths = []
+    for k, drift in enumerate(DRIFT):
+        paths.append(make_record(root, "base", k, tokens_per_s=base_speed * drift, seed=k))
+        paths.append(make_record(root, "off", k, tokens_per_s=offload_speed * drift,
+                                 offload_optimizer="cpu", seed=10 + k))  # fmt: skip
+    return paths
+
+
+def by_name(summary: pd.DataFrame) -> pd.DataFrame:
+    return summary.set_index("scenario")
+
+
+def test_paired_ratio_cancels_drift_that_the_unpaired_ratio_carries(tmp_path):
+    _, s = C.collect(drifting_pair(tmp_path), n_boot=1000)
+    off = by_name(s).loc["off"]
+    assert (off["pair"], off["pair_kind"], off["paired_repeats"]) == ("base", "same-settings", 3)
+    assert off["paired_ratio"] == pytest.approx(0.5, rel=0.02)
+    lo, hi = off["paired_ratio_ci_low"], off["paired_ratio_ci_high"]
+    assert lo <= 0.5 <= hi
+    paired_width = hi - lo
+    unpaired_width = off["relative_speed_ci_high"] - off["relative_speed_ci_low"]
+    assert paired_width < unpaired_width / 3, (paired_width, unpaired_width)
+    assert "3 pair(s) by repeat" in off["pair_note"]
+
+
+def test_a_no_offload_scenario_is_its_own_reference(tmp_path):
+    _, s = C.collect(drifting_pair(tmp_path), n_boot=200)
+    base = by_name(s).loc["base"]
+    assert (base["pair"], base["pair_kind"], base["paired_ratio"]) == ("base", "self", 1.0)
+
+
+def test_repeats_pair_by_index_and_unmatched_ones_are_left_out(tmp_path):
+    paths = drifting_pair(tmp_path)
+    make_record(tmp_path, "base", 1, outcome="gpu_oom")  # rep 1 of the pair failed
+    paths.append(make_record(tmp_path, "off", 3, tokens_per_s=500, offload_optimizer="cpu"))
+    _, s = C.collect(paths, n_boot=300)
+    off = by_name(s).loc["off"]
+    assert off["paired_repeats"] == 2  # rep 0 and 2; rep 1 and 3 have no ok partner
+    assert "rep 1, 3 ok in only one of the two" in off["pair_note"]
+    assert off["paired_ratio"] == pytest.approx(0.5, rel=0.02)
+
+
+def test_no_repeat_in_common_gives_no_ratio_and_says_why(tmp_path):
+    paths = [make_record(tmp_path, "base", 0), make_record(tmp_path, "base", 1, outcome="timeout"),
+             make_record(tmp_path, "off", 0, outcome="timeout", offload_optimizer="cpu"),
+             make_record(tmp_path, "off", 1, offload_optimizer="cpu")]  # fmt: skip
+    _, s = C.collect(paths, n_boot=100)
+    off = by_name(s).loc["off"]
+    assert off["pair"] == "base" and math.isnan(off["paired_ratio"])
+    assert "0 pair(s) by repeat" in off["pair_note"]
+
+
+def test_other_settings_fall_back_to_the_study_baseline_with_the_reason(tmp_path):
+    paths = [
+        make_record(tmp_path, "base", gas=4),
+        make_record(tmp_path, "off-gas8", gas=8, offload_optimizer="cpu", tokens_per_s=600),
+        make_record(tmp_path, "off-2gpu", world_size=2, gpus_per_node=2, offload_param="cpu"),
+    ]
+    _, s = C.collect(paths, n_boot=100)
+    for name in ("off-gas8", "off-2gpu"):
+        row = by_name(s).loc[name]
+        assert (row["pair"], row["pair_kind"]) == ("base", "study baseline")
+        assert "no scenario without offload has its GPUs, micro-batch and gas" in row["pair_note"]
+    assert by_name(s).loc["off-gas8", "paired_ratio"] == pytest.approx(0.6, rel=0.05)
+
+
+def test_a_failed_same_settings_pair_is_named_and_the_baseline_stands_in(tmp_path):
+    paths = [
+        make_record(tmp_path, "base", gas=1),
+        make_record(tmp_path, "nooff-gas8", gas=8, outcome="gpu_oom"),
+        make_record(tmp_path, "off-gas8", gas=8, offload_optimizer="cpu"),
+    ]
+    _, s = C.collect(paths, n_boot=100)
+    row = by_name(s).loc["off-gas8"]
+    assert (row["pair"], row["pair_kind"]) == ("base", "study baseline")
+    assert "its no-offload pair 'nooff-gas8' has no ok run (gpu_oom:1)" in row["pair_note"]
+
+
+def test_no_pair_at_all(tmp_path):
+    paths = [make_record(tmp_path, "off", offload_optimizer="cpu")]
+    _, s = C.collect(paths, n_boot=100)
+    row = by_name(s).loc["off"]
+    assert row["pair_kind"] == "none" and pd.isna(row["pair"]) and math.isnan(row["paired_ratio"])
+    assert "no other study baseline with an ok run" in row["pair_note"]
+
+
+def test_the_pair_with_the_same_card_is_preferred(tmp_path):
+    paths = [
+        make_record(tmp_path, "base-80", gpu_mem_gb=80),
+        make_record(tmp_path, "base-40", gpu_mem_gb=40, tokens_per_s=900),
+        make_record(tmp_path, "off-40", gpu_mem_gb=40, offload_optimizer="cpu", tokens_per_s=450),
+    ]
+    _, s = C.collect(paths, n_boot=100)
+    row = by_name(s).loc["off-40"]
+    assert row["pair"] == "base-40" and row["paired_ratio"] == pytest.approx(0.5, rel=0.05)
+
+
+def test_summary_csv_carries_the_pair_columns(tmp_path):
+    out = tmp_path / "out"
+    assert run_collect_cli(drifting_pair(tmp_path), out, n_boot=100) == 0
+    s = pd.read_csv(out / "summary.csv").set_index("scenario")
+    assert set(C.PAIR_COLUMNS) <= set(s.columns)
+    assert set(s["pair_kind"]) <= set(C.PAIR_KINDS)
+    assert s.loc["off", "pair"] == "base"
+    assert s.loc["off", "relative_speed"] == pytest.approx(0.5, rel=0.05)  # study baseline too

@@ -1,0 +1,334 @@
+"""Predictions before anything runs: the memory and step-time model on hand-computed cases and
+on the committed H200 records, the feasibility gate (plan.csv and a real runner call that
+launches nothing), plan.csv of shipped studies, and the report's predicted section."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pandas as pd
+import pytest
+from conftest import make_spec
+
+from offload_study import collect, contracts, dsconfig, predict, presets
+from offload_study.contracts import Calibration, read_calibration, read_json
+from offload_study.plan import Plan, write_scenario_files
+from offload_study.plan import main as plan_main
+from offload_study.report.predicted import predicted_view
+from offload_study.study import REPO_ROOT, load_study
+
+GIB = 2**30
+H200 = {"name": "g", "accelerator": "cuda", "gpus_per_node": 8, "gpu_mem_gb": 141,
+        "gpu_model": "NVIDIA H200", "nvme_path": "/tmp/nvme", "nvme_capacity_gb": 100}  # fmt: skip
+#: A Llama small enough to count by hand: P = 2 x 1000 x 64 + 2 x (4 x 64^2 + 3 x 64 x 128
+#: + 2 x 64) + 64 = 128,000 + 2 x 41,088 + 64 = 210,240 parameters.
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+         "vocab_size": 1000, "max_position_embeddings": 128}  # fmt: skip
+P = 210_240
+CAL = Calibration(cluster="g", accelerator="cuda", source="test", matmul_tflops=100.0,
+                  matmul_dtype="bf16", cpu_adam_params_per_s=1e9, cpu_adam_threads=16,
+                  h2d_gb_s=50.0, d2h_gb_s=50.0, pageable_h2d_gb_s=10.0, disk_read_gb_s=1.0,
+                  disk_write_gb_s=2.0, interconnect_gb_s=100.0)  # fmt: skip
+
+
+def gpu_spec(scenario=None, **study):
+    """A one-scenario study on the 8-GPU test cluster with LLAMA, micro-batch 2, seq 64,
+    gradient checkpointing."""
+    scenario = {"gpus_per_node": 1, "gradient_accumulation_steps": 1, **(scenario or {})}
+    study = {"model": {"config": dict(LLAMA)}, "gradient_checkpointing": True, **study}
+    return make_spec(H200, scenario, **study)
+
+
+def parts(spec):
+    return predict.gpu_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+
+
+def ds(spec):
+    return dsconfig.build_ds_config(spec)
+
+
+# --------------------------------------------------------------------------- memory, by hand
+def test_parameter_count_is_the_hand_count():
+    assert presets.llama_param_count(LLAMA) == P == gpu_spec().model_params
+
+
+def test_gpu_memory_without_offload_by_hand():
+    spec = gpu_spec({"gpus_per_node": 2})  # dp 2, bf16, micro-batch 2 x seq 64 = 128 tokens
+    got = parts(spec)
+    part = math.ceil(P / 2)
+    assert got["parameters (partition)"] == 2 * part
+    assert got["gradients (partition)"] == 2 * part
+    assert got["fp32 master + Adam moments"] == 12 * part
+    assert got["fp32 gradients of one sub-group"] == 4 * part  # sub_group_size 1e8 > part
+    assert got["gathered parameters"] == 2 * P  # dp > 1: all of it (max_live 1e9 > P)
+    assert got["reduce bucket"] == 2 * 500_000_000  # the seed's reduce_bucket_size, bf16
+    assert got["persistent small parameters"] == 2 * 5 * 64  # 2 x layers + 1 RMSNorms of 64
+    assert got["checkpointed layer inputs"] == 2 * 128 * 64 * 2
+    # the loss (1000-word vocab, 12 B per logit) is larger than one layer's activations
+    assert got["loss or one recomputed layer"] == 128 * 1000 * 12
+
+
+def test_offload_moves_states_off_the_gpu():
+    opt = parts(gpu_spec({"offload_optimizer": "cpu"}))
+    both = parts(gpu_spec({"offload_optimizer": "cpu", "offload_param": "cpu"}))
+    assert opt["fp32 master + Adam moments"] == opt["gradients (partition)"] == 0
+    assert opt["parameters (partition)"] == 2 * P and opt["gathered parameters"] == 0
+    assert both["parameters (partition)"] == 0 and both["gathered parameters"] == 2 * P
+
+
+def test_activations_without_checkpointing_keep_every_layer():
+    spec = gpu_spec(gradient_checkpointing=False)
+    layer = 128 * (10 * 64 + 4 * 128) * 2
+    assert parts(spec)["activations of every layer"] == 2 * layer
+
+
+def test_knobs_are_read_from_the_deepspeed_config():
+    spec = gpu_spec({"zero": {"reduce_bucket_size": 1000, "stage3_max_live_parameters": 77},
+                     "offload_param": "nvme"})  # fmt: skip
+    k = predict.knobs(ds(spec))
+    assert (k.reduce_bucket, k.max_live) == (1000, 77)
+    assert k.param_buffers == 5 * 100_000_000  # DeepSpeed's offload_param defaults
+    assert parts(spec)["gathered parameters"] == 2 * 77
+
+
+def test_host_and_nvme_memory_by_hand():
+    spec = gpu_spec({"gpus_per_node": 2, "offload_optimizer": "nvme", "offload_param": "nvme"})
+    part = math.ceil(P / 2)
+    nvme = predict.nvme_parts(spec, predict.model_shape(spec))
+    assert nvme == {"optimizer states + fp32 gradients": 16 * part * 2, "parameters": 2 * part * 2}
+    rank = predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+    assert rank["gradients (pinned)"] == 2**18  # 2 x 105,120 B rounded up to a power of two
+    memory = predict.predict_memory(spec, ds(spec))
+    assert memory.host_gib == pytest.approx(2 * sum(rank.values()) / GIB)
+
+
+def test_cpu_ranks_hold_their_device_memory_on_the_host():
+    spec = make_spec("local-cpu", {"gpus_per_node": 2}, model={"config": dict(LLAMA)})
+    memory = predict.predict_memory(spec, ds(spec))
+    assert memory.host["device: reduce bucket"] == 2 * 2 * P  # only the pages gradients fill
+    assert predict.predict(spec, ds(spec), None).gpu_gib is None
+
+
+def test_unknown_model_shape_predicts_nothing():
+    spec = make_spec("local-cpu", model={"name_or_path": "some/model"})
+    row = predict.predict(spec, ds(spec), CAL)
+    assert row.gpu_gib is row.host_gib is row.step_time_s is None and row.feasible
+
+
+# --------------------------------------------------------------------------- step time, by hand
+def test_step_time_parts_by_hand():
+    spec = gpu_spec({"offload_optimizer": "cpu", "gradient_accumulation_steps": 2})
+    t = predict.step_time(spec, ds(spec), CAL)
+    flops = (8 * P + 12 * 2 * 64 * 64 * 4 / 3) * 128  # checkpointing: 8N + attention
+    fit = predict.FITS["cuda"]
+    assert t.flops_s == pytest.approx(2 * flops / (100e12 * fit.efficiency))
+    assert t.dispatch_s == pytest.approx(2 * 2 * fit.dispatch_s_per_layer)
+    # gradients to the host each micro-step, the fp32 master back once from unpinned memory
+    assert t.pcie_s == pytest.approx(2 * 2 * P / 50e9 + 4 * P / 10e9)
+    assert t.optimizer_s == pytest.approx(P / 1e9)
+    assert t.nvme_s == t.comm_s == 0
+    assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.pcie_s + t.optimizer_s)
+    assert t.bound == "dispatch"  # a tiny model: ZeRO-3's per-layer work, not its FLOPs
+
+
+def test_nvme_and_collectives_by_hand():
+    spec = gpu_spec({"gpus_per_node": 2, "offload_optimizer": "nvme"})
+    t = predict.step_time(spec, ds(spec), CAL)
+    part = math.ceil(P / 2)
+    assert t.nvme_s == pytest.approx(2 * (12 * part / 1e9 + 12 * part / 2e9))  # 2 ranks, 1 disk
+    assert t.comm_s == pytest.approx(3 * 2 * P * 0.5 / 100e9)
+
+
+# --------------------------------------------------------------------------- against records
+def committed(record: str, study: str):
+    """(run spec, DeepSpeed config the run used, its metrics) of a committed H200 record."""
+    folder = REPO_ROOT / "docs/results" / record.rsplit("/", 1)[0]
+    scenario = record.rsplit("/", 1)[1]
+    spec = Plan(REPO_ROOT / study).by_name[scenario]
+    metrics = collect.read_record(folder / scenario / "rep0/metrics.json")
+    return spec, read_json(folder / "configs" / f"{scenario}.json"), metrics
+
+
+RECORDS = [
+    ("h200-2gpu/seed-2gpu/zero3-2gpu", "config/studies/seed-2gpu.yaml"),
+    ("h200-2gpu/seed-2gpu/offload-2gpu-80gb", "config/studies/seed-2gpu.yaml"),
+    ("h200-1gpu/model-a/offload-opt__gas-1", "config/studies/h200-1gpu.yaml"),
+    ("h200-1gpu/model-b-nvme/nvme-opt", "config/studies/h200-1gpu-nvme.yaml"),
+]
+
+
+@pytest.mark.parametrize(("record", "study"), RECORDS, ids=[r[0] for r in RECORDS])
+def test_prediction_is_within_the_targets_on_h200_records(record, study):
+    spec, config, m = committed(record, study)
+    cal = read_calibration(REPO_ROOT / f"config/calibration/{spec.cluster}.json")
+    memory = predict.predict_memory(spec, config)
+    assert memory.gpu_gib == pytest.approx(m["peak_gpu_allocated_gib"], rel=0.10)
+    assert predict.step_time(spec, config, cal).total == pytest.approx(m["step_time_s"], rel=0.25)
+    # DeepSpeed's estimator counts model states only: it is low, the more so with offload
+    ds_gpu, _ = predict.deepspeed_estimate(spec)
+    assert ds_gpu < memory.gpu_gib
+
+
+def test_the_40gb_oom_scenario_is_predicted_infeasible_but_forced():
+    spec, config, m = committed("h200-1gpu/model-a/zero3-40gb-oom", "config/studies/h200-1gpu.yaml")
+    assert m["outcome"] == "gpu_oom" and spec.force
+    row = predict.predict(dataclasses.replace(spec, force=False), config, None)
+    assert not row.feasible and row.reason.startswith("needs 80.")
+    assert "GiB per GPU, has 40" in row.reason
+    assert predict.predict(spec, config, None).feasible  # force: true
+
+
+# --------------------------------------------------------------------------- the gate
+def row_for(spec, **numbers):
+    return dataclasses.replace(predict.predict(spec, ds(spec), None), **numbers)
+
+
+def test_refusal_only_beyond_the_margin_and_never_when_forced():
+    spec = gpu_spec({"gpu_mem_gb": 40})
+    just_over = row_for(spec, gpu_gib=40 * (1 + predict.MARGINS["gpu"]) - 0.01)
+    assert predict.refusal(spec, just_over) is None
+    far_over = row_for(spec, gpu_gib=52.1)
+    assert predict.refusal(spec, far_over).startswith("needs 52.1 GiB per GPU, has 40")
+    assert predict.refusal(dataclasses.replace(spec, force=True), far_over) is None
+    host = row_for(spec, host_gib=1000.0, host_budget_gib=10.0)
+    assert "GiB of host memory per node, has 10" in predict.refusal(spec, host)
+    nvme = row_for(spec, nvme_gb=500.0, nvme_budget_gb=100.0)
+    assert "GB of NVMe per node, has 100" in predict.refusal(spec, nvme)
+
+
+def test_force_and_predict_only_come_from_the_study():
+    spec = gpu_spec({"force": False}, force=True)
+    assert not spec.force and gpu_spec(force=True).force and not gpu_spec().force
+
+
+def impossible_run(tmp_path: Path, plan_csv: bool):
+    """A CPU run whose host budget (10 MB) no rank can keep, with its plan.csv when asked."""
+    spec = make_spec("local-cpu", {"name": "tiny-budget", "cpu_mem_gb": 0.01})
+    study_dir = tmp_path / "results/local-cpu/test"
+    spec_path, ds_path = study_dir / "configs/tiny-budget.run.json", study_dir / "configs/t.json"
+    write_scenario_files(spec, str(ds_path), str(spec_path))
+    if plan_csv:
+        row = predict.predict(spec.with_ds_config(ds_path), read_json(ds_path), None)
+        contracts.write_predictions(study_dir / contracts.PLAN_CSV, [row])
+    return spec_path, study_dir / "tiny-budget/rep0"
+
+
+@pytest.mark.parametrize("plan_csv", [True, False], ids=["plan.csv", "no-plan.csv"])
+def test_runner_records_infeasible_and_launches_nothing(tmp_path, plan_csv):
+    spec_path, outdir = impossible_run(tmp_path, plan_csv)
+    cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec_path),
+           "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    m = json.loads((outdir / "metrics.json").read_text())
+    jsonschema.validate(m, contracts.metrics_schema())
+    assert m["outcome"] == "infeasible" and m["steps_measured"] is None
+    assert "GiB of host memory per node, has 0.009 (predicted" in m["error_excerpt"]
+    launcher = (outdir / "logs/launcher.log").read_text()
+    assert "not launched" in launcher and "torch.distributed.run" not in launcher
+    assert not list((outdir / "logs").glob("rank*.log")), "a rank was started"
+    archived = outdir.parents[1] / "archive/tiny-budget/rep0"
+    assert len(list(archived.glob("*/metrics.json"))) == 1  # archived like any run
+
+
+# --------------------------------------------------------------------------- plan.csv
+def plan_study(tmp_path: Path, config) -> tuple[dict, dict]:
+    """Plan a study as the rules do (configs, plan summary, then the plan CLI with the cluster's
+    shipped or given calibration); returns (plan.json, plan.csv rows)."""
+    plan = Plan(config)
+    specs = []
+    for name in plan.scenarios:
+        spec_path = tmp_path / f"{name}.run.json"
+        write_scenario_files(plan.run_spec(name), str(tmp_path / f"{name}.json"), str(spec_path))
+        specs.append(str(spec_path))
+    contracts.write_json(tmp_path / "plan.unchecked.json", plan.summary())
+    cal = REPO_ROOT / f"config/calibration/{plan.cluster['name']}.json"
+    if not cal.is_file():
+        cal = tmp_path / "calibration.json"
+        contracts.write_calibration(cal, dataclasses.replace(CAL, accelerator="cpu"))
+    out, csv = tmp_path / "plan.json", tmp_path / "plan.csv"
+    argv = ["--plan-json", str(tmp_path / "plan.unchecked.json"), "--out", str(out),
+            "--plan-csv", str(csv), "--calibration", str(cal), *specs]  # fmt: skip
+    assert plan_main(argv) == 0
+    return read_json(out), contracts.read_predictions(csv)
+
+
+def test_plan_csv_of_the_default_study(tmp_path):
+    plan, rows = plan_study(tmp_path, REPO_ROOT / "config/config.yaml")
+    assert list(rows) == Plan(REPO_ROOT / "config/config.yaml").scenarios
+    for row in rows.values():
+        assert row.feasible and row.gpu_gib is None  # a CPU cluster: no GPU
+        assert 0.3 < row.host_gib < 8 and row.step_time_s > 0 and row.tokens_per_s > 0
+    assert rows["nvme-1rank"].nvme_gb > 0 and rows["zero3-2rank"].nvme_gb is None
+    assert plan["prediction"]["predicted_gpu_hours"] == pytest.approx(
+        sum(r.gpu_hours for r in rows.values()), rel=1e-3
+    )
+    assert "predicted" in plan["prediction"]["summary"]
+
+
+def test_plan_csv_of_the_seed_study(tmp_path):
+    plan, rows = plan_study(tmp_path, REPO_ROOT / "config/studies/seed.yaml")
+    eight = rows["zero3-8gpu-40gb"]
+    # 7B over 8 ranks: 16 B/param / 8 = 12.6 GiB of states + activations; fits 40 GiB
+    assert 15 < eight.gpu_gib < 40 and eight.feasible and eight.ds_gpu_gib < eight.gpu_gib
+    assert rows["offload-2gpu-80gb"].gpu_gib < 15 and rows["offload-2gpu-80gb"].feasible
+    assert all(r.step_time_s > 1 for r in rows.values())
+    assert plan["prediction"]["calibration_source"].startswith("shipped")
+
+
+def test_predict_only_scenarios_are_planned_not_trained(tmp_path):
+    config = load_study(REPO_ROOT / "config/studies/seed.yaml")
+    config["cluster"] = "h200-2gpu"  # 2 GPUs: the 8- and 4-GPU rows cannot run there
+    for scenario in config["scenarios"]:
+        scenario["predict_only"] = scenario["gpus_per_node"] > 2
+        scenario["cpu_mem_gb"] = min(scenario["cpu_mem_gb"], 230)  # the host has 251
+    plan, rows = plan_study(tmp_path, config)
+    assert Plan(config).scenarios == ["offload-2gpu-80gb", "nvme-2gpu-80gb"]
+    assert rows["zero3-8gpu-40gb"].predict_only and rows["offload-4gpu-40gb"].predict_only
+    assert rows["zero3-8gpu-40gb"].gpu_gib > 0 and rows["zero3-8gpu-40gb"].step_time_s > 0
+    assert plan["prediction"]["predict_only"] == ["zero3-8gpu-40gb", "offload-4gpu-40gb"]
+
+
+def test_report_section_puts_predicted_beside_measured(tmp_path):
+    plan, rows = plan_study(tmp_path, REPO_ROOT / "config/config.yaml")
+    summary = pd.DataFrame([
+        {"scenario": "zero3-2rank", "step_time_s": 0.5, "host_peak_rss_gib": 1.0,
+         "tokens_per_s": 2048.0, "label": "base"},
+        {"scenario": "offload-opt-2rank", "step_time_s": 0.8, "host_peak_rss_gib": 2.0},
+    ])  # fmt: skip
+    view = predicted_view(plan, summary)
+    by = {r["scenario"]: r for r in view["rows"]}
+    step = by["zero3-2rank"]["step"]
+    assert step["measured"] == 0.5
+    assert step["error"] == pytest.approx(rows["zero3-2rank"].step_time_s / 0.5 - 1)
+    assert by["nvme-1rank"]["step"]["measured"] is None  # not measured yet
+    # same GPUs, micro-batch and accumulation as zero3-2rank: measured against it
+    assert by["offload-opt-2rank"]["overhead"].endswith(
+        "of 0.30 s measured overhead over zero3-2rank"
+    )
+    assert by["zero3-2rank"]["overhead"] is None  # nothing offloaded
+    # one rank, gas 4: no scenario without offload has its setup
+    assert by["nvme-1rank"]["overhead"].endswith("predicted overhead over its compute")
+    assert view["gpu_hours"] == plan["prediction"]["predicted_gpu_hours"]
+    assert predicted_view({}, summary) is None
+
+
+def test_report_partial_renders_predictions_and_labels_predict_only(tmp_path):
+    from offload_study.report.render import _environment
+
+    config = load_study(REPO_ROOT / "config/studies/seed-2gpu.yaml")
+    plan, _ = plan_study(tmp_path, config)
+    summary = pd.DataFrame([{"scenario": "zero3-2gpu", "step_time_s": 19.5,
+                             "peak_gpu_allocated_gib": 60.6, "status": "ok"}])  # fmt: skip
+    view = predicted_view(plan, summary)
+    html = _environment().get_template("_predicted.html.j2").render(predicted=view)
+    assert 'id="predicted-table"' in html and "Predicted only (not run on this cluster)" in html
+    assert "ZeRO-3 (8 GPU), predicted" in html and "58.30 / 60.60" in html
+    assert _environment().get_template("_predicted.html.j2").render(predicted=None).strip() == ""

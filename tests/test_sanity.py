@@ -1,0 +1,152 @@
+"""The sanity table: each check fires on a constructed case and stays silent on a clean one; the
+committed H200 records get the accumulation flag where the study measured it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_collect import make_record, run_collect_cli
+
+from offload_study import collect as C
+from offload_study import contracts, sanity
+
+H200 = Path(__file__).resolve().parent.parent / "docs" / "results" / "h200-1gpu" / "model-a"
+
+
+def flags_of(paths, **kw) -> dict[str, list[str]]:
+    """scenario -> names of the checks that fired."""
+    _, s = C.collect(paths, n_boot=kw.pop("n_boot", 400), **kw)
+    return {r["scenario"]: [n for n in r["flags"].split(";") if n] for _, r in s.iterrows()}
+
+
+def clean_study(root: Path) -> list[Path]:
+    """No offload at gas 1 and 8 (faster with more accumulation), offload slower than its
+    pair, two repeats each, quiet steps: nothing to flag."""
+    paths = []
+    for k in range(2):
+        paths += [
+            make_record(root, "base-gas1", k, gas=1, tokens_per_s=1000, seed=k),
+            make_record(root, "base-gas8", k, gas=8, tokens_per_s=1050, seed=10 + k),
+            make_record(root, "off-gas8", k, gas=8, tokens_per_s=700, offload_optimizer="cpu",
+                        seed=20 + k, extra={"gpu_mem_cap_gib": 40.0}),
+        ]  # fmt: skip
+    return paths
+
+
+def test_a_clean_study_has_no_flag(tmp_path):
+    assert flags_of(clean_study(tmp_path)) == {"base-gas1": [], "base-gas8": [], "off-gas8": []}
+
+
+def test_accumulation_slower_per_token_fires_on_the_slower_no_offload_scenario(tmp_path):
+    paths = [make_record(tmp_path, "base-gas1", gas=1, tokens_per_s=1000),
+             make_record(tmp_path, "base-gas8", gas=8, tokens_per_s=800),
+             make_record(tmp_path, "off-gas1", gas=1, tokens_per_s=400, offload_optimizer="cpu"),
+             make_record(tmp_path, "off-gas8", gas=8, tokens_per_s=300, offload_optimizer="cpu")]  # fmt: skip
+    flags = flags_of(paths)
+    assert "accumulation-slower-per-token" in flags["base-gas8"]
+    assert "accumulation-slower-per-token" not in flags["base-gas1"]  # the faster one
+    assert "accumulation-slower-per-token" not in flags["off-gas8"]  # offload: not this check
+
+
+def test_accumulation_compares_only_the_same_gpus_and_micro_batch(tmp_path):
+    paths = [make_record(tmp_path, "base-gas1", gas=1, tokens_per_s=1000),
+             make_record(tmp_path, "base-gas8-2gpu", gas=8, tokens_per_s=800, world_size=2,
+                         gpus_per_node=2)]  # fmt: skip
+    assert flags_of(paths)["base-gas8-2gpu"] == []
+
+
+def test_offload_faster_than_its_pair_fires(tmp_path):
+    paths = [make_record(tmp_path, "base", k, tokens_per_s=1000, seed=k) for k in range(2)]
+    paths += [make_record(tmp_path, "off", k, tokens_per_s=1300, offload_param="cpu", seed=5 + k)
+              for k in range(2)]  # fmt: skip
+    assert flags_of(paths) == {"base": [], "off": ["offload-faster-than-pair"]}
+
+
+def test_gpu_over_cap_fires_on_a_run_above_its_cap(tmp_path):
+    capped = {"gpu_mem_cap_gib": 20.0}  # peak_gpu_gib 30 -> 32 GiB reserved
+    paths = [make_record(tmp_path, "capped", extra=capped),
+             make_record(tmp_path, "roomy", extra={"gpu_mem_cap_gib": 40.0})]  # fmt: skip
+    flags = flags_of(paths)
+    assert flags == {"capped": ["gpu-over-cap"], "roomy": []}
+
+
+def test_ci_target_missed_from_the_runs(tmp_path):
+    paths = [make_record(tmp_path, "missed", k, extra={"ci_target_met": k == 0}) for k in (0, 1)]
+    paths += [make_record(tmp_path, "met", k, extra={"ci_target_met": True}) for k in (0, 1)]
+    _, s = C.collect(paths, n_boot=200)
+    s = s.set_index("scenario")
+    assert s.loc["missed", "flags"] == "ci-target-missed" and s.loc["met", "flags"] == ""
+    assert json.loads(s.loc["missed", "flag_details"]) == {
+        "ci-target-missed": "rep 1: stopped before the CI target"
+    }
+
+
+def test_ci_target_missed_falls_back_to_the_summary_ci(tmp_path):
+    paths = [make_record(tmp_path, "noisy", step_noise=0.4),
+             make_record(tmp_path, "quiet", step_noise=0.005),
+             make_record(tmp_path, "no-steps", steps=False)]  # fmt: skip
+    flags = flags_of(paths)
+    assert flags == {"noisy": ["ci-target-missed"], "quiet": [], "no-steps": ["ci-target-missed"]}
+
+
+def test_non_finite_loss_fires(tmp_path):
+    paths = [make_record(tmp_path, "nan-loss", step_loss=math.nan), make_record(tmp_path, "fine")]
+    assert flags_of(paths) == {"nan-loss": ["non-finite-loss"], "fine": []}
+
+
+def test_many_skipped_steps_fires_above_its_tolerance(tmp_path):
+    paths = [make_record(tmp_path, "many", extra={"skipped_steps_measured": 2}),  # 2 of 8
+             make_record(tmp_path, "few", extra={"skipped_steps_measured": 0})]  # fmt: skip
+    assert flags_of(paths) == {"many": ["many-skipped-steps"], "few": []}
+
+
+def test_the_table_is_data():
+    names = [c.name for c in sanity.CHECKS]
+    assert len(set(names)) == len(names)
+    assert all(c.meaning and c.tolerance_text and c.tolerance >= 0 for c in sanity.CHECKS)
+    # the fields the checks read are the metrics contract's (a rename would silence a check)
+    assert {sanity.CI_TARGET_MET, sanity.SKIPPED_MEASURED} <= set(contracts.METRICS_FIELDS)
+
+
+def test_flags_round_trip_through_summary_csv(tmp_path):
+    paths = [make_record(tmp_path, "nan-loss", step_loss=math.nan), make_record(tmp_path, "fine")]
+    out = tmp_path / "out"
+    assert run_collect_cli(paths, out) == 0
+    s = pd.read_csv(out / "summary.csv").set_index("scenario")
+    (flag,) = sanity.parse_flags(s.loc["nan-loss", "flags"], s.loc["nan-loss", "flag_details"])
+    assert flag["name"] == "non-finite-loss" and flag["meaning"] == sanity.MEANINGS[flag["name"]]
+    assert "8 measured step(s)" in flag["detail"]
+    assert sanity.parse_flags(s.loc["fine", "flags"], s.loc["fine", "flag_details"]) == []
+
+
+# --------------------------------------------------------------------------- real data
+def h200_summary() -> pd.DataFrame:
+    plan = json.loads((H200 / "plan.json").read_text())
+    paths = [H200 / s["name"] / "rep0" / "metrics.json" for s in plan["scenarios"]]
+    _, s = C.collect(paths, baseline=plan["baseline"], n_boot=2000)
+    return s.set_index("scenario")
+
+
+def test_the_h200_study_gets_the_accumulation_flag_on_no_offload_gas_8():
+    """Committed H200 records: no offload measured 22 % slower per token at gas 8 than at
+    gas 1, which accumulation cannot cause; nothing flagged it before."""
+    s = h200_summary()
+    assert "accumulation-slower-per-token" in s.loc["zero3__gas-8", "flags"].split(";")
+    detail = json.loads(s.loc["zero3__gas-8", "flag_details"])["accumulation-slower-per-token"]
+    assert "below the 17,638 tokens/s of gas 1 ('zero3__gas-1')" in detail
+    for name in ("zero3__gas-1", "offload-opt__gas-8", "offload-opt-param__gas-8"):
+        assert "accumulation-slower-per-token" not in s.loc[name, "flags"]
+
+
+@pytest.mark.parametrize("tolerance,fires", [(0.02, True), (0.25, False)])
+def test_the_tolerance_decides(tolerance, fires):
+    """gas 8's CI reaches 14,307 tokens/s: 19 % below gas 1's 17,638."""
+    s = h200_summary().reset_index()
+    rows = s.to_dict("records")
+    facts = sanity.Facts(rows[[r["scenario"] for r in rows].index("zero3__gas-8")],
+                         {r["scenario"]: r for r in rows})  # fmt: skip
+    assert (sanity.accumulation_slower(facts, tolerance) is not None) is fires

@@ -1,0 +1,149 @@
+"""The published site built from the real bundles of test_bundle, and the four new rules."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_bundle import STUDY, cross_cluster  # noqa: F401 - the session fixture
+from test_report_browser import chromium, page_requests
+
+from offload_study import bundle, contracts, site
+from offload_study.study import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+RULES = ["common", "plan", "train", "collect", "report", "bundle", "compare", "check", "publish"]
+
+
+@pytest.fixture(scope="module")
+def published(cross_cluster, tmp_path_factory):  # noqa: F811 - the imported fixture
+    """(index, site folder) of the site of both bundles, built by the CLI."""
+    reports = tmp_path_factory.mktemp("published") / "reports"
+    index, folder = reports / "index.html", reports / "site"
+    args = ["--index", str(index), "--site-dir", str(folder)]
+    assert site.main([*args, *map(str, cross_cluster.bundles.values())]) == 0
+    return index, folder
+
+
+def hrefs(page: Path, css_class: str | None = None) -> list[Path]:
+    """The files a page's links point to (all relative: a static site; anchors and data: URIs
+    stay on the page)."""
+    pattern = (
+        r'<a [^>]*href="([^"]+)"' if css_class is None else rf'class="{css_class}" href="([^"]+)"'
+    )
+    found = [h for h in re.findall(pattern, page.read_text()) if not h.startswith(("#", "data:"))]
+    assert not [h for h in found if re.match(r"[a-z]+:", h)], "a link leaves the site"
+    return [(page.parent / h).resolve() for h in found]
+
+
+def test_site_holds_index_report_pages_compare_page_and_bundles(published, cross_cluster):  # noqa: F811
+    index, folder = published
+    pages = sorted(folder.glob("pages/*.html"))
+    assert [p.name for p in pages] == [f"{STUDY}--cpu-a.html", f"{STUDY}--cpu-b.html"]
+    assert (folder / "compare" / f"{STUDY}.html").is_file()
+    for cluster, path in cross_cluster.bundles.items():
+        copy = folder / "bundles" / path.name
+        assert contracts.sha256_file(copy) == contracts.sha256_file(path), cluster
+    every = [index, folder / "compare" / f"{STUDY}.html", *pages]
+    for page in every:
+        assert all(target.is_file() for target in hrefs(page)), page
+    assert sorted(hrefs(index, "bundle")) == sorted(folder.glob("bundles/*.tar.gz"))
+    assert sorted(hrefs(index, "page")) == pages
+    assert hrefs(index, "compare") == [folder / "compare" / f"{STUDY}.html"]
+
+
+def test_every_page_links_back_to_its_bundle(published):
+    index, folder = published
+    for page in folder.glob("pages/*.html"):
+        assert hrefs(page, "bundle") == [folder / "bundles" / f"{page.stem}{bundle.SUFFIX}"]
+        assert index in hrefs(page)
+    compare_page = folder / "compare" / f"{STUDY}.html"
+    assert sorted(hrefs(compare_page, "bundle")) == sorted(folder.glob("bundles/*.tar.gz"))
+    assert index in hrefs(compare_page)
+
+
+def test_report_page_gets_the_sites_csp_before_anything_else(published):
+    _, folder = published
+    text = (folder / "pages" / f"{STUDY}--cpu-a.html").read_text()
+    assert text.startswith(f"<!DOCTYPE html>{site.CSP}")
+    assert "ZeRO-3 offload study" in text and "cpu-a" in text
+
+
+def test_rebuilding_replaces_the_site_whole(published, cross_cluster):  # noqa: F811
+    index, folder = published
+    stale = folder / "pages" / "stale.html"
+    stale.write_text("old")
+    args = ["--index", str(index), "--site-dir", str(folder), str(cross_cluster.bundles["cpu-a"])]
+    assert site.main(args) == 0
+    assert not stale.exists() and not (folder / "compare").exists()  # one cluster: no comparison
+    assert not list(folder.parent.glob("*.tmp-*"))
+    assert site.main([*args[:-1], *map(str, cross_cluster.bundles.values())]) == 0
+
+
+@pytest.mark.browser
+def test_site_opens_in_chromium_and_no_request_leaves_it(published, tmp_path):
+    index, folder = published
+    dom, reqs = chromium(tmp_path, index.as_uri(), "--dump-dom")
+    assert page_requests(reqs) == []
+    assert "Compare the clusters" in dom and f"{STUDY}--cpu-b.tar.gz" in dom
+    dom, reqs = chromium(tmp_path, (folder / "compare" / f"{STUDY}.html").as_uri(), "--dump-dom")
+    assert page_requests(reqs) == []
+    assert 'id="scenario-table"' in dom and "cores granted" in dom
+    for page in folder.glob("pages/*.html"):
+        dom, reqs = chromium(tmp_path, page.as_uri(), "--dump-dom")
+        assert page_requests(reqs) == [] and 'id="headline-table"' in dom
+
+
+@pytest.mark.browser
+def test_a_bundles_report_page_can_neither_fetch_nor_run_script(cross_cluster, tmp_path):  # noqa: F811
+    """A bundle from elsewhere may carry any report.html: the site's copy is held by its CSP."""
+    evil = tmp_path / "report.html"
+    evil.write_text(
+        '<!DOCTYPE html><html><head><script>document.title = "ran"</script></head><body>'
+        '<img src="http://127.0.0.1:9/x.png"><p>evil</p></body></html>'
+    )
+    dom, reqs = chromium(tmp_path, evil.as_uri(), "--dump-dom")  # control: as it came
+    assert "<title>ran</title>" in dom and page_requests(reqs)
+    made = tmp_path / "bundles" / "evil.tar.gz"
+    bundle.create(cross_cluster.root, "cpu-a", STUDY, made, report=evil)
+    index = tmp_path / "reports" / "index.html"
+    site.build([made], index, tmp_path / "reports" / "site")
+    page = tmp_path / "reports" / "site" / "pages" / "evil.html"
+    dom, reqs = chromium(tmp_path, page.as_uri(), "--dump-dom")
+    assert page_requests(reqs) == [] and "<title>ran</title>" not in dom and "evil" in dom
+
+
+# --------------------------------------------------------------------------- the rules
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(workdir / "Snakefile"),
+           "--directory", str(workdir), "-n", *args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_rules_plan_bundle_check_publish_and_compare(cross_cluster, tmp_path):  # noqa: F811
+    """A Snakefile of the workflow's rules plus the four new ones, dry-run in a scratch tree."""
+    includes = "\n".join(f'include: "{REPO_ROOT}/workflow/rules/{r}.smk"' for r in RULES)
+    (tmp_path / "Snakefile").write_text(
+        f'configfile: "{REPO_ROOT}/config/config.yaml"\n'
+        'STUDY_SOURCE = "the default study"\n\n' + includes + "\n"
+    )
+    (tmp_path / "bundles").mkdir()
+    for path in cross_cluster.bundles.values():
+        shutil.copy(path, tmp_path / "bundles")
+    a, b = (f"bundles/{p.name}" for p in cross_cluster.bundles.values())
+    res = snakemake(tmp_path, "bundle", "check", "publish", "compare",
+                    "--config", f"compare=[{a}, {b}]")  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout
+    for job in ("bundle", "check", "publish", "compare", "report", "collect"):
+        assert re.search(rf"^{job}\s+1$", out, re.M), job
+    assert "bundles/default-cpu--local-cpu.tar.gz" in out
+    assert f"reports/compare/{STUDY}--cpu-a__vs__{STUDY}--cpu-b.html" in out
+    assert "results/local-cpu/default-cpu/check.json" in out
+    res = snakemake(tmp_path, "compare")
+    assert res.returncode != 0
+    assert "compare: give two or more bundles" in res.stdout + res.stderr

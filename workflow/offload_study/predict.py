@@ -1,0 +1,583 @@
+"""Predict before you spend: memory and step time of a ZeRO-3 run before anything runs.
+
+Pure functions over a :class:`~offload_study.contracts.RunSpec`, its DeepSpeed config (the knobs
+are read from it) and the cluster's :class:`~offload_study.contracts.Calibration`. Names:
+P parameters, dp = world_size data-parallel ranks, P_r = ceil(P / dp) the partition a rank owns,
+b the bytes of the training dtype, B micro-batch, S sequence, H hidden, F FFN width, L layers,
+V vocabulary.
+
+**Memory per GPU** (:func:`gpu_parts`): ZeRO-3 keeps on each GPU its partition of the parameters
+(b·P_r, unless offload_param), of the gradients (b·P_r) and of the fp32 master weights and Adam
+moments (12·P_r, plus one sub-group's fp32 gradients, unless offload_optimizer); the gathered
+(all-gathered or fetched) parameters, up to ``stage3_max_live_parameters`` (only when parameters
+must be gathered: dp > 1 or offloaded; what ``stage3_prefetch_bucket_size`` prefetches is part of
+them: the records show ~max_live x b, not more); the reduce bucket (``reduce_bucket_size`` elements, b
+each); parameters under ``stage3_param_persistence_threshold`` whole on every GPU; and the
+activations: with gradient checkpointing each layer's input (L·B·S·H·b) plus the larger of one
+recomputed layer (B·S·(8H + 2H·kv/heads + 4F)·b) and the loss (B·S·V·(2b + 8): the logits in
+the dtype, the fp32 log-softmax that cross-entropy saves and its fp32 gradient, the gradient in
+the dtype), which dominates at large vocabulary and micro-batch; without checkpointing every
+layer plus the loss.
+
+**Host memory per node** (:func:`host_parts`): each rank's runtime (Python, torch, DeepSpeed; the
+CUDA context) and its partition as it builds the model (b·P_r); with optimizer offload the fp32
+master and Adam moments (12·P_r), the fp32 gradients of each sub-group and the gradients in the
+dtype (pinned); with parameter offload the parameters (pinned) and the partitions they were
+copied from; NVMe offload's pinned swap buffers (``buffer_count`` x ``buffer_size``). On CUDA,
+torch's caching host allocator rounds every pinned block up to a power of two. On a CPU
+cluster the "GPU" memory of each rank is host memory too. **NVMe per node**: 16 B per parameter
+of the optimizer (fp32 master, two moments, fp32 gradient) and b per offloaded parameter.
+
+**Step time** (:func:`step_time`) adds, per optimizer step of ``gas`` micro-steps::
+
+    gas · (max(FLOPs / (matmul rate · efficiency), L · dispatch, collectives) + PCIe per micro-step)
+    + PCIe per step + optimizer (CPU Adam: parameters per node / calibrated rate) + NVMe
+
+FLOPs are ``devices.flops_per_token`` (6N, 8N with recompute, plus attention) x tokens; the
+efficiency and the per-layer dispatch time (Python hooks of ZeRO-3 that bound small models)
+are fitted once per accelerator kind (:data:`FITS`). Transfers are not overlapped with compute,
+which is the form of the ZeRO-Infinity paper's efficiency (Rajbhandari et al., "ZeRO-Infinity:
+Breaking the GPU Memory Wall for Extreme Scale Deep Learning", SC'21, sec. 4.1):
+``efficiency = ait·bw / (ait·bw + peak)`` with ``ait`` the FLOPs per byte moved, i.e.
+compute time / (compute time + transfer time).
+
+**Feasibility** (:func:`refusal`): a run is refused only when a prediction passes its budget by
+more than the model's own measured error (:data:`MARGINS`, docs/benchmarks.md "prediction
+accuracy"), so a run that would just fit still runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from offload_study import devices
+from offload_study.contracts import (
+    Calibration,
+    Prediction,
+    RunSpec,
+    plan_csv_of,
+    read_json,
+    read_predictions,
+)
+
+GIB = 2**30
+GB = 1e9
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+#: Defaults of DeepSpeed 0.19's ZeRO-3 config for knobs a config leaves out.
+DEEPSPEED_DEFAULTS = {
+    "reduce_bucket_size": 5e8, "stage3_max_live_parameters": 1e9,
+    "stage3_param_persistence_threshold": 1e5, "sub_group_size": 1e9,
+    "contiguous_gradients": True,
+}  # fmt: skip
+ALIASES = {
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+}
+#: offload block key -> DeepSpeed's default (offload_param: 5 x 1e8, offload_optimizer: 4).
+OFFLOAD_DEFAULTS = {
+    "buffer_count": {"param": 5, "optimizer": 4}, "buffer_size": 1e8, "max_in_cpu": 1e9,
+}  # fmt: skip
+#: How far a prediction may pass its budget before the run is refused: the largest error the
+#: model showed against measured runs (benchmarks/prediction_accuracy.py), rounded up.
+MARGINS = {"gpu": 0.10, "host": 0.20, "nvme": 0.10}
+
+
+@dataclass(frozen=True)
+class AcceleratorFit:
+    """Constants fitted once per accelerator kind against the committed records
+    (benchmarks/prediction_accuracy.py prints how well they do)."""
+
+    efficiency: float  # share of the calibrated matmul rate a training layer reaches
+    dispatch_s_per_layer: float  # host time per layer and micro-step (ZeRO-3 hooks, launches)
+    optimizer_params_per_s: float | None  # optimizer on the device (None: the CPU Adam rate)
+    runtime_gib: float  # host memory of one rank before the model (Python, torch, DeepSpeed)
+    startup_s: float  # launch, imports, zero.Init and deepspeed.initialize of a small model
+    startup_s_per_billion: float  # more per 1e9 parameters with offload (a quarter without)
+
+
+FITS = {
+    # H200 records (docs/results): the 7B on 2 GPUs reaches ~52 % of the measured 790 TFLOP/s;
+    # the 134M-1.3B models take ~0.02 s per layer and micro-step whatever their size; FusedAdam
+    # updates ~3e10 parameters/s; a no-offload rank holds ~1.8 GiB before its model; start-up
+    # 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s (offload) for the 7B.
+    "cuda": AcceleratorFit(0.52, 0.020, 3e10, 1.8, 25.0, 7.0),
+    # CPU records of the default study on the 2-core development machine (gloo): ~45 % of the
+    # calibrated bf16 matmul rate; ~0.55 GiB per rank before the model; start-up 20-70 s
+    # (docs/benchmarks.md).
+    "cpu": AcceleratorFit(0.45, 0.004, None, 0.55, 30.0, 7.0),
+}
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class ModelShape:
+    params: int
+    layers: int
+    hidden: int
+    ffn: int
+    vocab: int
+    heads: int
+    kv_heads: int
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The largest single module (DeepSpeed's estimator's ``largest_layer_params``)."""
+        return max(self.vocab * self.hidden, self.hidden * self.ffn)
+
+
+def model_shape(spec: RunSpec) -> ModelShape | None:
+    """The shape of a Llama-style decoder given by its config; None when unknown (pretrained
+    weights without a config, another architecture)."""
+    cfg = spec.model.config
+    needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    if spec.model_params is None or not all(k in cfg for k in needed):
+        return None
+    heads = cfg["num_attention_heads"]
+    return ModelShape(
+        params=spec.model_params,
+        layers=cfg["num_hidden_layers"],
+        hidden=cfg["hidden_size"],
+        ffn=cfg["intermediate_size"],
+        vocab=cfg.get("vocab_size", 32000),
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+    )
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The ZeRO-3 knobs memory depends on, as the generated DeepSpeed config sets them."""
+
+    reduce_bucket: int
+    max_live: int
+    persistence: int
+    sub_group: int
+    contiguous_gradients: bool
+    param_buffers: int  # offload_param: buffer_count x buffer_size (elements)
+    max_in_cpu: int  # offload_param (NVMe): parameters kept in host memory
+    optimizer_buffer_count: int
+    pin_memory: bool
+
+
+def knobs(ds_config: dict) -> Knobs:
+    zero = ds_config.get("zero_optimization", {})
+
+    def value(key):
+        short = ALIASES.get(key, key)
+        return zero.get(key, zero.get(short, DEEPSPEED_DEFAULTS[key]))
+
+    param = zero.get("offload_param") or {}
+    optimizer = zero.get("offload_optimizer") or {}
+    pinned = (param or optimizer).get("pin_memory", True)
+    counts = OFFLOAD_DEFAULTS["buffer_count"]
+    return Knobs(
+        reduce_bucket=int(value("reduce_bucket_size")),
+        max_live=int(value("stage3_max_live_parameters")),
+        persistence=int(value("stage3_param_persistence_threshold")),
+        sub_group=int(value("sub_group_size")),
+        contiguous_gradients=bool(value("contiguous_gradients")),
+        param_buffers=int(param.get("buffer_count", counts["param"]))
+        * int(param.get("buffer_size", OFFLOAD_DEFAULTS["buffer_size"])),
+        max_in_cpu=int(param.get("max_in_cpu", OFFLOAD_DEFAULTS["max_in_cpu"])),
+        optimizer_buffer_count=int(optimizer.get("buffer_count", counts["optimizer"])),
+        pin_memory=bool(pinned),
+    )
+
+
+def partition(spec: RunSpec, shape: ModelShape) -> int:
+    return math.ceil(shape.params / spec.world_size)
+
+
+def _pow2(nbytes: float) -> float:
+    return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 1 else nbytes
+
+
+# --------------------------------------------------------------------------- memory
+def activation_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """Activation bytes at the peak of one micro-step on one GPU."""
+    b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden
+    layer = tokens * ((8 + 2 * shape.kv_heads / shape.heads) * h + 4 * shape.ffn) * b
+    loss = tokens * shape.vocab * (2 * b + 8)
+    if spec.gradient_checkpointing:
+        return {
+            "checkpointed layer inputs": shape.layers * tokens * h * b,
+            "loss or one recomputed layer": max(loss, layer),
+        }
+    return {"activations of every layer": shape.layers * layer, "logits and loss": loss}
+
+
+def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
+    """Bytes per GPU at the peak, by what holds them."""
+    b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
+    opt_here, params_here = spec.offload_optimizer == "none", spec.offload_param == "none"
+    gathered = spec.world_size > 1 or not params_here
+    small = 2 * shape.layers + 1 if shape.hidden <= k.persistence else 0  # RMSNorm weights
+    # a CPU rank's bucket is host memory: only the pages the gradients fill become resident
+    bucket = k.reduce_bucket if spec.accelerator == "cuda" else min(k.reduce_bucket, shape.params)
+    return {
+        "parameters (partition)": b * part if params_here else 0.0,
+        "gradients (partition)": b * part if opt_here else 0.0,
+        "fp32 master + Adam moments": 12.0 * part if opt_here else 0.0,
+        "fp32 gradients of one sub-group": 4.0 * min(k.sub_group, part) if opt_here else 0.0,
+        "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
+        "persistent small parameters": float(b * small * shape.hidden),
+        "reduce bucket": float(b * bucket) if k.contiguous_gradients else 0.0,
+        **activation_parts(spec, shape),
+    }
+
+
+def _sub_groups(part: int, size: int) -> list[int]:
+    full, rest = divmod(part, size) if size else (0, part)
+    return [size] * full + ([rest] if rest else [])
+
+
+def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
+    """Host bytes of one rank by what holds them (device memory of a CPU rank not included)."""
+    b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
+    pinned = spec.accelerator == "cuda" and k.pin_memory
+    buf = _pow2 if pinned else float
+    fit = FITS[spec.accelerator]
+    parts = {"runtime": fit.runtime_gib * GIB, "model as built (partition)": float(b * part)}
+    if spec.offload_optimizer == "cpu":
+        parts["fp32 master + Adam moments"] = 12.0 * part
+        parts["fp32 gradients (pinned, per sub-group)"] = sum(
+            buf(4.0 * g) for g in _sub_groups(part, k.sub_group)
+        )
+    if spec.offload_optimizer == "nvme":
+        largest = min(k.sub_group, part)
+        parts["fp32 gradient buffer"] = 4.0 * largest
+        parts["optimizer swap buffers (locked)"] = 4.0 * largest * k.optimizer_buffer_count
+    if spec.offload_optimizer != "none":
+        parts["gradients (pinned)"] = buf(float(b * part))
+    if spec.offload_param != "none":
+        # the flat buffer the partitions are copied into (for NVMe up to max_in_cpu), while the
+        # memory they were built in stays with the process
+        in_cpu = part if spec.offload_param == "cpu" else min(part, k.max_in_cpu)
+        parts["parameters (pinned flat buffer)"] = buf(float(b * in_cpu))
+        parts["parameters as first placed"] = float(b * part)
+    if spec.offload_param == "nvme":
+        parts["parameter swap buffers (pinned)"] = float(b * k.param_buffers)
+    return parts
+
+
+def nvme_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """Swap-file bytes per node (every rank of the node swaps its partition)."""
+    ranks, part = spec.gpus_per_node, partition(spec, shape)
+    parts = {}
+    if spec.offload_optimizer == "nvme":
+        parts["optimizer states + fp32 gradients"] = 16.0 * part * ranks
+    if spec.offload_param == "nvme":
+        parts["parameters"] = float(DTYPE_BYTES[spec.dtype] * part * ranks)
+    return parts
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Predicted peaks: part -> bytes (per GPU, per node on the host, per node on NVMe)."""
+
+    gpu: dict[str, float]
+    host: dict[str, float]
+    nvme: dict[str, float]
+
+    @property
+    def gpu_gib(self) -> float:
+        return sum(self.gpu.values()) / GIB
+
+    @property
+    def host_gib(self) -> float:
+        return sum(self.host.values()) / GIB
+
+    @property
+    def nvme_gb(self) -> float:
+        return sum(self.nvme.values()) / GB
+
+
+def predict_memory(spec: RunSpec, ds_config: dict) -> Memory | None:
+    """The memory prediction of a run (None when the model's shape is unknown)."""
+    shape = model_shape(spec)
+    if shape is None:
+        return None
+    k = knobs(ds_config)
+    gpu = gpu_parts(spec, shape, k)
+    rank = rank_host_parts(spec, shape, k)
+    if spec.accelerator == "cpu":  # a CPU rank's "GPU" memory is host memory too
+        rank = {**rank, **{f"device: {name}": v for name, v in gpu.items()}}
+    host = {name: v * spec.gpus_per_node for name, v in rank.items()}
+    return Memory(gpu=gpu, host=host, nvme=nvme_parts(spec, shape))
+
+
+def deepspeed_estimate(spec: RunSpec) -> tuple[float, float] | None:
+    """(GiB per GPU, GiB per node) from DeepSpeed's own estimator for this offload (model states
+    only; NVMe counted as CPU offload): ``estimate_zero3_model_states_mem_needs``, the function
+    ``estimate_zero3_model_states_mem_needs_all_cold`` prints its table from."""
+    shape = model_shape(spec)
+    if shape is None:
+        return None
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+        total_params=shape.params,
+        largest_layer_params=shape.largest_layer_params,
+        num_gpus_per_node=spec.gpus_per_node,
+        num_nodes=spec.nodes,
+        cpu_offload=spec.offload_optimizer != "none",
+        cpu_offload_params=spec.offload_param != "none",
+        zero_init=True,
+    )
+    return gpu / GIB, cpu / GIB
+
+
+# --------------------------------------------------------------------------- step time
+#: Host <-> device copies per micro-step of offloaded parameters: fetched for the forward and
+#: again for the backward (a recomputed layer reuses what its backward fetches).
+PARAM_FETCHES = 2
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step by part; ``total`` adds them as :mod:`predict` explains."""
+
+    flops_s: float  # gas x model FLOPs / (calibrated rate x efficiency)
+    dispatch_s: float  # gas x layers x dispatch time per layer
+    comm_s: float  # gas x collectives over the interconnect (overlapped with compute)
+    pcie_s: float
+    optimizer_s: float  # CPU Adam when offloaded, else the optimizer on the device
+    nvme_s: float
+
+    @property
+    def compute_s(self) -> float:
+        return max(self.flops_s, self.dispatch_s, self.comm_s)
+
+    @property
+    def total(self) -> float:
+        return self.compute_s + self.pcie_s + self.optimizer_s + self.nvme_s
+
+    @property
+    def bound(self) -> str:
+        """What takes longest: compute, dispatch, interconnect, pcie, optimizer or nvme."""
+        parts = [
+            ("compute", self.flops_s), ("dispatch", self.dispatch_s),
+            ("interconnect", self.comm_s), ("pcie", self.pcie_s),
+            ("optimizer", self.optimizer_s), ("nvme", self.nvme_s),
+        ]  # fmt: skip
+        return max(parts, key=lambda part: part[1])[0]
+
+
+def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
+    per_token = devices.flops_per_token(
+        shape.params, spec.gradient_checkpointing, attention=True,
+        layers=shape.layers, hidden=shape.hidden, seq_len=spec.seq_len,
+    )  # fmt: skip
+    return per_token * spec.micro_batch * spec.seq_len
+
+
+def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """Host <-> device copies of one optimizer step on one GPU (none on a CPU cluster).
+
+    Optimizer offload: the gradients go to the host every micro-step, and without parameter
+    offload the updated fp32 master comes back from unpinned memory once per step (the
+    optimizer writes the dtype copy on the host when the parameters live there). Parameter
+    offload: each fetch of a micro-step copies the rank's partition to the GPU.
+    """
+    if spec.accelerator != "cuda" or not cal.h2d_gb_s:
+        return 0.0
+    b, part, gas = DTYPE_BYTES[spec.dtype], partition(spec, shape), spec.gradient_accumulation_steps
+    seconds = 0.0
+    if spec.offload_optimizer != "none":
+        seconds += gas * b * part / (cal.d2h_gb_s * GB)
+        if spec.offload_param == "none":
+            seconds += 4 * part / ((cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB)
+    if spec.offload_param != "none":
+        seconds += gas * PARAM_FETCHES * b * part / (cal.h2d_gb_s * GB)
+    return seconds
+
+
+def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
+    """Swap traffic of one step per node (the node's ranks share its disk).
+
+    Optimizer: the fp32 master and both moments (12 B per parameter) read and written. Parameters:
+    written once after the step, read once per fetch; read once per step when the swap buffers
+    hold the whole partition.
+    """
+    if not (spec.uses_nvme and cal.disk_read_gb_s and cal.disk_write_gb_s):
+        return 0.0
+    ranks, part, b = spec.gpus_per_node, partition(spec, shape), DTYPE_BYTES[spec.dtype]
+    read = write = 0.0
+    if spec.offload_optimizer == "nvme":
+        read += 12.0 * part
+        write += 12.0 * part
+    if spec.offload_param == "nvme":
+        fetches = 1 if part <= k.param_buffers else PARAM_FETCHES * spec.gradient_accumulation_steps
+        read += fetches * b * part
+        write += b * part
+    return ranks * (read / (cal.disk_read_gb_s * GB) + write / (cal.disk_write_gb_s * GB))
+
+
+def optimizer_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """CPU Adam over the parameters of every rank of the node (they share its cores and memory
+    bandwidth) when offloaded or on a CPU cluster; else the optimizer on the device."""
+    fit = FITS[spec.accelerator]
+    part = partition(spec, shape)
+    if spec.offload_optimizer != "none" or fit.optimizer_params_per_s is None:
+        return part * spec.gpus_per_node / cal.cpu_adam_params_per_s
+    return part / fit.optimizer_params_per_s
+
+
+def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """ZeRO-3 collectives of one step on one GPU: every micro-step all-gathers the parameters per
+    fetch and reduce-scatters the gradients, (dp - 1)/dp of the model each."""
+    dp = spec.world_size
+    if dp == 1 or not cal.interconnect_gb_s:
+        return 0.0
+    moved = (PARAM_FETCHES + 1) * DTYPE_BYTES[spec.dtype] * shape.params * (dp - 1) / dp
+    return spec.gradient_accumulation_steps * moved / (cal.interconnect_gb_s * GB)
+
+
+def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | None:
+    """The predicted optimizer-step time of a run (None when the model's shape is unknown)."""
+    shape = model_shape(spec)
+    if shape is None:
+        return None
+    fit, gas = FITS[spec.accelerator], spec.gradient_accumulation_steps
+    rate = cal.matmul_tflops * 1e12 * fit.efficiency
+    # the ranks of a CPU node share its cores (the calibrated rate is the whole node's)
+    sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
+    return StepTime(
+        flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
+        dispatch_s=gas * shape.layers * fit.dispatch_s_per_layer,
+        comm_s=comm_seconds(spec, shape, cal),
+        pcie_s=pcie_seconds(spec, shape, cal),
+        optimizer_s=optimizer_seconds(spec, shape, cal),
+        nvme_s=nvme_seconds(spec, shape, cal, knobs(ds_config)),
+    )
+
+
+# --------------------------------------------------------------------------- plan rows, gate
+def budgets(spec: RunSpec) -> dict[str, float | None]:
+    """What the run may use: GiB per GPU (the card it stands for, else the cluster's; none on a
+    CPU cluster), GiB of host memory per node (cpu_mem_gb is in GB), GB of NVMe per node."""
+    gpu = spec.gpu_mem_gb or spec.cluster_gpu_mem_gb
+    return {
+        "gpu": float(gpu) if gpu and spec.accelerator == "cuda" else None,
+        "host": spec.cpu_mem_gb * GB / GIB if spec.cpu_mem_gb else None,
+        "nvme": float(spec.nvme_capacity_gb) if spec.uses_nvme and spec.nvme_capacity_gb else None,
+    }
+
+
+def refusal(spec: RunSpec, row: Prediction) -> str | None:
+    """Why the run must not be launched (None: launch it): the one feasibility gate, used by the
+    plan (plan.csv's ``feasible``/``reason``) and by the runner before it launches anything.
+
+    Refuses only when a prediction passes its budget by more than the model's error
+    (:data:`MARGINS`), and never a run with ``force: true``.
+    """
+    if spec.force:
+        return None
+    checks = [
+        ("gpu", row.gpu_gib, row.gpu_budget_gib, "GiB per GPU"),
+        ("host", row.host_gib, row.host_budget_gib, "GiB of host memory per node"),
+        ("nvme", row.nvme_gb, row.nvme_budget_gb, "GB of NVMe per node"),
+    ]
+    for key, need, have, unit in checks:
+        if need is not None and have is not None and need > have * (1 + MARGINS[key]):
+            return (
+                f"needs {need:.1f} {unit}, has {have:.3g} (predicted, more than the model's "
+                f"{MARGINS[key]:.0%} error over the budget; force: true runs it anyway)"
+            )
+    return None
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def run_seconds(spec: RunSpec, step_s: float) -> float:
+    """Wall seconds of one run: start-up plus its steps; in the adaptive measure mode the most
+    it may take (every warm-up step, then max_steps or max_measure_s, whichever ends first)."""
+    fit, billions = FITS[spec.accelerator], (spec.model_params or 0) / 1e9
+    offloaded = spec.offload_optimizer != "none" or spec.offload_param != "none"
+    startup = fit.startup_s + fit.startup_s_per_billion * billions * (1 if offloaded else 0.25)
+    if spec.steps is not None and spec.warmup_steps is not None:
+        return startup + (spec.warmup_steps + spec.steps) * step_s
+    m = spec.measure
+    return startup + m.max_warmup_steps * step_s + min(m.max_steps * step_s, m.max_measure_s)
+
+
+def _times(times: StepTime | None) -> dict:
+    keys = ("compute_s", "pcie_s", "optimizer_s", "nvme_s", "comm_s")
+    return {k: _rounded(getattr(times, k), 4) if times else None for k in keys}
+
+
+def predict(
+    spec: RunSpec, ds_config: dict, cal: Calibration | None, repeats: int = 1,
+    with_deepspeed: bool = False,
+) -> Prediction:  # fmt: skip
+    """The plan.csv row of a run: memory, DeepSpeed's estimate (``with_deepspeed``), step time
+    and GPU-hours (``cal`` given), and the verdict of :func:`refusal`."""
+    memory = predict_memory(spec, ds_config)
+    times = step_time(spec, ds_config, cal) if cal else None
+    ds = deepspeed_estimate(spec) if with_deepspeed else None
+    limit, step = budgets(spec), (times.total if times else None)
+    row = Prediction(
+        scenario=spec.scenario, predict_only=spec.predict_only, force=spec.force,
+        world_size=spec.world_size,
+        gpu_gib=_rounded(memory.gpu_gib) if memory and spec.accelerator == "cuda" else None,
+        gpu_budget_gib=limit["gpu"],
+        host_gib=_rounded(memory.host_gib) if memory else None,
+        host_budget_gib=_rounded(limit["host"]),
+        nvme_gb=_rounded(memory.nvme_gb) if memory and memory.nvme else None,
+        nvme_budget_gb=limit["nvme"],
+        ds_gpu_gib=_rounded(ds[0]) if ds and spec.accelerator == "cuda" else None,
+        ds_host_gib=_rounded(ds[1]) if ds else None,
+        step_time_s=_rounded(step, 4),
+        tokens_per_s=_rounded(spec.global_batch * spec.seq_len / step, 1) if step else None,
+        **_times(times),
+        bound=times.bound if times else None,
+        gpu_hours=_rounded(repeats * spec.world_size * run_seconds(spec, step) / 3600, 4)
+        if step else None,
+        feasible=True, reason=None,
+    )  # fmt: skip
+    reason = refusal(spec, row)
+    return dataclasses.replace(row, feasible=reason is None, reason=reason)
+
+
+def summarize(rows: list[Prediction], calibration: str | None, cal: Calibration | None) -> dict:
+    """What plan.json says of plan.csv: GPU-hours of what will train, what will not and why."""
+    trained = [r for r in rows if not r.predict_only and r.feasible]
+    hours = sum(r.gpu_hours for r in trained if r.gpu_hours is not None)
+    refused = [f"{r.scenario} ({r.reason})" for r in rows if not r.feasible and not r.predict_only]
+    only = [r.scenario for r in rows if r.predict_only]
+    unknown = [r.scenario for r in trained if r.gpu_hours is None]
+    line = (
+        f"plan: {len(trained)} scenario(s) to train, predicted {hours:.3g} GPU-hours"
+        + (f" (not predicted: {', '.join(unknown)})" if unknown else "")
+        + (f"; infeasible, not launched: {'; '.join(refused)}" if refused else "")
+        + (f"; predict-only: {', '.join(only)}" if only else "")
+        + (f"; calibration {calibration}: {cal.source}" if cal else "; no calibration")
+    )
+    return {
+        "predicted_gpu_hours": round(hours, 4),
+        "infeasible": [r.scenario for r in rows if not r.feasible and not r.predict_only],
+        "predict_only": only,
+        "calibration": calibration,
+        "calibration_source": cal.source if cal else None,
+        "summary": line,
+    }
+
+
+def launch_refusal(spec: RunSpec, outdir: str | Path) -> str | None:
+    """The runner's question before it launches a run: :func:`refusal` of the plan's row for
+    it (plan.csv of the study the record ``outdir`` belongs to), else of the same memory
+    prediction made here (a run started outside the workflow). None also when the DeepSpeed
+    config cannot be read (launching it then records the config error)."""
+    plan_csv = plan_csv_of(Path(outdir))
+    row = read_predictions(plan_csv).get(spec.scenario) if plan_csv.is_file() else None
+    if row is None:
+        try:
+            row = predict(spec, read_json(spec.ds_config), None)
+        except (OSError, TypeError, ValueError):
+            return None
+    return refusal(spec, row)

@@ -1,0 +1,166 @@
+"""provenance.json of one run (schema: ``schemas/provenance.schema.json``): where and with what.
+
+Environment variables come only from an allowlist, never ones whose names look secret.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import socket
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from offload_study import devices
+from offload_study.contracts import (
+    RankStats,
+    RunSpec,
+    provenance_schema,
+    schema_problems,
+    sha256_file,
+)
+from offload_study.launch import Launch
+from offload_study.supervise import Supervision
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# environment recorded in provenance: allowlist (names or prefixes), minus anything secret-looking
+ENV_ALLOW = [
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+    "PYTORCH_CUDA_ALLOC_CONF", "TORCH_EXTENSIONS_DIR", "TORCH_CUDA_ARCH_LIST",
+    "LD_LIBRARY_PATH", "HOSTNAME", "NCCL_", "DS_", "TORCH_NCCL_", "TORCH_SYMM_MEM_",
+    "NVSHMEM_", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_GPUS", "SLURM_CPUS_ON_NODE",
+    "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_GPUS_ON_NODE", "SLURM_CLUSTER_NAME",
+]  # fmt: skip
+SECRET_RX = re.compile(
+    r"TOKEN|KEY|SECRET|PASS|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.IGNORECASE
+)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(SECRET_RX.search(name))
+
+
+def allowed_env(environ=None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    out = {}
+    for name, value in environ.items():
+        if is_secret_name(name):
+            continue
+        if any(name == a or (a.endswith("_") and name.startswith(a)) for a in ENV_ALLOW):
+            out[name] = value
+    return dict(sorted(out.items()))
+
+
+def pkg_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(path: Path) -> tuple[str | None, bool | None]:
+    try:
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10)  # fmt: skip
+        if head.returncode != 0:
+            return None, None
+        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain"],
+                               capture_output=True, text=True, timeout=10)  # fmt: skip
+        return head.stdout.strip(), bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def gpu_info() -> dict:
+    info = {"gpu_model": None, "gpu_count": 0, "gpu_driver": None, "gpus": []}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML here
+        return info
+    try:
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        info["gpu_driver"] = drv.decode() if isinstance(drv, bytes) else drv
+        n = pynvml.nvmlDeviceGetCount()
+        info["gpu_count"] = n
+        for i in range(n):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            name = name.decode() if isinstance(name, bytes) else name
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+            info["gpus"].append({"index": i, "name": name, "memory_total_bytes": int(mem)})
+        if info["gpus"]:
+            info["gpu_model"] = info["gpus"][0]["name"]
+    except Exception as e:  # noqa: BLE001
+        info["nvml_error"] = str(e)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def _host_facts(cores: int) -> dict:
+    import psutil
+
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": devices.cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "cores_granted": cores,
+        "ram_total_bytes": int(psutil.virtual_memory().total),
+    }
+
+
+def provenance(
+    spec: RunSpec,
+    launch: Launch | None,
+    stats: dict[int, RankStats],
+    cores: int,
+    supervision: Supervision,
+    run_id: str,
+) -> dict:
+    """The provenance.json record (``schema_problems`` is the caller's to fill in)."""
+    commit, dirty = git_commit(REPO_ROOT)
+    rank0 = stats.get(0)
+    return {
+        "host": socket.gethostname(),
+        "hosts": sorted({s.host for s in stats.values() if s.host}),
+        **gpu_info(),
+        "cuda_version": rank0.cuda_version if rank0 else None,
+        "torch_version": (rank0 and rank0.torch_version) or pkg_version("torch"),
+        "deepspeed_version": (rank0 and rank0.deepspeed_version) or pkg_version("deepspeed"),
+        "transformers_version": pkg_version("transformers"),
+        **_host_facts(cores),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_job_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+        "slurm_job_gpus": os.environ.get("SLURM_JOB_GPUS"),
+        "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "ds_config": str(spec.ds_config),
+        "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True),
+        "launch_command": launch.command_line if launch else None,
+        "launch_env": launch.env if launch else None,
+        "rendezvous_host": launch.rdzv_host if launch else None,
+        "rendezvous_port": launch.port if launch else None,
+        "environment": allowed_env(),
+        "runner_exit_code_of_launcher": supervision.rc,
+        "runner_peak_tree_rss_bytes": supervision.peak_tree_rss,
+        "run_id": run_id,
+        "schema_problems": [],
+    }
+
+
+def provenance_problems(record: dict) -> list[str]:
+    return schema_problems(record, provenance_schema())

@@ -1,0 +1,3 @@
+from offload_study.report.render import main
+
+raise SystemExit(main())
