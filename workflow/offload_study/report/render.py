@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from offload_study import collect
+from offload_study import collect, contracts
 from offload_study.report import figures, predicted, views
 
 
@@ -122,6 +122,11 @@ def _read_plan(path: str) -> dict:
         raise SystemExit(f"report: cannot read the plan {path}: {e}") from e
     if not isinstance(plan, dict):
         raise SystemExit(f"report: {path} is not a plan (a JSON object)")
+    # plan.csv lies beside plan.json (contracts.PLAN_CSV): found there also when the study's
+    # folder was moved (committed records under docs/results, an unpacked bundle).
+    beside = Path(path).with_name(contracts.PLAN_CSV)
+    if isinstance(plan.get("prediction"), dict) and beside.is_file():
+        plan["prediction"]["plan_csv"] = str(beside)
     return plan
 
 
