@@ -30,7 +30,7 @@ def bundled_summary(cross_cluster, cluster: str) -> pd.DataFrame:  # noqa: F811
 
 def test_compare_cli_puts_the_clusters_side_by_side(cross_cluster, tmp_path, capsys):  # noqa: F811
     a, b = cross_cluster.bundles["cpu-a"], cross_cluster.bundles["cpu-b"]
-    out = tmp_path / "reports" / "compare" / f"{compare.compare_name([a, b])}.html"
+    out = tmp_path / "reports" / "compare" / f"{bundle.compare_name([a, b])}.html"
     assert compare.main(["--out", str(out), str(a), str(b)]) == 0
     printed = capsys.readouterr().out
     assert "cpu-b:" in printed and "the tokens/s of cpu-a" in printed
