@@ -8,8 +8,8 @@ from conftest import make_spec
 from offload_study.resources import (
     MEM_HEADROOM_MB,
     check_fits,
-    resource_callables,
     resource_keys,
+    rule_resources,
     train_resources,
 )
 from offload_study.study import StudyError
@@ -154,17 +154,22 @@ def test_bad_gres_type():
         train_resources(spec(), cl)
 
 
-def test_resource_callables():
+def test_rule_resources_plain_values_where_all_runs_agree():
     specs = {"a": spec(name="a"), "b": spec(name="b", gpus_per_node=8)}
+    by_scenario = {name: train_resources(s, GPU_CLUSTER) for name, s in specs.items()}
 
     class WC:
         def __init__(self, s):
             self.scenario = s
 
-    fns = resource_callables(lambda wc: specs[wc.scenario], GPU_CLUSTER)
-    assert set(fns) == set(resource_keys(GPU_CLUSTER))
-    assert fns["gres"](WC("a")) == "gpu:h200:2"
-    assert fns["gres"](WC("b")) == "gpu:h200:8"
+    res = rule_resources(by_scenario, GPU_CLUSTER)
+    assert set(res) == set(resource_keys(GPU_CLUSTER))
+    assert res["gres"](WC("a")) == "gpu:h200:2"
+    assert res["gres"](WC("b")) == "gpu:h200:8"
+    assert res["nodes"] == 1  # the same for both runs: a plain value, no per-job call
+    refused = rule_resources(by_scenario, GPU_CLUSTER, scenario_of=lambda wc: "nope")
+    with pytest.raises(KeyError):
+        refused["gres"](WC("a"))
 
 
 def test_mem_without_budget():

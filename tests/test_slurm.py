@@ -89,7 +89,7 @@ SNAKEFILE = textwrap.dedent(
     """\
     from pathlib import Path
     from offload_study.contracts import read_json, read_run_spec
-    from offload_study.resources import resource_callables
+    from offload_study.resources import rule_resources, train_resources
     CLUSTER = read_json("cluster.json")
     SPECS = {p.name.removesuffix(".run.json"): read_run_spec(p)
              for p in Path("specs").glob("*.run.json")}
@@ -99,7 +99,7 @@ SNAKEFILE = textwrap.dedent(
     rule train:
         output: "out/{scenario}.txt"
         params: sleep=config.get("sleep", 1)
-        resources: **resource_callables(lambda wc: SPECS[wc.scenario], CLUSTER)
+        resources: **rule_resources({n: train_resources(s, CLUSTER) for n, s in SPECS.items()}, CLUSTER)
         shell:
             "echo $SLURM_JOB_ID > {output}.tmp; "
             "echo CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES:-}} >> {output}.tmp; "

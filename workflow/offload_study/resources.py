@@ -25,13 +25,13 @@ key                sbatch option                          when present
 =================  =====================================  ==========================================
 
 For one cluster the key set is the same for every run, so a rule can use
-``resources: **resource_callables(spec_for, cluster)``.
+``resources: **rule_resources(by_scenario, cluster)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from offload_study.contracts import RunSpec
@@ -44,7 +44,7 @@ __all__ = [
     "fit_problems",
     "train_resources",
     "resource_keys",
-    "resource_callables",
+    "rule_resources",
 ]
 
 #: minutes added to the run's timeout_s (the harness must time out, and write its record,
@@ -254,19 +254,22 @@ def resource_keys(cluster: dict) -> list[str]:
     return keys
 
 
-def resource_callables(
-    spec_for: Callable[[Any], RunSpec], cluster: dict
-) -> dict[str, Callable[[Any], Any]]:
-    """``{key: lambda wildcards: ...}`` for a rule's ``resources: **...``.
+def rule_resources(
+    by_scenario: Mapping[str, dict[str, Any]],
+    cluster: dict,
+    scenario_of: Callable[[Any], str] = lambda wildcards: wildcards.scenario,
+) -> dict[str, Any]:
+    """A rule's ``resources: **...`` from each run's :func:`train_resources` (computed once).
 
-    spec_for(wildcards) returns the RunSpec of the job (e.g. looked up by
-    wildcards.scenario in the plan computed at parse time)."""
+    A key with the same value for every run is that value; otherwise a function of the job's
+    wildcards (``scenario_of`` names its scenario and may refuse an unknown one). Snakemake calls
+    a function once per job and key, which costs seconds for 1,000 runs.
+    """
 
-    def getter(key: str):
-        def f(wildcards):
-            return train_resources(spec_for(wildcards), cluster)[key]
+    def per_job(key: str):
+        values = {name: res[key] for name, res in by_scenario.items()}
+        if len(set(values.values())) == 1:
+            return next(iter(values.values()))
+        return lambda wildcards: values[scenario_of(wildcards)]
 
-        f.__name__ = f"train_resource_{key}"
-        return f
-
-    return {k: getter(k) for k in resource_keys(cluster)}
+    return {key: per_job(key) for key in resource_keys(cluster)} if by_scenario else {}

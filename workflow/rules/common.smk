@@ -10,7 +10,7 @@ sys.path.insert(
 
 from offload_study.bundle import compare_name
 from offload_study.plan import Plan
-from offload_study.resources import resource_keys, train_resources
+from offload_study.resources import rule_resources, train_resources
 from offload_study.study import StudyError
 
 try:
@@ -45,19 +45,7 @@ def scenario_of(wildcards):
     return wildcards.scenario
 
 
-def per_job(by_scenario):
-    """scenario -> value, as a rule's threads or resource: the value itself when all runs have
-    the same (Snakemake calls a function once per job and key: seconds for 1,000 runs).
-    """
-    if len(set(by_scenario.values())) == 1:
-        return next(iter(by_scenario.values()))
-    return lambda wildcards: by_scenario[scenario_of(wildcards)]
-
-
-TRAIN_RESOURCES = {
-    key: per_job({name: res[key] for name, res in RESOURCES_BY_SCENARIO.items()})
-    for key in resource_keys(PLAN.cluster)
-}
+TRAIN_RESOURCES = rule_resources(RESOURCES_BY_SCENARIO, PLAN.cluster, scenario_of)
 # On one machine a run takes every core given to Snakemake, so runs never overlap (two runs
 # sharing GPUs or cores would skew each other's numbers); under SLURM, its CPUs.
 TRAIN_THREADS = (
