@@ -5,6 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
+STUDY ?=
 BIN := $(abspath $(VENV))/bin
 # What the default study and the tests run: CPU Adam, fused Adam, gloo's shared-memory comm,
 # async_io (NVMe offload). Built for DeepSpeed's CPU accelerator, the one the default study uses.
@@ -15,8 +16,10 @@ export PYTHON
 
 .PHONY: study test setup lint docs debian-study debian-test
 
+# `make study STUDY=config/studies/X.yaml`: another study, read as data (--config study_file;
+# never --configfile, whose YAML template engine can run a file's Python).
 study: debian-study $(VENV)/.ops
-	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --cores $(CORES) $(if $(STUDY),--config study_file='$(STUDY)')
 
 test: debian-test $(VENV)/.ops
 	$(BIN)/python -m pytest -q -rs

@@ -1,26 +1,35 @@
 # offload-study: DeepSpeed ZeRO-3 offload comparison studies.
-#   snakemake -c 2                                   default study (config/config.yaml), this machine
-#   snakemake -c 2 --configfile config/studies/X.yaml    another study (replaces the default one)
-#   snakemake --profile slurm --configfile ...       on a SLURM login node
+#   snakemake -c 2                                           default study (config/config.yaml)
+#   snakemake -c 2 --config study_file=config/studies/X.yaml     another study (replaces it)
+#   snakemake --profile slurm --config study_file=... cluster=<name>   on a SLURM login node
+# --config study_file is read as data only (offload_study.yamlsafe). A --configfile is read by
+# Snakemake's own loader, which runs the file's Python when it sets `__use_yte__: true` (YAML
+# template engine) before this file starts, and no public interface lets a workflow see those
+# files again: --configfile is for trusted files only (offload_study/studyfile.py).
 import gc
+import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 min_version("9.0")
 
-DEFAULT_STUDY = "config/config.yaml"
+# the library, also without pip install -e
+sys.path.insert(0, f"{workflow.basedir}/workflow")
 
-# A study given with --configfile REPLACES the default study: Snakemake would merge the two key by
-# key (leaking the default's scenarios' knobs, model, ...). `config` already holds what
-# --configfile/--config gave when the Snakefile starts, so the default is read only when no study
-# (no `study` key) was given. Unlike --replace-workflow-config, this also holds in the jobs that
-# Snakemake spawns (e.g. on SLURM), which get --configfiles/--config but not that flag.
-if "study" in config:
-    STUDY_SOURCE = f"the study '{config['study']}' given with --configfile"
-else:
-    STUDY_SOURCE = DEFAULT_STUDY
+from offload_study.studyfile import study_config
+from offload_study.study import StudyError
 
-    configfile: DEFAULT_STUDY
+# The study replaces `config` (the documented way: the config dict may be changed by Python
+# code here): a study file never merges with the default study (its scenarios, model, ...
+# would leak in). Jobs submitted to SLURM get the same --config/--configfile and choose the
+# same study the same way (unlike --replace-workflow-config, which they do not get).
+try:
+    STUDY, STUDY_SOURCE = study_config(config)
+except StudyError as err:
+    raise WorkflowError(f"invalid study: {err}") from None
+config.clear()
+config.update(STUDY)
 
 
 report: "workflow/report/workflow.rst"
@@ -35,6 +44,7 @@ include: "workflow/rules/bundle.smk"
 include: "workflow/rules/compare.smk"
 include: "workflow/rules/check.smk"
 include: "workflow/rules/publish.smk"
+include: "workflow/rules/recommend.smk"
 
 
 rule all:

@@ -45,6 +45,7 @@ def bench_study(n_scenarios: int) -> dict:
     """seed.yaml with five base scenarios, each swept to n_scenarios / 5 expanded scenarios."""
     study = yaml.safe_load((REPO_ROOT / "config/studies/seed.yaml").read_text())
     study["study"] = f"bench-{n_scenarios}"
+    study["max_runs"] = max(n_scenarios, 1000)  # the study key that allows more than 1000 runs
     extra = {**study["scenarios"][0], "name": "offload-opt-8gpu-40gb", "cpu_mem_gb": 256,
              "label": "ZeRO-3 + CPU optimizer offload (8 GPU)",
              "offload_optimizer": "cpu"}  # fmt: skip

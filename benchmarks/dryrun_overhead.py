@@ -54,6 +54,7 @@ def study_with_runs(runs: int) -> dict:
     """The default study, each scenario swept over runs/scenarios values of one ZeRO knob."""
     study = yaml.safe_load((REPO_ROOT / "config/config.yaml").read_text())
     study["study"] = f"bench-dryrun-{runs}"
+    study["max_runs"] = max(runs, 1000)  # the study key that allows more than 1000 runs
     per_scenario = max(1, runs // len(study["scenarios"]))
     values = [int(5e7) * (i + 1) for i in range(per_scenario)]
     for scenario in study["scenarios"]:

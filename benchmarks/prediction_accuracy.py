@@ -126,6 +126,22 @@ def summary_lines(rows: list[dict], kind: str) -> list[str]:
     return lines
 
 
+def calibration_lines(path: Path) -> list[str]:
+    """What a measured calibration says of itself: its rates and the spread of their samples
+    (offload_study.calibrate records the range of each measurement)."""
+    cal = read_calibration(path)
+    spread = cal.provenance.get("spread", {})
+    lines = [f"CPU calibration {path}: {cal.source}, {cal.provenance.get('measured_at')}"]
+    for key, summary in spread.items():
+        lines.append(
+            f"  {key}: median {summary['median']:.4g}, range {summary['low']:.4g}-"
+            f"{summary['high']:.4g} ({summary['spread_pct']:.0f} %, {summary['samples']} samples)"
+        )
+    layers = cal.zero3_layer_s or {}
+    lines += [f"  host s per layer, {ranks} rank(s): {costs}" for ranks, costs in layers.items()]
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu-study-dir", type=Path, help="results/<cluster>/<study> of a CPU run")
@@ -147,6 +163,8 @@ def main(argv=None) -> int:
     for kind in ("GPU", "CPU"):
         for line in summary_lines([r for r in rows if r["kind"] == kind], kind):
             print(line)
+    if a.cpu_study_dir:
+        print("\n".join(calibration_lines(cal)))
     return 0
 
 

@@ -22,7 +22,7 @@ RUN_JSON_KEYS = set(
     "warmup_steps seed data optimizer nodes gpus_per_node world_size accelerator gpu_mem_gb "
     "cluster_gpu_mem_gb cpu_mem_gb offload_optimizer offload_param nvme_path pin_memory zero aio "
     "timeout_s step_timeout_s strict reference ds_config".split()
-) | {"gpu_model", "peak_tflops", "nvme_capacity_gb", "measure", "force", "predict_only"}
+) | {"gpu_model", "peak_tflops", "nvme_capacity_gb", "measure", "force", "predict_only", "modes"}
 
 
 def test_run_json_keys_and_round_trip(tmp_path):

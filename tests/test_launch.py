@@ -58,7 +58,7 @@ def test_multi_node_command_line():
         return subprocess.CompletedProcess(argv, 0, stdout="gpu-a01\ngpu-a02\n", stderr="")
 
     spec = make_spec(GPU_CLUSTER, {"nodes": 2, "gpus_per_node": 4})
-    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-02]"}
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-02]", "SLURM_NTASKS": "1"}
     lch = launch.build_launch(
         spec, "run.json", "out", cores=64, run_id="r", environ=env, torchrun=["torchrun"],
         hostname_resolver=lambda nl: launch.first_slurm_host(nl, runner=fake_scontrol),
@@ -67,11 +67,15 @@ def test_multi_node_command_line():
     port = launch.slurm_port("4242")
     assert 20000 <= port < 40000 and port == launch.slurm_port(4242)
     assert lch.argv == shlex.split(
-        "srun --nodes 2 --ntasks-per-node 1 --kill-on-bad-exit=1 torchrun --nnodes 2 "
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --overlap --kill-on-bad-exit=1 "
+        "torchrun --nnodes 2 "
         f"--nproc_per_node 4 --rdzv-backend c10d --rdzv-endpoint gpu-a01:{port} --rdzv-id 4242 "
         "-m offload_study.harness --spec run.json --out out --run-id r"
     )
     assert lch.port == port and lch.rdzv_host == "gpu-a01"
+    # the runner's job step variables stay behind, the job's identity goes along
+    assert lch.environ({**env, "HOME": "/root"}) == {"SLURM_JOB_ID": "4242", "HOME": "/root",
+                                                     **lch.env}  # fmt: skip
     assert lch.env["OMP_NUM_THREADS"] == "16"
     assert FIXED.items() <= lch.env.items()
 

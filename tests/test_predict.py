@@ -143,7 +143,62 @@ def test_nvme_and_collectives_by_hand():
     t = predict.step_time(spec, ds(spec), CAL)
     part = math.ceil(P / 2)
     assert t.nvme_s == pytest.approx(2 * (12 * part / 1e9 + 12 * part / 2e9))  # 2 ranks, 1 disk
-    assert t.comm_s == pytest.approx(3 * 2 * P * 0.5 / 100e9)
+    # every tensor of LLAMA is under the persistence threshold (1e5): nothing is gathered, the
+    # gradients are reduced in one bucket, half of their bytes cross
+    assert t.comm_s == pytest.approx(2 * P * 0.5 / 100e9)
+
+
+def test_each_partitioned_tensor_is_gathered_per_fetch_at_its_latency():
+    spec = gpu_spec({"gpus_per_node": 2, "zero": {"stage3_param_persistence_threshold": 0}})
+    cal = dataclasses.replace(CAL, collective_latency_s=1e-4)
+    tensors = 2 * 9 + 3  # per layer 7 projections and 2 norms; embeddings, norm, LM head
+    assert len(predict.model_shape(spec).tensors) == tensors
+    assert sum(predict.model_shape(spec).tensors) == P
+    calls = 2 * tensors + 1  # gathered for the forward and the backward; one reduce bucket
+    moved = 2 * (2 * P + P) * 0.5  # bf16, half of it from the other rank
+    assert predict.step_time(spec, ds(spec), cal).comm_s == pytest.approx(
+        calls * 1e-4 + moved / 100e9
+    )
+
+
+#: A CPU node's calibration with the probe's host seconds per decoder layer (1 and 2 ranks).
+CPU_CAL = dataclasses.replace(
+    CAL, accelerator="cpu", matmul_tflops=1.0, h2d_gb_s=None, d2h_gb_s=None,
+    pageable_h2d_gb_s=None, interconnect_gb_s=1.0, collective_latency_s=1e-4,
+    zero3_layer_s={"1": {"forward": 0.003, "backward": 0.004, "rest": 0.02},
+                   "2": {"forward": 0.001, "backward": 0.002, "rest": 0.01}},
+)  # fmt: skip
+
+
+def cpu_spec(ranks: int):
+    return make_spec("local-cpu", {"gpus_per_node": ranks}, model={"config": dict(LLAMA)},
+                     gradient_checkpointing=True)  # fmt: skip
+
+
+def test_cpu_ranks_add_compute_layers_and_collectives_by_hand():
+    spec = cpu_spec(2)
+    t = predict.step_time(spec, ds(spec), CPU_CAL)
+    gas, shape = spec.gradient_accumulation_steps, predict.model_shape(spec)
+    # the two ranks share the node's measured matmul rate (no efficiency factor on a CPU)
+    assert t.flops_s == pytest.approx(gas * 2 * predict.flops_per_micro_step(spec, shape) / 1e12)
+    # each of 2 layers: its forward twice (checkpointing recomputes it) and its backward
+    assert t.dispatch_s == pytest.approx(gas * (2 * (2 * 0.001 + 0.002) + 0.01))
+    assert t.comm_s == pytest.approx(gas * (1e-4 + 2 * P * 0.5 / 1e9))  # one reduce, no gather
+    assert t.optimizer_s == pytest.approx(2 * math.ceil(P / 2) / 1e9)  # 2 ranks share CPU Adam
+    # one thread per rank runs them in turn: they add up
+    assert t.total == pytest.approx(t.flops_s + t.dispatch_s + t.comm_s + t.optimizer_s)
+
+
+def test_a_lone_cpu_rank_uses_the_one_rank_probe_and_older_calibrations_the_fit():
+    alone = cpu_spec(1)
+    t = predict.step_time(alone, ds(alone), CPU_CAL)
+    gas = alone.gradient_accumulation_steps
+    assert t.dispatch_s == pytest.approx(gas * (2 * (2 * 0.003 + 0.004) + 0.02))
+    assert t.comm_s == 0  # one rank: no collective
+    old = dataclasses.replace(CPU_CAL, zero3_layer_s=None, collective_latency_s=None)
+    t = predict.step_time(alone, ds(alone), old)
+    assert t.dispatch_s == pytest.approx(gas * 2 * predict.FITS["cpu"].dispatch_s_per_layer)
+    assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.optimizer_s)
 
 
 # --------------------------------------------------------------------------- against records

@@ -141,7 +141,9 @@ def test_nvme_capacity_refuses_only_the_clearly_impossible():
     seven_b = {"model": {"preset": "llama2-7b"}, "timeout_min": 30}
     with pytest.raises(StudyError) as e:  # 6.7e9 params x 12 B = 81 GB > 50 GB
         make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=50), {"name": "n", **nvme}, **seven_b)
-    assert "scenarios[0].offload_optimizer" in str(e.value) and "nvme_capacity_gb=50" in str(e.value)
+    assert "scenarios[0].offload_optimizer" in str(e.value) and "nvme_capacity_gb=50" in str(
+        e.value
+    )
     # the same on two nodes: 40 GB each
     run = make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=50), {"name": "n", "nodes": 2, **nvme},
                     **seven_b)  # fmt: skip

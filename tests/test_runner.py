@@ -241,6 +241,8 @@ def evidence(rc=1, killed=None, detail=None, logs=None, finished=(), steps=(), s
 
 
 STEP = StepRow(1, "measured", 0.5, 100.0, 1.0, 6.0)
+SKIPPED = StepRow(2, "measured", 0.3, 160.0, 1.6, 6.0, skipped=1, loss_scale=2.0**31)
+WARM_SKIPPED = StepRow(1, "warmup", 0.3, 160.0, 1.6, 6.0, skipped=1, loss_scale=2.0**31)
 OOM_LOG = {"launcher.log": "exitcode 1", "rank1.log": "torch.OutOfMemoryError: CUDA out of memory."}
 DECISIONS = [
     # (evidence, outcome, words the excerpt must contain)
@@ -249,6 +251,9 @@ DECISIONS = [
     (evidence(rc=0, finished=(0, 1), steps=[STEP], step_timeout=0.1), "timeout",
      ["a step exceeded step_timeout_s=0.1"]),
     (evidence(rc=0, finished=(0, 1), steps=[STEP], step_timeout=1.0), "ok", []),
+    (evidence(rc=0, finished=(0, 1), steps=[SKIPPED, SKIPPED]), "error",
+     ["all 2 measured optimizer steps were skipped", "initial_scale_power"]),
+    (evidence(rc=0, finished=(0, 1), steps=[WARM_SKIPPED, SKIPPED, STEP]), "ok", []),
     (evidence(rc=1, logs=OOM_LOG, finished=(0,)), "gpu_oom", ["CUDA out of memory"]),
     (evidence(rc=-9, logs={"rank0.log": "step 3"}), "host_oom", []),
     (evidence(rc=1), "error", ["exit code 1"]),

@@ -305,3 +305,37 @@ def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path):
     assert metrics["outcome"] == "cancelled", out[-4000:]
     assert metrics["slurm_job_id"] == str(job_id)
     assert cluster.job_state(job_id) == "CANCELLED"
+
+
+# --- two nodes ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def two_nodes():
+    """The two-node SLURM that config/clusters/test-slurm-2node.yaml describes."""
+    yield from slurm_fixture_gen(nodes=2, gpus=0, gres_type=None, min_job_age=MIN_JOB_AGE_S)
+
+
+@pytest.mark.slow
+def test_two_node_run_of_the_default_study(two_nodes, tmp_path):
+    """A 2-node scenario of the default study through `snakemake --profile`: srun starts one
+    torchrun per node, their c10d rendezvous and gloo work, and the record names both hosts."""
+    work = copy_repo_for_run(tmp_path)
+    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    (scenario,) = [s for s in study["scenarios"] if s["name"] == "zero3-2rank"]
+    scenario.update(name="zero3-2node", nodes=2, gpus_per_node=1)
+    study.update(study="two-node", cluster="test-slurm-2node", scenarios=[scenario],
+                 measure={"mode": "fixed"}, steps=3, warmup_steps=1)  # fmt: skip
+    (work / "two-node.yaml").write_text(yaml.safe_dump(study))
+    cp = snakemake(two_nodes, work, write_profile(tmp_path / "prof"), "--configfile",
+                   "two-node.yaml", timeout=900)  # fmt: skip
+    assert cp.returncode == 0, cp.stdout[-6000:] + cp.stderr[-6000:] + two_nodes.logs()
+    record = work / "results" / "test-slurm-2node" / "two-node" / "zero3-2node" / "rep0"
+    metrics, prov = read_json(record / "metrics.json"), read_json(record / "provenance.json")
+    assert metrics["outcome"] == "ok", metrics["error_excerpt"]
+    assert (metrics["nodes"], metrics["world_size"]) == (2, 2)
+    assert prov["hosts"] == two_nodes.nodes == ["ost1", "ost2"]
+    assert prov["launch_command"].startswith("srun --nodes 2")
+    assert prov["rendezvous_host"] == "ost1"
+    job = two_nodes.job_info(metrics["slurm_job_id"])
+    assert job["NumNodes"] == "2" and job["NodeList"] == "ost[1-2]", job
+    ranks = {read_json(p)["rank"]: read_json(p)["host"] for p in record.glob("rank*.stats.json")}
+    assert ranks == {0: "ost1", 1: "ost2"}

@@ -132,6 +132,21 @@ def test_noisy_steps_stop_on_the_step_budget_or_the_time_budget():
     assert stop == "max_time" and sum(measured) >= 100 > sum(measured[:-1])
 
 
+def test_steps_too_noisy_for_the_target_stop_early_as_target_unreachable():
+    """+-10 % per step: the 2 % target would need ~hundreds of steps; after 2 x min_steps timed
+    steps the projection says so, and the run stops instead of spending its budget."""
+    phases, stop, tracker = track(noise(400, 0.10))
+    assert stop == "target_unreachable" and 20 <= phases.count("measured") < 60  # not 200
+    assert steady.median_ci(tracker.times["measured"]).half_pct > 2.0
+
+
+def test_a_target_within_reach_is_not_given_up():
+    """+-5 % per step: the projection fits the budget, the run goes on until the CI is there."""
+    phases, stop, tracker = track(noise(400, 0.05))
+    assert stop == "target_met" and phases.count("measured") > 20
+    assert steady.median_ci(tracker.times["measured"]).half_pct <= 2.0
+
+
 def test_skipped_measured_steps_are_counted_but_not_timed():
     times = noise(100, 0.01)
     skipped = [i % 2 == 1 for i in range(100)]  # from step 2 on, every other step skipped
@@ -155,7 +170,13 @@ def test_decisions_travel_as_two_ints_and_reasons_are_the_schemas():
         for stop in [None, *STOP_REASONS]:
             decision = steady.Decision(phase, stop)
             assert steady.Decision.decode(decision.encode()) == decision
-    assert set(STOP_REASONS) == {"target_met", "max_steps", "max_time", "fixed"}
+    assert set(STOP_REASONS) == {
+        "target_met",
+        "max_steps",
+        "max_time",
+        "target_unreachable",
+        "fixed",
+    }
 
 
 # --------------------------------------------------------------------------- plan
@@ -313,6 +334,36 @@ def test_overflow_lines_of_deepspeeds_own_fp16_loss_scaler():
         (0, 65536, 2, None), (0, 65536, None, 32768)
     ], text  # fmt: skip
     assert logparse.ds_skipped_steps(text) == 2 and scaler.cur_scale == 32768
+
+
+def test_a_real_gpu_fp16_overflow_run_is_counted_from_its_log_and_its_steps():
+    """tests/fixtures/gpu-fp16-overflow: a whole record captured on an H200 (benchmarks/device/
+    lib.sh overflow_fixture: the default GPU study's model, fp16 with an initial loss scale of 2^32,
+    6 fixed steps). Every step overflowed: DeepSpeed's log, the harness's steps.csv (engine counter,
+    loss scale per step) and metrics.json must agree on 6 skipped steps and a halving scale."""
+    record = FIXTURES / "gpu-fp16-overflow"
+    text = (record / "logs" / "rank0.log").read_text()
+    overflows = logparse.skip_lines(text, "overflow")
+    assert len(overflows) == 6 and overflows[0]["hysteresis"] == 2  # the first one uses hysteresis
+    assert [o["attempted"] for o in overflows[1:]] == [2**32 >> i for i in range(5)]
+    assert logparse.ds_skipped_steps(text) == 6
+    rows = contracts.read_steps(record / "steps.csv")
+    assert [r.skipped for r in rows] == [1] * 6
+    # the scale after each step's update: hysteresis keeps 2^32 once, then it halves every step
+    assert [r.loss_scale for r in rows] == pytest.approx(
+        [2.0 ** (32 - i) for i in range(6)], rel=1e-5
+    )
+    m = json.loads((record / "metrics.json").read_text())
+    assert m["skipped_steps_measured"] == m["skipped_steps_ds_log"] == 6
+    assert m["step_time_s"] is None  # no step did optimizer work: no speed to report
+    # This record predates outcome.nothing_timed (it says "ok"); judged today, it is an error:
+    from offload_study import outcome
+
+    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1, finished=True)}
+    logs = {"rank0.log": text}
+    ev = outcome.Evidence(Supervision(rc=0), logs, stats, rows, 1, None)
+    verdict, excerpt = outcome.decide(ev)
+    assert verdict == "error" and "all 6 measured optimizer steps were skipped" in excerpt
 
 
 # --------------------------------------------------------------------------- real DeepSpeed

@@ -30,7 +30,7 @@ def job_counts(output: str) -> dict[str, int]:
 
 @pytest.mark.parametrize(
     ("args", "expected_train"),
-    [((), 4), (("--configfile", "config/studies/seed.yaml"), 4)],
+    [((), 4), (("--config", "study_file=config/studies/seed.yaml"), 4)],
     ids=["default", "seed"],
 )
 def test_dry_run_plans_one_train_job_per_scenario_and_repeat(args, expected_train):
@@ -53,20 +53,32 @@ def train_runtimes(output: str) -> set[str]:
 
 
 def test_a_study_file_replaces_the_default_study(tmp_path):
-    """A key the study file leaves out takes the schema's default, not the default study's."""
+    """A key the study file leaves out takes the schema's default, not the default study's;
+    the same with study_file (the documented way) and with a trusted --configfile."""
     study = yaml.safe_load((REPO_ROOT / "config/config.yaml").read_text())
     del study["timeout_min"]  # 15 in the default study, 60 in the schema: changes `runtime`
     study["study"] = "replaced"
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
     default = snakemake("-n", "--forceall")
-    replaced = snakemake("-n", "--forceall", "--configfile", str(path))
+    replaced = snakemake("-n", "--forceall", "--config", f"study_file={path}")
+    trusted = snakemake("-n", "--forceall", "--configfile", str(path))
     flagged = snakemake("-n", "--forceall", "--configfile", str(path), "--replace-workflow-config")
-    for result in (default, replaced, flagged):
+    for result in (default, replaced, trusted, flagged):
         assert result.returncode == 0, result.stderr
     assert "reports/replaced/report.html" in replaced.stdout
     assert train_runtimes(replaced.stdout) != train_runtimes(default.stdout)
+    assert train_runtimes(trusted.stdout) == train_runtimes(replaced.stdout)
     assert train_runtimes(flagged.stdout) == train_runtimes(replaced.stdout)
+
+
+def test_config_keys_go_over_a_study_file():
+    result = snakemake(
+        "-n", "--forceall", "--config", "study_file=config/studies/seed.yaml", "repeats=3"
+    )
+    assert result.returncode == 0, result.stderr
+    assert job_counts(result.stdout)["train"] == 12
+    assert "reports/seed/report.html" in result.stdout
 
 
 def test_a_config_file_without_a_study_overrides_the_default_study(tmp_path):

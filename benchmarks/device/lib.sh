@@ -113,3 +113,27 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("*/rep*/metrics.json")):
 EOF
 }
 
+
+# ---------------------------------------------------------------- fp16 overflow log
+overflow_fixture() { # overflow_fixture CLUSTER: fp16 with an initial loss scale of 2^32, so that
+  # DeepSpeed skips steps on purpose; the log is the fixture of tests/test_logparse.py
+  local cluster=$1
+  python3 -m snakemake plan --cores "$CORES" --scheduler greedy \
+    --configfile config/studies/default-gpu.yaml --config cluster=$cluster >"$LOGS/overflow_plan.log" 2>&1
+  python3 - "$cluster" <<'PY'
+import json
+import sys
+base = f"results/{sys.argv[1]}/default-gpu/configs/zero3"
+spec, ds = json.load(open(base + ".run.json")), json.load(open(base + ".json"))
+ds.pop("bf16", None)
+ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 32}
+json.dump(ds, open("/tmp/overflow.json", "w"), indent=1)
+spec.update(dtype="fp16", steps=6, warmup_steps=0, scenario="fp16-overflow", ds_config="/tmp/overflow.json")
+if isinstance(spec.get("measure"), dict):
+    spec["measure"]["mode"] = "fixed"  # 6 steps, every one of them skipped
+json.dump(spec, open("/tmp/overflow.run.json", "w"), indent=1)
+PY
+  python3 -m offload_study.runner --spec /tmp/overflow.run.json --repeat 0 --outdir /tmp/overflow/rep0
+  grep -h "OVERFLOW\|loss scale" /tmp/overflow/rep0/logs/rank0.log | head -20
+}
+

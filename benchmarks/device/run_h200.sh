@@ -7,6 +7,7 @@
 #   a      config/studies/h200-1gpu.yaml (model A, 7 runs) + raw-DeepSpeed fidelity loop
 #   nvme   config/studies/h200-1gpu-nvme.yaml (model B, 4 runs incl. NVMe), then
 #          config/studies/default-gpu.yaml (the default study's GPU variant, 4 runs)
+#   method config/studies/h200-1gpu-method.yaml (3 long fixed runs, ~4 min) + fp16 overflow log
 #   full   a then nvme (does NOT fit in one 10-min call: what runs past the deadline is cut)
 # Everything is time-boxed against a deadline (DEADLINE_S, default 570 s after start) and the
 # results are packed into $OUT after every stage, so a call stopped at its limit still returns
@@ -76,9 +77,9 @@ EOF
 
 pack() { # everything that must come back, <= 8 files in $OUT
   local t=$(date +%s)
-  tar -czf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "$RES_A" "$RES_B" "$RES_C" \
+  tar -czf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "$RES_A" "$RES_B" "$RES_C" "$RES_M" \
     "reports/${RES_A##*/}" "reports/${RES_B##*/}" "reports/${RES_C##*/}" .snakemake/log 2>/dev/null)
-  tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw smoke 2>/dev/null)
+  tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw smoke overflow 2>/dev/null)
   say "packed $(du -sh "$OUT/results.tar.gz" | cut -f1) into \$OUT ($(($(date +%s) - t)) s)"
 }
 
@@ -86,7 +87,7 @@ summary() {
   echo
   echo "==================== summary ($STAGE, $(elapsed) s) ===================="
   printf '%s\n' "${SUMMARY[@]}"
-  for d in "$RES_A" "$RES_B" "$RES_C"; do
+  for d in "$RES_A" "$RES_B" "$RES_C" "$RES_M"; do
     [ -d "$d" ] && { echo "-- $d"; table "$d"; }
   done
   if [ -d /tmp/raw/a ]; then
@@ -96,7 +97,7 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left versions build_ops snake raw fidelity table
+export -f elapsed say left versions build_ops snake raw fidelity table overflow_fixture
 export T0 DEADLINE_S
 
 # ---------------------------------------------------------------- stages
@@ -105,6 +106,7 @@ STUDY_B=${STUDY_B:-config/studies/h200-1gpu-nvme.yaml}
 STUDY_C=${STUDY_C:-config/studies/default-gpu.yaml}
 RES_A=results/h200-1gpu/h200-1gpu RES_B=results/h200-1gpu/h200-1gpu-nvme
 RES_C=results/h200-1gpu/default-gpu
+STUDY_M=config/studies/h200-1gpu-method.yaml RES_M=results/h200-1gpu/h200-1gpu-method
 setup
 timed versions 150 versions
 res=$(python3 -c "from offload_study.plan import Plan
@@ -163,6 +165,15 @@ fid)
   done
   tar -czf "$OUT/fid.tar.gz" -C /tmp fid raw/fid
   ;;
+method)
+  # the measurement method's benchmark (config/studies/h200-1gpu-method.yaml: 3 long fixed runs of
+  # model A at gas 1; benchmarks/adaptive_vs_fixed.py replays the adaptive stop over them), then the
+  # fp16 overflow log (tests' fixture)
+  timed ops "${OPS_S:-240}" build_ops cpu_adam fused_adam
+  timed overflow 80 overflow_fixture h200-1gpu
+  timed plan_m 120 snake $STUDY_M plan
+  timed "study method" 330 snake $STUDY_M $RES_M/{zero3,offload-opt,offload-opt-param}/rep0/metrics.json
+  ;;
 a) ;;
-*) echo "unknown stage $STAGE (smoke | a | nvme | full)"; exit 2 ;;
+*) echo "unknown stage $STAGE (smoke | a | nvme | full | method)"; exit 2 ;;
 esac

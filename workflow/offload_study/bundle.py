@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study import __version__, contracts
+from offload_study import __version__, contracts, yamlsafe
 from offload_study.contracts import read_json, sha256_file
 from offload_study.study import load_schema
 
@@ -66,6 +66,10 @@ _CHUNK = 1 << 20
 
 class BundleError(ValueError):
     """A bundle that cannot be made or must not be read; the message names the file or member."""
+
+    def __str__(self) -> str:
+        # member names come from the bundle: a megabyte-long one must not become the message
+        return yamlsafe.cap_text(super().__str__())
 
 
 @dataclass(frozen=True)
@@ -421,5 +425,13 @@ if __name__ == "__main__":
 
 def compare_name(paths) -> str:
     """A compare page's name from its bundles' file names: 'A__vs__B' (here, not in compare, so
-    that the Snakefile can name the page without importing pandas at parse time)."""
-    return "__vs__".join(Path(p).name.removesuffix(SUFFIX) for p in paths)
+    that the Snakefile can name the page without importing pandas at parse time). BundleError
+    for a file name that is not ``<plain name>.tar.gz`` (it becomes a path under reports/)."""
+    stems = [Path(str(p)).name.removesuffix(SUFFIX) for p in paths]
+    for path, stem in zip(paths, stems, strict=True):
+        if not (str(path).endswith(SUFFIX) and valid_name(stem)):
+            raise BundleError(
+                f"{str(path)[:200]!r}: not a bundle file name (<name>{SUFFIX}, the name of "
+                "letters, digits, '.', '_' and '-')"
+            )
+    return "__vs__".join(stems)

@@ -142,6 +142,8 @@ def flatten_record(rec: dict) -> dict:
     for k in _LIST_COLUMNS:
         if isinstance(out.get(k), (list, tuple)):
             out[k] = json.dumps(list(out[k]))
+    if isinstance(out.get("modes"), dict):  # offload modes (nested, varying keys): JSON text
+        out["modes"] = json.dumps(out["modes"], sort_keys=True)
     return out
 
 

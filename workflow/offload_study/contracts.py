@@ -259,7 +259,7 @@ class RunSpec:
     offload_param: str
     nvme_path: str | None  # set only when the run offloads to NVMe
     nvme_capacity_gb: float | None  # space at the cluster's nvme_path
-    pin_memory: bool
+    pin_memory: bool | None  # None: DeepSpeed's default (left out of the offload blocks)
     zero: dict  # zero_optimization overrides (study, scenario, sweep)
     aio: dict
     timeout_s: float
@@ -269,6 +269,8 @@ class RunSpec:
     force: bool = False  # launched even when predicted not to fit (predict.refusal)
     predict_only: bool = False  # planned and predicted, never trained (e.g. more GPUs than exist)
     ds_config: str | None = None  # path of its DeepSpeed config (set when the files are written)
+    # newer offload modes and host knobs away from their defaults (offload_study.modes.MODE_KEYS)
+    modes: dict = dataclasses.field(default_factory=dict)
 
     @property
     def uses_nvme(self) -> bool:
@@ -335,6 +337,8 @@ class RankStats:
     nvme_bytes_used: int | None = None
     nvme_cleaned: bool | None = None
     wall_time_s: float | None = None
+    modes: dict | None = None  # what the engine used (offload_study.modes.effective)
+    bound_cores: list | None = None  # cores this rank was bound to (bind_cores), None: not bound
 
 
 def write_rank_stats(record: RecordDir, stats: RankStats) -> None:
@@ -504,6 +508,12 @@ class Calibration:
     disk_read_gb_s: float | None = None  # at the cluster's nvme_path
     disk_write_gb_s: float | None = None
     interconnect_gb_s: float | None = None  # collective bus bandwidth between GPUs of a node
+    # CPU clusters (calibrate's gloo probe): one small all-gather between two ranks, and per
+    # ranks on the node ("1", "2") the host seconds of a tiny Llama decoder layer under ZeRO-3
+    # per forward and backward, and of the rest of a micro-step: {"2": {"forward": s,
+    # "backward": s, "rest": s}}
+    collective_latency_s: float | None = None
+    zero3_layer_s: dict | None = None
     provenance: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:

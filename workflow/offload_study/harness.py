@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study import dsconfig, probes, steady
+from offload_study import dsconfig, modes, probes, steady
 from offload_study.contracts import (
     Progress,
     RankStats,
@@ -49,6 +49,7 @@ from offload_study.contracts import (
     write_progress,
     write_rank_stats,
 )
+from offload_study.supervise import die_with_parent
 from offload_study.tokens import Batches
 
 
@@ -277,8 +278,13 @@ def start_rank(args) -> tuple[RunSpec, dict, RecordDir, RankStats]:
     spec = read_run_spec(args.spec)
     ds_config = read_json(args.ds_config or spec.ds_config)
     run_id = args.run_id or os.environ.get("OFFLOAD_STUDY_RUN_ID") or f"{os.getppid()}"
+    # before torch starts its threads, which inherit the affinity (study key bind_cores)
+    bound = modes.bind_cores(spec.modes, local_rank, spec.gpus_per_node)
+    if bound is not None:
+        say(f"bound to cores {bound}")
     stats = RankStats(rank=rank, local_rank=local_rank, world_size=world, host=host,
-                      pid=os.getpid(), nvme_dir=private_nvme_dir(spec, ds_config, run_id))  # fmt: skip
+                      pid=os.getpid(), nvme_dir=private_nvme_dir(spec, ds_config, run_id),
+                      bound_cores=bound)  # fmt: skip
     return spec, ds_config, record, stats
 
 
@@ -298,6 +304,7 @@ def stop_nvme(stats: RankStats, sampler: probes.DirSizeSampler | None, world: in
 
 def main(argv=None) -> int:
     t_start = time.time()
+    die_with_parent()  # no rank trains on once its torchrun is gone (see supervise)
     spec, ds_config, record, stats = start_rank(parse_args(argv))
     seed_everything(spec.seed)
     import deepspeed
@@ -325,6 +332,9 @@ def main(argv=None) -> int:
     engine, optimizer, _, _ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=ds_config
     )
+    stats = dataclasses.replace(stats, modes=modes.effective(engine))
+    say(f"effective modes: {stats.modes}")
+    write_rank_stats(record, stats)  # on record even if training fails
     say(f"training: {describe_measure(spec)}, gas {spec.gradient_accumulation_steps}, global "
         f"batch {spec.global_batch}, init took {time.time() - t_start:.1f} s")  # fmt: skip
     trained = train(engine, spec, record, stats.rank, stats.world_size, acc)

@@ -7,11 +7,14 @@ Single node::
 
 Multi-node (nodes > 1, inside a SLURM allocation)::
 
-    srun --nodes N --ntasks-per-node 1 torchrun --nnodes N --nproc_per_node G \\
-        --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m offload_study.harness ...
+    srun --nodes N --ntasks N --ntasks-per-node 1 --overlap torchrun --nnodes N \\
+        --nproc_per_node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m offload_study.harness ...
 
 HOST is the first host of ``SLURM_JOB_NODELIST`` (``scontrol show hostnames``), PORT is derived
-from ``SLURM_JOB_ID`` so all nodes agree without talking to each other.
+from ``SLURM_JOB_ID`` so all nodes agree without talking to each other. The runner itself runs
+inside a job step (Snakemake's SLURM executor starts it with ``srun -n1``), whose environment
+says ``SLURM_NTASKS=1`` and whose step holds the job's resources: so ``--ntasks N`` (else srun
+shrinks to one node) and ``--overlap`` (else the new step waits for the runner's to end).
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ FIXED_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 PORT_BASE, PORT_SPAN = 20000, 20000  # SLURM-derived ports fall in [20000, 40000)
+#: What a multi-node srun keeps of the SLURM variables around it. The runner runs in a job step
+#: whose variables describe that step (one node, one task; SLURM_JOB_NODELIST even names only
+#: the step's node when Snakemake's SLURM executor started it): srun then refuses a 2-node step
+#: ("Only allocated 1 nodes asked for 2"). With the job's identity only, srun asks the
+#: controller for the allocation (as the executor plugin does for its own srun).
+SLURM_KEEP = frozenset({"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME",
+                        "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST"})  # fmt: skip
 
 
 @dataclass
@@ -44,10 +54,15 @@ class Launch:
     nodes: int
     nproc_per_node: int
     extra: dict = field(default_factory=dict)
+    drop_env: frozenset[str] = frozenset()  # inherited variables the launcher must not see
 
     @property
     def command_line(self) -> str:
         return shlex.join(self.argv)
+
+    def environ(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        """The launcher's whole environment: the inherited one less drop_env, plus env."""
+        return {**{k: v for k, v in inherited.items() if k not in self.drop_env}, **self.env}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -137,7 +152,8 @@ def build_launch(
     host = hostname_resolver(nodelist)
     port = port or slurm_port(job_id)
     argv = [
-        "srun", "--nodes", str(nodes), "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+        "srun", "--nodes", str(nodes), "--ntasks", str(nodes), "--ntasks-per-node", "1",
+        "--overlap", "--kill-on-bad-exit=1",
         *torchrun,
         "--nnodes", str(nodes),
         "--nproc_per_node", str(g),
@@ -146,7 +162,10 @@ def build_launch(
         "--rdzv-id", str(job_id),
         *h_args,
     ]  # fmt: skip
-    return Launch(argv, env, port, host, nodes, g)
+    step_env = frozenset(
+        k for k in environ if k.startswith(("SLURM_", "SRUN_", "SBATCH_")) and k not in SLURM_KEEP
+    )
+    return Launch(argv, env, port, host, nodes, g, drop_env=step_env)
 
 
 def default_torchrun() -> list[str]:

@@ -247,6 +247,41 @@ def classify_text(text: str) -> tuple[str, str | None]:
     return found.outcome, found.line
 
 
+#: torchrun's summary of a failed launch names the first rank that failed and its exit code
+#: (negative: the signal that killed it).
+ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(?P<rank>\d+)"
+    r".*?\bexitcode\s*:\s*(?P<code>-?\d+)",
+    re.DOTALL,
+)
+
+
+def root_cause(text: str) -> tuple[int, int] | None:
+    """(rank, exit code) of torchrun's "Root Cause (first observed failure)" block, if any."""
+    m = ROOT_CAUSE.search(text)
+    return (int(m["rank"]), int(m["code"])) if m else None
+
+
+#: A full disk under the NVMe path: DeepSpeed's aio writes of a swap file fail without an error
+#: and its read-back asserts on the short file (DeepSpeed 0.19.8); or a plain ENOSPC.
+DISK_FULL = re.compile(
+    r"(?P<file>\S+\.swp): file_offset \+ buffer nbytes > file bytes (?P<want>\d+) > (?P<got>\d+)"
+    r"|No space left on device"
+)
+
+
+def disk_full(text: str) -> str | None:
+    """What says that a disk filled up (a short swap file, in words, or the ENOSPC line)."""
+    m = DISK_FULL.search(text)
+    if m is None:
+        return None
+    if m["file"]:
+        return f"swap file {m['file']} came out short ({m['got']} of {m['want']} bytes)"
+    start = text.rfind("\n", 0, m.start()) + 1
+    end = text.find("\n", m.end())
+    return text[start : end if end >= 0 else len(text)].strip()
+
+
 EXCERPT_PATTERN = re.compile(
     r"Error|error|Traceback|Exception|FAILED|failed|Killed|exitcode|OOM|out of memory|"
     r"Signal \d+|Check batch|validation|not supported|\[rank\d+\]:",

@@ -211,6 +211,19 @@ def _versions(inp: MetricsInput) -> dict:
     }
 
 
+def _modes(inp: MetricsInput) -> dict:
+    """What the run asked for (pin_memory, the modes) and what rank 0's engine used."""
+    bound = {str(r): s.bound_cores for r, s in sorted(inp.stats.items()) if s.bound_cores}
+    requested = {"pin_memory": inp.spec.pin_memory, **inp.spec.modes}
+    return {
+        "modes": {
+            "requested": requested,
+            "effective": inp.stats[0].modes if 0 in inp.stats else None,
+            "bound_cores": bound or None,
+        }
+    }
+
+
 def compute_metrics(inp: MetricsInput) -> dict:
     """The metrics.json record (keys in the schema's order)."""
     setup = _setup(inp)
@@ -222,6 +235,7 @@ def compute_metrics(inp: MetricsInput) -> dict:
         **_measurement(inp),
         **_breakdown(inp),
         **_versions(inp),
+        **_modes(inp),
     }
     if set(parts) != set(METRICS_FIELDS):
         raise RuntimeError(

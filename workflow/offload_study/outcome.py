@@ -81,6 +81,30 @@ def completed(ev: Evidence) -> Verdict | None:
     return ("ok", None) if ev.completed else None
 
 
+def nothing_timed(ev: Evidence) -> Verdict | None:
+    """Completed, but DeepSpeed skipped every measured optimizer step (fp16 loss-scale overflow):
+    no step did the work being measured, so there is no speed to report (an H200 capture:
+    tests/fixtures/gpu-fp16-overflow)."""
+    measured = [r for r in ev.steps if r.phase == "measured"]
+    if ev.completed and measured and not any(r.timed for r in measured):
+        why = (
+            f"all {len(measured)} measured optimizer steps were skipped by DeepSpeed (fp16 "
+            "loss-scale overflow): no speed to report; lower fp16.initial_scale_power or let "
+            "the warm-up run until the loss scale settles (adaptive measure)"
+        )
+        return "error", why
+    return None
+
+
+def disk_full(ev: Evidence) -> Verdict | None:
+    """A disk (the NVMe path) filled up: DeepSpeed's failure then names no disk at all."""
+    found = logparse.disk_full(ev.all_text)
+    if found is None:
+        return None
+    why = f"disk full under the NVMe path: {found} (free space there, or offload less)"
+    return "error", f"{why}\n{_failure_excerpt(ev, None) or ''}".strip()
+
+
 def log_pattern(ev: Evidence) -> Verdict | None:
     """A known failure in the logs: rank logs first (root cause), then the launcher's summary
     (where the runner writes a preflight refusal). A known remedy leads the excerpt."""
@@ -93,10 +117,32 @@ def log_pattern(ev: Evidence) -> Verdict | None:
     return found.outcome, f"{found.remedy}\n{excerpt or ''}".strip() if found.remedy else excerpt
 
 
+def _sigkilled(ev: Evidence, who: str) -> Verdict:
+    """SIGKILL that the runner did not send: the kernel's OOM killer, unless the kernel counted
+    no OOM kill on this host while the run went (then someone else: a user, an admin's script).
+    A surviving rank's broken connection is its consequence, not the cause."""
+    excerpt = _failure_excerpt(ev, None)
+    if ev.supervision.oom_kills == 0:
+        why = (
+            f"{who} was killed by SIGKILL from outside the run (the kernel's OOM killer "
+            "killed nothing on this host meanwhile)"
+        )
+        return "error", f"{why}\n{excerpt or ''}".strip()
+    return "host_oom", excerpt
+
+
+def rank_sigkilled(ev: Evidence) -> Verdict | None:
+    """torchrun's root cause: a rank that died of SIGKILL (before the other ranks' errors)."""
+    cause = logparse.root_cause(ev.logs.get(LAUNCHER_LOG, ""))
+    if ev.supervision.rc != 0 and cause and cause[1] == KERNEL_KILL_CODES[0]:
+        return _sigkilled(ev, f"rank {cause[0]}")
+    return None
+
+
 def killed_by_kernel(ev: Evidence) -> Verdict | None:
-    """SIGKILL that the runner did not send: the kernel's OOM killer."""
+    """The launcher itself died of SIGKILL that the runner did not send."""
     if ev.supervision.rc in KERNEL_KILL_CODES:
-        return "host_oom", _failure_excerpt(ev, None)
+        return _sigkilled(ev, "the launcher")
     return None
 
 
@@ -107,9 +153,12 @@ def unexplained(ev: Evidence) -> Verdict:
 RULES: list[tuple[str, Callable[[Evidence], Verdict | None]]] = [
     ("the runner killed it", killed_by_runner),
     ("a step over step_timeout_s", step_over_limit),
+    ("no measured step did optimizer work", nothing_timed),
     ("every rank finished", completed),
+    ("a rank died of SIGKILL", rank_sigkilled),
+    ("a disk filled up", disk_full),
     ("a known failure in the logs", log_pattern),
-    ("SIGKILL from outside", killed_by_kernel),
+    ("the launcher died of SIGKILL", killed_by_kernel),
     ("anything else", unexplained),
 ]
 

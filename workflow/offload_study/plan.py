@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from offload_study import dsconfig, predict, preflight, presets
+from offload_study import dsconfig, modes, predict, preflight, presets
 from offload_study.contracts import (
     DataSpec,
     MeasureSpec,
@@ -31,7 +32,7 @@ from offload_study.contracts import (
     write_run_spec,
 )
 from offload_study.resources import check_fits
-from offload_study.study import StudyError, load_cluster, load_study
+from offload_study.study import StudyError, load_cluster, load_study, shown
 
 # Short names for common sweep knobs, so generated scenario names stay readable.
 KNOB_ABBREV = {
@@ -43,18 +44,27 @@ KNOB_ABBREV = {
     "stage3_max_live_parameters": "live",
     "stage3_param_persistence_threshold": "persist",
     "sub_group_size": "sgs",
+    "offload_optimizer_ratio": "ratio",
+    "bind_cores": "bind",
+    "pin_memory": "pin",
+    "super_offload": "super",
 }
 BATCH_KNOBS = ("micro_batch", "gradient_accumulation_steps")
 
 
 def format_value(value) -> str:
-    """5e8 -> '5e8', 1000000000 -> '1e9', 4 -> '4', True -> 'true'."""
+    """5e8 -> '5e8', 1000000000 -> '1e9', 123456789 -> '1.23456789e8', 4 -> '4', True -> 'true'.
+
+    Every digit is kept (distinct values, distinct names); a value that 6 digits wrote exactly
+    keeps the name it had before.
+    """
     value = dsconfig.normalize_number(value)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, int) and abs(value) >= 10_000:
-        mantissa, exp = f"{value:e}".split("e")
-        return f"{float(mantissa):g}e{int(exp)}"
+        digits = str(abs(value))  # exact: no float in between
+        mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0").rstrip(".")
+        return f"{'-' if value < 0 else ''}{mantissa}e{len(digits) - 1}"
     return str(value)
 
 
@@ -68,12 +78,7 @@ def model_spec(study: dict) -> ModelSpec:
     overrides = model.get("overrides", {})
     if "name_or_path" in model:
         return ModelSpec("pretrained", None, dict(overrides), model["name_or_path"])
-    if "preset" in model:
-        if model["preset"] not in presets.PRESETS:
-            known = ", ".join(sorted(presets.PRESETS))
-            raise StudyError(
-                f"model.preset: {model['preset']!r} is unknown; known presets: {known}"
-            )
+    if "preset" in model:  # a known preset: presets.check_model ran first (expand_plan)
         config = {**presets.PRESETS[model["preset"]], **overrides}
         return ModelSpec("config", model["preset"], config, None)
     return ModelSpec("config", None, {**model["config"], **overrides}, None)
@@ -132,7 +137,8 @@ def _run_spec(
     """The RunSpec of one expansion (sweep combo) of a scenario."""
     micro, gas, global_batch = batch
     zero = {**study["zero"], **scenario.get("zero", {})}
-    zero.update({k: v for k, v in combo.items() if k not in BATCH_KNOBS})
+    zero.update({k: v for k, v in combo.items() if k not in BATCH_KNOBS + modes.SWEEPABLE})
+    pin_memory, run_modes = modes.resolve(scenario, combo)
     model = model_spec(study)
     nvme_path = scenario["nvme_path"] or cluster["nvme_path"]
     uses_nvme = "nvme" in (scenario["offload_optimizer"], scenario["offload_param"])
@@ -171,7 +177,8 @@ def _run_spec(
         offload_param=scenario["offload_param"],
         nvme_path=nvme_path if uses_nvme else None,
         nvme_capacity_gb=cluster["nvme_capacity_gb"],
-        pin_memory=scenario["pin_memory"],
+        pin_memory=pin_memory,
+        modes=run_modes,
         zero=zero,
         aio=study["aio"],
         timeout_s=study["timeout_min"] * 60,
@@ -226,17 +233,56 @@ def _check_measure(study: dict, scenario: dict, where: str) -> None:
 def _check_scenario_keys(scenario: dict, cluster: dict, where: str) -> None:
     """ZeRO knobs the installed DeepSpeed knows, and a folder for NVMe offload."""
     errors = dsconfig.check_zero_keys(scenario.get("zero", {}), f"{where}.zero")
-    for knob in scenario.get("sweep", {}):
-        if knob not in BATCH_KNOBS:
-            errors += dsconfig.check_zero_keys({knob: None}, f"{where}.sweep")
+    for knob, values in scenario.get("sweep", {}).items():
+        if knob in BATCH_KNOBS:
+            errors += _count_errors(values, f"{where}.sweep.{knob}")
+        elif knob not in modes.SWEEPABLE:
+            errors += dsconfig.check_sweep_values(knob, values, f"{where}.sweep")
+    errors += modes.check_scenario(scenario, where)
     if errors:
         raise StudyError(errors[0])
     devices = (scenario["offload_optimizer"], scenario["offload_param"])
-    if "nvme" in devices and not (scenario["nvme_path"] or cluster["nvme_path"]):
+    path, key = nvme_path_key(scenario, cluster, where)
+    problem = dsconfig.nvme_path_problem(path) if path is not None else None
+    if problem and (key.startswith(where) or "nvme" in devices):
+        raise StudyError(f"{key}: {problem}")
+    if "nvme" in devices and not path:
         key = "offload_optimizer" if devices[0] == "nvme" else "offload_param"
         raise StudyError(
             f"{where}.{key}: nvme offload needs a directory: set {where}.nvme_path or "
             f"nvme_path in config/clusters/{cluster['name']}.yaml"
+        )
+
+
+def _count_errors(values: list, where: str) -> list[str]:
+    """Sweep values of micro_batch or gradient_accumulation_steps that are not counts."""
+    return [
+        f"{where}[{i}]: {shown(v)} is not allowed; allowed: a positive whole number (>= 1)"
+        for i, v in enumerate(values)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1
+    ]
+
+
+def nvme_path_key(scenario: dict, cluster: dict, where: str) -> tuple[str | None, str]:
+    """A scenario's NVMe folder (its own, else the cluster's) and the key that sets it."""
+    if scenario["nvme_path"] is not None:
+        return scenario["nvme_path"], f"{where}.nvme_path"
+    return cluster["nvme_path"], f"nvme_path (config/clusters/{cluster['name']}.yaml)"
+
+
+def check_run_count(study: dict) -> None:
+    """Refuse a study with more runs than max_runs, counted before any sweep is expanded."""
+    sizes = [math.prod(map(len, sc.get("sweep", {}).values())) for sc in study["scenarios"]]
+    total = sum(sizes) * study["repeats"]
+    if total > study["max_runs"]:
+        big = max(range(len(sizes)), key=sizes.__getitem__)
+        biggest = (
+            f"; scenarios[{big}].sweep alone expands to {sizes[big]}" if sizes[big] > 1 else ""
+        )
+        raise StudyError(
+            f"max_runs: the study has {total} runs ({sum(sizes)} expanded scenarios × "
+            f"{study['repeats']} repeats{biggest}); allowed: at most max_runs = "
+            f"{study['max_runs']}: shrink the sweeps or repeats, or raise max_runs"
         )
 
 
@@ -267,9 +313,11 @@ def expand_plan(study: dict, cluster: dict) -> list[RunSpec]:
         raise StudyError(
             f"cluster: study names {study['cluster']!r} but got cluster {cluster['name']!r}"
         )
+    check_run_count(study)
     errors = dsconfig.check_zero_keys(study["zero"], "zero") + dsconfig.check_aio_keys(study["aio"])
     if errors:
         raise StudyError(errors[0])
+    presets.check_model(study["model"])
     runs: list[RunSpec] = []
     seen: dict[str, str] = {}
     for index, scenario in enumerate(study["scenarios"]):
@@ -288,6 +336,37 @@ def expand_plan(study: dict, cluster: dict) -> list[RunSpec]:
             f"baseline: {baseline!r} is not a scenario of this study; scenarios: {', '.join(seen)}"
         )
     return runs
+
+
+def check_on_host(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
+    """Paths the plan can check where it is made: the token file and a pretrained model (read
+    here, by the plan, and by the runs on a shared file system), NVMe folders when the cluster
+    runs on this machine (scheduler local). Returns the checks left to the node that trains
+    (plan.json node_checks): the runner makes them first and records config_error."""
+    token_file = study["token_file"]
+    if token_file is not None and not Path(token_file).is_file():
+        raise StudyError(
+            f"token_file: {shown(token_file)}: no such file on this machine; allowed: an "
+            "existing .npy file of token ids (read by the runs too), or null for synthetic tokens"
+        )
+    if "name_or_path" in study["model"]:
+        presets.check_pretrained(study["model"]["name_or_path"], study["model"]["overrides"])
+    folders: dict[str, str] = {}  # NVMe folder -> the key that sets it
+    for index, scenario in enumerate(study["scenarios"]):
+        path, key = nvme_path_key(scenario, cluster, f"scenarios[{index}]")
+        if any(r.nvme_path == path and r.base_scenario == scenario["name"] for r in runs):
+            folders.setdefault(path, key)
+    if cluster["scheduler"] != "local":
+        return [
+            f"{key}: {path} is on the compute node: each run checks that it can write there "
+            "before it starts (else outcome config_error)"
+            for path, key in folders.items()
+        ]
+    for path, key in folders.items():
+        problem = dsconfig.nvme_dir_problem(path)
+        if problem:
+            raise StudyError(f"{key}: {problem}")
+    return []
 
 
 #: The study's run_order -> the runs (scenario, repeat) in the order they start on one machine.
@@ -311,10 +390,18 @@ class Plan:
     def __init__(
         self, config: dict | str | Path, cluster_dir: str | Path | None = None, source=None
     ):
-        self.study = load_study(config, source=source)
+        # a study with a recommend block: its candidate grid joins the scenarios (imported
+        # here: recommend imports this module, and pandas for its decision)
+        from offload_study import recommend
+
+        self.study = recommend.with_candidates(load_study(config, source=source), source)
         kwargs = {"cluster_dir": cluster_dir} if cluster_dir else {}
         self.cluster = load_cluster(self.study["cluster"], **kwargs)
         planned = expand_plan(self.study, self.cluster)
+        #: checks only the node that trains can make (plan.json; the runner makes them)
+        self.node_checks = check_on_host(
+            self.study, self.cluster, [r for r in planned if not r.predict_only]
+        )
         #: the runs to train, and those only predicted (plan.csv, report), never trained
         self.runs = [run for run in planned if not run.predict_only]
         self.predicted_only = [run for run in planned if run.predict_only]
@@ -376,6 +463,7 @@ class Plan:
             "dtype": self.study["dtype"],
             "repeats": self.study["repeats"],
             "preflight": self.study["preflight"],  # refuse | warn (plan main: the op preflight)
+            "node_checks": self.node_checks,
             "scenarios": [self._scenario_summary(run.to_dict(), keys) for run in self.runs],
             # the whole spec: the plan job predicts them without a configs/ file
             "predict_only": [

@@ -30,12 +30,20 @@ of the optimizer (fp32 master, two moments, fp32 gradient) and b per offloaded p
 
 **Step time** (:func:`step_time`) adds, per optimizer step of ``gas`` micro-steps::
 
-    gas · (max(FLOPs / (matmul rate · efficiency), L · dispatch, collectives) + PCIe per micro-step)
+    gas · (max(FLOPs / (matmul rate · efficiency), dispatch, collectives) + PCIe per micro-step)
     + PCIe per step + optimizer (CPU Adam: parameters per node / calibrated rate) + NVMe
 
-FLOPs are ``devices.flops_per_token`` (6N, 8N with recompute, plus attention) x tokens; the
-efficiency and the per-layer dispatch time (Python hooks of ZeRO-3 that bound small models)
-are fitted once per accelerator kind (:data:`FITS`). Transfers are not overlapped with compute,
+FLOPs are ``devices.flops_per_token`` (6N, 8N with recompute, plus attention) x tokens; on a GPU
+the efficiency and the per-layer dispatch time (Python hooks of ZeRO-3 that bound small models)
+are fitted once (:data:`FITS`). Collectives: one all-gather per partitioned tensor (above
+``stage3_param_persistence_threshold``) and fetch, one reduce-scatter per reduce bucket, each
+its latency plus its bytes over the bandwidth. On a CPU cluster one thread per rank runs the
+hooks, the blocking gloo collectives and the matmuls in turn, so they add instead of
+overlapping, and every term is measured by ``offload_study.calibrate``, none fitted: dispatch is
+the host time of a decoder layer under ZeRO-3 at a size where FLOPs do not count (eager ops,
+autograd, hooks; its forward again when checkpointing recomputes it) and of the rest of a
+micro-step, from its probe; collectives its gloo latency and bandwidth; compute the calibrated
+matmul rate shared by the node's ranks. Transfers are not overlapped with compute,
 which is the form of the ZeRO-Infinity paper's efficiency (Rajbhandari et al., "ZeRO-Infinity:
 Breaking the GPU Memory Wall for Extreme Scale Deep Learning", SC'21, sec. 4.1):
 ``efficiency = ait·bw / (ait·bw + peak)`` with ``ait`` the FLOPs per byte moved, i.e.
@@ -104,10 +112,11 @@ FITS = {
     # updates ~3e10 parameters/s; a no-offload rank holds ~1.8 GiB before its model; start-up
     # 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s (offload) for the 7B.
     "cuda": AcceleratorFit(0.52, 0.020, 3e10, 1.8, 25.0, 7.0),
-    # CPU records of the default study on the 2-core development machine (gloo): ~45 % of the
-    # calibrated bf16 matmul rate; ~0.55 GiB per rank before the model; start-up 20-70 s
-    # (docs/benchmarks.md).
-    "cpu": AcceleratorFit(0.45, 0.004, None, 0.55, 30.0, 7.0),
+    # CPU: the calibrated matmul rate as measured (no efficiency fitted) and the host time
+    # per layer from the calibration's probe (0.004 s per layer only for a calibration made before the
+    # probe existed); ~0.55 GiB per rank before the model and start-up 20-70 s, read from the
+    # default study's records on the 2-core development machine (docs/benchmarks.md).
+    "cpu": AcceleratorFit(1.0, 0.004, None, 0.55, 30.0, 7.0),
 }
 
 
@@ -121,11 +130,21 @@ class ModelShape:
     vocab: int
     heads: int
     kv_heads: int
+    tied_embeddings: bool = False
 
     @property
     def largest_layer_params(self) -> int:
         """The largest single module (DeepSpeed's estimator's ``largest_layer_params``)."""
         return max(self.vocab * self.hidden, self.hidden * self.ffn)
+
+    @property
+    def tensors(self) -> list[int]:
+        """Elements of each parameter tensor: per layer 4 attention and 3 MLP projections and
+        2 norms; the embeddings, the final norm and (untied) the LM head."""
+        h, kv = self.hidden, self.hidden * self.kv_heads // self.heads
+        layer = [h * h, h * kv, h * kv, h * h, h * self.ffn, h * self.ffn, self.ffn * h, h, h]
+        head = [] if self.tied_embeddings else [self.vocab * h]
+        return layer * self.layers + [self.vocab * h, h] + head
 
 
 def model_shape(spec: RunSpec) -> ModelShape | None:
@@ -144,6 +163,7 @@ def model_shape(spec: RunSpec) -> ModelShape | None:
         vocab=cfg.get("vocab_size", 32000),
         heads=heads,
         kv_heads=cfg.get("num_key_value_heads") or heads,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
     )
 
 
@@ -341,15 +361,19 @@ class StepTime:
     """Seconds per optimizer step by part; ``total`` adds them as :mod:`predict` explains."""
 
     flops_s: float  # gas x model FLOPs / (calibrated rate x efficiency)
-    dispatch_s: float  # gas x layers x dispatch time per layer
-    comm_s: float  # gas x collectives over the interconnect (overlapped with compute)
+    dispatch_s: float  # gas x host time per micro-step beyond FLOPs (ZeRO-3 hooks, eager ops)
+    comm_s: float  # gas x collectives between the ranks
     pcie_s: float
     optimizer_s: float  # CPU Adam when offloaded, else the optimizer on the device
     nvme_s: float
+    serial: bool = False  # one thread runs compute, hooks and collectives in turn (CPU ranks)
 
     @property
     def compute_s(self) -> float:
-        return max(self.flops_s, self.dispatch_s, self.comm_s)
+        """The micro-steps: on a GPU the longest of FLOPs, dispatch and collectives (the others
+        overlap it), on a CPU rank their sum."""
+        parts = (self.flops_s, self.dispatch_s, self.comm_s)
+        return sum(parts) if self.serial else max(parts)
 
     @property
     def total(self) -> float:
@@ -426,14 +450,40 @@ def optimizer_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> flo
     return part / fit.optimizer_params_per_s
 
 
-def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-    """ZeRO-3 collectives of one step on one GPU: every micro-step all-gathers the parameters per
-    fetch and reduce-scatters the gradients, (dp - 1)/dp of the model each."""
+def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
+    """ZeRO-3 collectives of one step on one GPU: every micro-step all-gathers each partitioned
+    tensor per fetch (persistent ones stay whole) and reduce-scatters the gradients once per
+    reduce bucket, (dp - 1)/dp of the bytes each; every call costs the calibrated latency."""
     dp = spec.world_size
-    if dp == 1 or not cal.interconnect_gb_s:
+    if dp == 1:
         return 0.0
-    moved = (PARAM_FETCHES + 1) * DTYPE_BYTES[spec.dtype] * shape.params * (dp - 1) / dp
-    return spec.gradient_accumulation_steps * moved / (cal.interconnect_gb_s * GB)
+    gathered = [n for n in shape.tensors if n > k.persistence]
+    calls = PARAM_FETCHES * len(gathered) + math.ceil(shape.params / k.reduce_bucket)
+    moved = DTYPE_BYTES[spec.dtype] * (PARAM_FETCHES * sum(gathered) + shape.params) * (dp - 1) / dp
+    seconds = calls * (cal.collective_latency_s or 0.0)
+    if cal.interconnect_gb_s:
+        seconds += moved / (cal.interconnect_gb_s * GB)
+    return spec.gradient_accumulation_steps * seconds
+
+
+def layer_costs(spec: RunSpec, cal: Calibration) -> dict[str, float] | None:
+    """Host seconds of a decoder layer's forward and backward and of the rest of a micro-step
+    that the calibration's probe measured with as many ranks on a node as this run has, else
+    with the most it tried below that; None without a probe (a GPU cluster, an older one)."""
+    probed = {int(ranks): costs for ranks, costs in (cal.zero3_layer_s or {}).items()}
+    fitting = [ranks for ranks in probed if ranks <= spec.gpus_per_node]
+    return probed[max(fitting)] if fitting and spec.accelerator == "cpu" else None
+
+
+def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """Host time of one micro-step beyond its FLOPs: with a probe, each layer's forward (twice
+    with gradient checkpointing: the backward recomputes it) and backward, plus the rest
+    (embeddings, head, loss, step); without one, the fitted time per layer (:data:`FITS`)."""
+    costs = layer_costs(spec, cal)
+    if costs is None:
+        return shape.layers * FITS[spec.accelerator].dispatch_s_per_layer
+    forwards = 2 if spec.gradient_checkpointing else 1
+    return shape.layers * (forwards * costs["forward"] + costs["backward"]) + costs["rest"]
 
 
 def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | None:
@@ -441,17 +491,20 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
     shape = model_shape(spec)
     if shape is None:
         return None
-    fit, gas = FITS[spec.accelerator], spec.gradient_accumulation_steps
+    fit, gas, k = FITS[spec.accelerator], spec.gradient_accumulation_steps, knobs(ds_config)
     rate = cal.matmul_tflops * 1e12 * fit.efficiency
     # the ranks of a CPU node share its cores (the calibrated rate is the whole node's)
     sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
+    # a calibration with the probe (CPU) measured the host time per layer: it adds to compute
+    probed = layer_costs(spec, cal) is not None
     return StepTime(
         flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
-        dispatch_s=gas * shape.layers * fit.dispatch_s_per_layer,
-        comm_s=comm_seconds(spec, shape, cal),
+        dispatch_s=gas * dispatch_seconds(spec, shape, cal),
+        comm_s=comm_seconds(spec, shape, cal, k),
         pcie_s=pcie_seconds(spec, shape, cal),
         optimizer_s=optimizer_seconds(spec, shape, cal),
-        nvme_s=nvme_seconds(spec, shape, cal, knobs(ds_config)),
+        nvme_s=nvme_seconds(spec, shape, cal, k),
+        serial=probed,
     )
 
 

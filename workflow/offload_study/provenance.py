@@ -1,6 +1,8 @@
 """provenance.json of one run (schema: ``schemas/provenance.schema.json``): where and with what.
 
-Environment variables come only from an allowlist, never ones whose names look secret.
+Environment variables come only from an allowlist, never ones whose names look secret; every
+text of the record is scrubbed (:func:`scrub`) of URL credentials and access tokens, so a
+bundle (provenance travels between clusters) never carries a secret.
 """
 
 from __future__ import annotations
@@ -38,8 +40,30 @@ SECRET_RX = re.compile(
 )
 
 
+#: user:password@ in a URL (https://user:pw@host/...), and access tokens that appear in
+#: command lines or values (Hugging Face hf_..., GitHub ghp_/gho_/github_pat_..., AWS AKIA...)
+URL_CREDENTIALS_RX = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+TOKEN_RX = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|AKIA[A-Z0-9]{16})\b"
+)
+REDACTED = "<redacted>"
+
+
 def is_secret_name(name: str) -> bool:
     return bool(SECRET_RX.search(name))
+
+
+def scrub(value):
+    """``value`` with credentials removed from every text in it: a mapping's secret-named keys
+    dropped (environments), URL credentials and tokens replaced by <redacted>."""
+    if isinstance(value, str):
+        value = URL_CREDENTIALS_RX.sub(rf"\g<scheme>{REDACTED}@", value)
+        return TOKEN_RX.sub(REDACTED, value)
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items() if not is_secret_name(str(k))}
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    return value
 
 
 def allowed_env(environ=None) -> dict[str, str]:
@@ -130,36 +154,39 @@ def provenance(
     supervision: Supervision,
     run_id: str,
 ) -> dict:
-    """The provenance.json record (``schema_problems`` is the caller's to fill in)."""
+    """The provenance.json record, scrubbed of secrets (``schema_problems`` is the caller's to
+    fill in)."""
     commit, dirty = git_commit(REPO_ROOT)
     rank0 = stats.get(0)
-    return {
-        "host": socket.gethostname(),
-        "hosts": sorted({s.host for s in stats.values() if s.host}),
-        **gpu_info(),
-        "cuda_version": rank0.cuda_version if rank0 else None,
-        "torch_version": (rank0 and rank0.torch_version) or pkg_version("torch"),
-        "deepspeed_version": (rank0 and rank0.deepspeed_version) or pkg_version("deepspeed"),
-        "transformers_version": pkg_version("transformers"),
-        **_host_facts(cores),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "slurm_job_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
-        "slurm_job_gpus": os.environ.get("SLURM_JOB_GPUS"),
-        "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "ds_config": str(spec.ds_config),
-        "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True),
-        "launch_command": launch.command_line if launch else None,
-        "launch_env": launch.env if launch else None,
-        "rendezvous_host": launch.rdzv_host if launch else None,
-        "rendezvous_port": launch.port if launch else None,
-        "environment": allowed_env(),
-        "runner_exit_code_of_launcher": supervision.rc,
-        "runner_peak_tree_rss_bytes": supervision.peak_tree_rss,
-        "run_id": run_id,
-        "schema_problems": [],
-    }
+    return scrub(
+        {
+            "host": socket.gethostname(),
+            "hosts": sorted({s.host for s in stats.values() if s.host}),
+            **gpu_info(),
+            "cuda_version": rank0.cuda_version if rank0 else None,
+            "torch_version": (rank0 and rank0.torch_version) or pkg_version("torch"),
+            "deepspeed_version": (rank0 and rank0.deepspeed_version) or pkg_version("deepspeed"),
+            "transformers_version": pkg_version("transformers"),
+            **_host_facts(cores),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_job_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+            "slurm_job_gpus": os.environ.get("SLURM_JOB_GPUS"),
+            "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
+            "git_commit": commit,
+            "git_dirty": dirty,
+            "ds_config": str(spec.ds_config),
+            "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True),
+            "launch_command": launch.command_line if launch else None,
+            "launch_env": launch.env if launch else None,
+            "rendezvous_host": launch.rdzv_host if launch else None,
+            "rendezvous_port": launch.port if launch else None,
+            "environment": allowed_env(),
+            "runner_exit_code_of_launcher": supervision.rc,
+            "runner_peak_tree_rss_bytes": supervision.peak_tree_rss,
+            "run_id": run_id,
+            "schema_problems": [],
+        }
+    )
 
 
 def provenance_problems(record: dict) -> list[str]:

@@ -21,7 +21,10 @@ key                sbatch option                          when present
 ``slurm_account``  ``-A``                                 cluster.slurm.account set
 ``qos``            ``--qos=``                             cluster.slurm.qos set
 ``constraint``     ``-C``                                 cluster.slurm.constraint set
-``slurm_extra``    appended verbatim                      cluster.slurm.slurm_extra set
+``slurm_extra``    appended (the plugin puts it into a       cluster.slurm.slurm_extra set; parsed and
+                   shell command line: each option checked   checked by :func:`sbatch_extra`
+                   against :data:`SBATCH_EXTRA_OPTIONS`
+                   and quoted)
 =================  =====================================  ==========================================
 
 For one cluster the key set is the same for every run, so a rule can use
@@ -31,6 +34,8 @@ For one cluster the key set is the same for every run, so a rule can use
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,6 +46,7 @@ __all__ = [
     "RUNTIME_MARGIN_MIN",
     "MEM_HEADROOM_MB",
     "check_fits",
+    "sbatch_extra",
     "fit_problems",
     "train_resources",
     "resource_keys",
@@ -71,6 +77,79 @@ SLURM_SETTING_RESOURCES = (
     ("constraint", "constraint"),
     ("slurm_extra", "slurm_extra"),
 )
+
+
+#: sbatch options a cluster description may add in ``slurm.slurm_extra``: long name -> (short
+#: name or None, value: "flag" none, "value" required, "optional" only as --name=value).
+#: Left out on purpose: what the plugin or the train rule's resources set (partition, account,
+#: time, memory, CPUs, nodes, tasks, GPUs, job name, output, chdir, comment, export, ...) and
+#: what runs or reads other things (--wrap, --export, --chdir, --get-user-env, burst buffer
+#: scripts, --container, --uid/--gid, --hold).
+SBATCH_EXTRA_OPTIONS = {
+    "exclusive": (None, "optional"), "oversubscribe": ("s", "flag"),
+    "reservation": (None, "value"), "exclude": ("x", "value"), "nodelist": ("w", "value"),
+    "hint": (None, "value"), "switches": (None, "value"), "mail-type": (None, "value"),
+    "mail-user": (None, "value"), "requeue": (None, "flag"), "no-requeue": (None, "flag"),
+    "signal": (None, "value"), "begin": ("b", "value"), "deadline": (None, "value"),
+    "distribution": ("m", "value"), "threads-per-core": (None, "value"),
+    "ntasks-per-core": (None, "value"), "sockets-per-node": (None, "value"),
+    "cores-per-socket": (None, "value"), "gpu-bind": (None, "value"),
+    "gpu-freq": (None, "value"), "cpu-freq": (None, "value"), "mem-bind": (None, "value"),
+    "network": (None, "value"), "licenses": ("L", "value"), "wckey": (None, "value"),
+    "nice": (None, "optional"), "priority": (None, "value"), "core-spec": ("S", "value"),
+    "thread-spec": (None, "value"), "tmp": (None, "value"), "prefer": (None, "value"),
+    "time-min": (None, "value"), "dependency": ("d", "value"), "kill-on-invalid-dep": (None, "value"),
+    "no-kill": ("k", "optional"), "spread-job": (None, "flag"), "use-min-nodes": (None, "flag"),
+    "delay-boot": (None, "value"), "acctg-freq": (None, "value"), "profile": (None, "value"),
+    "power": (None, "value"), "mcs-label": (None, "value"), "immediate": ("I", "optional"),
+}  # fmt: skip
+_SHORT_OPTIONS = {short: name for name, (short, _) in SBATCH_EXTRA_OPTIONS.items() if short}
+#: an option's value: no shell metacharacters, no leading '-' (nodelists: node[01-04])
+_SBATCH_VALUE_RE = re.compile(r"[A-Za-z0-9_.,:/@+%=\[\]][A-Za-z0-9_.,:/@+%=\[\]-]*")
+
+
+def sbatch_extra(text: str, where: str = "slurm.slurm_extra") -> str:
+    """``slurm.slurm_extra`` as sbatch options, each checked and shell-quoted (the plugin
+    appends the string to a command line it runs through a shell); StudyError names the
+    option otherwise."""
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:
+        raise StudyError(f"{where}: {text!r} cannot be split into options: {exc}") from None
+    options, i = [], 0
+    while i < len(tokens):
+        name, value, used = _sbatch_option(tokens, i, where)
+        options.append(f"--{name}" if value is None else f"--{name}={value}")
+        i += used
+    return " ".join(shlex.quote(option) for option in options)
+
+
+def _sbatch_option(tokens: list[str], i: int, where: str) -> tuple[str, str | None, int]:
+    """(long name, value or None, tokens used) of the option at ``tokens[i]``."""
+    token, value = tokens[i], None
+    if token.startswith("--"):
+        name, eq, value = token[2:].partition("=")
+        value = value if eq else None
+    elif token.startswith("-") and len(token) >= 2 and token[1] in _SHORT_OPTIONS:
+        name, value = _SHORT_OPTIONS[token[1]], token[2:] or None
+    else:
+        raise StudyError(f"{where}: {token!r} is not an sbatch option (--name or --name=value)")
+    if name not in SBATCH_EXTRA_OPTIONS:
+        allowed = ", ".join(f"--{n}" for n in sorted(SBATCH_EXTRA_OPTIONS))
+        raise StudyError(f"{where}: --{name} is not allowed here; allowed: {allowed}")
+    kind, used = SBATCH_EXTRA_OPTIONS[name][1], 1
+    if value is None and kind == "value" and i + 1 < len(tokens):
+        value, used = tokens[i + 1], 2
+    if kind == "value" and value is None:
+        raise StudyError(f"{where}: --{name} needs a value")
+    if kind == "flag" and value is not None:
+        raise StudyError(f"{where}: --{name} takes no value (given {value!r})")
+    if value is not None and not _SBATCH_VALUE_RE.fullmatch(value):
+        raise StudyError(
+            f"{where}: --{name}: value {value!r} is not allowed; use letters, digits and "
+            "_ . , : / @ + % = [ ] - (no spaces, quotes or shell characters)"
+        )
+    return name, value, used
 
 
 def _slurm(cluster: dict) -> dict:
@@ -240,6 +319,9 @@ def train_resources(spec: RunSpec, cluster: dict) -> dict[str, Any]:
     for src, dst in SLURM_SETTING_RESOURCES:
         if s.get(src):
             res[dst] = str(s[src])
+    if s.get("slurm_extra"):
+        where = f"cluster {cluster.get('name', '<cluster>')!r}: slurm.slurm_extra"
+        res["slurm_extra"] = sbatch_extra(str(s["slurm_extra"]), where)
     return res
 
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study import launch, outcome, placement, predict, preflight, provenance
+from offload_study import dsconfig, launch, outcome, placement, predict, preflight, provenance
 from offload_study.contracts import (
     RecordDir,
     RunSpec,
@@ -47,7 +47,7 @@ from offload_study.contracts import (
     write_steps,
 )
 from offload_study.metrics import MetricsInput, compute_metrics, metrics_problems
-from offload_study.supervise import Cancelled, Supervision, supervise
+from offload_study.supervise import Cancelled, Supervision, die_with_parent, supervise
 
 
 def now_iso() -> str:
@@ -99,12 +99,12 @@ def launch_and_supervise(
     lch = None
     try:
         lch = launch.build_launch(spec, spec_path, str(record.root), cores=cores, run_id=run_id)
-        env = {**os.environ, **lch.env, "OFFLOAD_STUDY_RUN_ID": run_id}
+        env = {**lch.environ(os.environ), "OFFLOAD_STUDY_RUN_ID": run_id}
         say(f"{spec.scenario} rep{repeat}: {lch.command_line}")
         say("env: " + " ".join(f"{k}={v}" for k, v in sorted(lch.env.items())))
         proc = subprocess.Popen(
             lch.argv, env=env, stdout=say.file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
         return lch, supervise(proc, spec, record, cancel, say)
     except Exception as e:  # noqa: BLE001 - a launch failure is a recorded outcome too
@@ -152,6 +152,15 @@ def write_record(run: FinishedRun) -> tuple[dict, list[str]]:
     return metrics, problems
 
 
+def node_path_problem(spec) -> str | None:
+    """The run's first check on the node that trains: can it write its NVMe folder? (The plan
+    checks it only when the cluster runs on the planning machine: plan.json node_checks.)"""
+    if not spec.nvme_path:
+        return None
+    problem = dsconfig.nvme_dir_problem(spec.nvme_path)
+    return f"config_error: nvme_path {problem}" if problem else None
+
+
 def run(
     spec_path: str, repeat: int, outdir: str, strict: bool | None = None, cores: int | None = None
 ) -> int:
@@ -168,9 +177,13 @@ def run(
     cancel = Cancelled()
     old_handlers = {s: signal.signal(s, cancel) for s in (signal.SIGTERM, signal.SIGINT)}
     started, cores = now_iso(), cores or granted_cores()
-    refused = predict.launch_refusal(spec, outdir_p)
-    op_refused = None if refused else preflight.refusal(spec)
-    if refused:  # predicted not to fit: recorded as infeasible, nothing launched
+    bad_path = node_path_problem(spec)
+    refused = None if bad_path else predict.launch_refusal(spec, outdir_p)
+    op_refused = None if bad_path or refused else preflight.refusal(spec)
+    if bad_path:  # the plan could not check it (not this machine): config_error, not launched
+        say(f"{spec.scenario} rep{repeat}: not launched: {bad_path}")
+        lch, sup = None, Supervision(rc=None, killed="config_error", detail=bad_path)
+    elif refused:  # predicted not to fit: recorded as infeasible, nothing launched
         say(f"{spec.scenario} rep{repeat}: not launched: {refused}")
         lch, sup = None, Supervision(rc=None, killed="infeasible", detail=refused)
     elif op_refused:  # an op DeepSpeed cannot build here: the logged line -> op_build_error

@@ -39,6 +39,7 @@ class Facts:
     peers: Mapping[str, Mapping]  # every scenario's summary row, by name (itself included)
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # its runs, every outcome
     losses: list = field(default_factory=list)  # measured steps' losses of each ok run
+    all_runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # every scenario's runs
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,39 @@ def many_skipped(facts: Facts, tol: float) -> str | None:
     return f"{skipped:g} of {measured:g} measured steps skipped"
 
 
+def _last_losses(runs: pd.DataFrame) -> dict[int, tuple[float, float]]:
+    """repeat -> (step of the last measured loss, that loss) of ok runs."""
+    ok = runs[runs["outcome"] == "ok"] if "outcome" in runs else runs.iloc[0:0]
+    cols = ("repeat", "steps_warmup", "steps_measured", "loss_last")
+    if ok.empty or not set(cols) <= set(ok.columns):
+        return {}
+    num = {c: pd.to_numeric(ok[c], errors="coerce") for c in cols}
+    step = num["steps_warmup"] + num["steps_measured"]
+    return {int(r): (s, v) for r, s, v in zip(num["repeat"], step, num["loss_last"], strict=True)
+            if pd.notna(r) and pd.notna(s) and math.isfinite(v)}  # fmt: skip
+
+
+def loss_parity(facts: Facts, tol: float) -> str | None:
+    """The last measured loss differs from the no-offload pair's (same settings, same repeat,
+    same step) by more than the tolerance: the offload mode changed what training computes
+    (ZenFlow's selective updates do by design)."""
+    row, runs = facts.row, facts.all_runs
+    pair = row.get("pair")
+    if row.get("pair_kind") != "same-settings" or "scenario" not in runs:
+        return None
+    mine, theirs = _last_losses(facts.runs), _last_losses(runs[runs["scenario"] == pair])
+    same = [(k, mine[k], theirs[k]) for k in sorted(set(mine) & set(theirs))
+            if mine[k][0] == theirs[k][0] and theirs[k][1]]  # fmt: skip
+    if not same:
+        return None
+    diffs = [a[1] / b[1] - 1 for _, a, b in same]
+    k, a, b = same[int(np.argmax(np.abs(diffs)))]
+    if float(np.median(np.abs(diffs))) <= tol:
+        return None
+    return (f"loss {a[1]:.4f} vs {b[1]:.4f} of '{pair}' at step {a[0]:g} (rep {k}, "
+            f"{a[1] / b[1] - 1:+.1%})")  # fmt: skip
+
+
 CHECKS: tuple[Check, ...] = (
     Check("accumulation-slower-per-token",
           "no offload, yet more gradient accumulation measured slower per token beyond the CI "
@@ -178,6 +212,10 @@ CHECKS: tuple[Check, ...] = (
     Check("many-skipped-steps",
           "many fp16 steps among the measured ones were skipped (loss-scale overflow)", 0.1,
           "10% of measured steps", many_skipped),
+    Check("loss-parity",
+          "the loss differs from its no-offload pair's at the same step (same settings and "
+          "repeat): the mode changed the updates (e.g. ZenFlow)", 0.02,
+          "2% of the pair's loss (median over repeats)", loss_parity),
 )  # fmt: skip
 MEANINGS: dict[str, str] = {c.name: c.meaning for c in CHECKS}
 
@@ -195,7 +233,7 @@ def flag(
     for row in rows:
         mine = by_scenario.get(row["scenario"], runs.iloc[0:0])
         ok_dirs = mine.loc[mine["outcome"] == "ok", "record_dir"] if len(mine) else []
-        facts = Facts(row, peers, mine, [losses[d] for d in ok_dirs if d in losses])
+        facts = Facts(row, peers, mine, [losses[d] for d in ok_dirs if d in losses], runs)
         fired = {c.name: why for c in CHECKS if (why := c.test(facts, c.tolerance))}
         flags.append(";".join(fired))
         details.append(json.dumps(fired) if fired else "")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,12 +20,18 @@ from typing import Any
 import jsonschema
 import yaml
 
+from offload_study import yamlsafe
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = REPO_ROOT / "config" / "clusters"
 
 
 class StudyError(ValueError):
     """A study or cluster description that cannot run; the message names the key and file."""
+
+    def __str__(self) -> str:
+        # however it is printed (terminal, log, WorkflowError), never megabytes of text
+        return yamlsafe.cap_text(super().__str__())
 
 
 def load_schema(name: str) -> dict:
@@ -65,6 +73,73 @@ def _resolve(schema: dict, root: dict) -> dict:
     return schema
 
 
+#: How much of a given value an error message repeats (a 10 MB list must not become the message).
+SHOWN_CHARS = 120
+
+
+def shown(value: Any) -> str:
+    """repr of a given value for an error message, cut to SHOWN_CHARS."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} chars)"
+
+
+def _is_integer(_checker, value) -> bool:
+    # jsonschema's "integer" accepts 2048.0 and its "number" accepts True: a count must be
+    # written as a whole number, a boolean is not a number.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(_checker, value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _full_pattern(validator, pattern, instance, schema):
+    """The pattern keyword as a full match: re.search would let '^name$' match 'name' + newline."""
+    if isinstance(instance, str) and not re.fullmatch(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+StrictValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    validators={"pattern": _full_pattern},
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_number}
+    ),
+)
+
+
+def non_finite_key(instance: Any, path: tuple = ()) -> tuple | None:
+    """Key path of the first NaN or infinite number anywhere in ``instance`` (None if none)."""
+    if isinstance(instance, float) and not math.isfinite(instance):
+        return path
+    if isinstance(instance, dict):
+        children = instance.items()
+    else:
+        children = enumerate(instance) if isinstance(instance, list) else ()
+    for key, value in children:
+        found = non_finite_key(value, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
+_BOUND_WORDS = {
+    "minimum": ("too small", ">="),
+    "exclusiveMinimum": ("too small", ">"),
+    "maximum": ("too large", "<="),
+    "exclusiveMaximum": ("too large", "<"),
+}
+
+
+_SIZE_WORDS = {
+    "minLength": ("too short", "at least"),
+    "minItems": ("too short", "at least"),
+    "minProperties": ("too short", "at least"),
+    "maxLength": ("too long", "at most"),
+    "maxItems": ("too long", "at most"),
+}
+
+
 def _describe_error(err: jsonschema.ValidationError, root: dict) -> str:
     path = list(err.absolute_path)
     schema = _resolve(err.schema, root) if isinstance(err.schema, dict) else {}
@@ -78,30 +153,61 @@ def _describe_error(err: jsonschema.ValidationError, root: dict) -> str:
         return f"{key_path(path + [missing])}: required key is missing"
     if err.validator == "enum":
         allowed = ", ".join(repr(v) for v in err.validator_value)
-        return f"{key_path(path)}: {err.instance!r} is not allowed; allowed values: {allowed}"
+        return f"{key_path(path)}: {shown(err.instance)} is not allowed; allowed values: {allowed}"
     if err.validator == "oneOf" and path == ["model"]:
         return "model: give exactly one of preset, config or name_or_path"
-    if err.validator in ("minimum", "exclusiveMinimum"):
-        bound = ">=" if err.validator == "minimum" else ">"
-        return f"{key_path(path)}: {err.instance!r} is too small; must be {bound} {err.validator_value}"
+    if err.validator in _BOUND_WORDS:
+        words, bound = _BOUND_WORDS[err.validator]
+        return f"{key_path(path)}: {shown(err.instance)} is {words}; must be {bound} {err.validator_value}"
     if err.validator == "type":
-        expected = err.validator_value
-        expected = " or ".join(expected) if isinstance(expected, list) else expected
-        return f"{key_path(path)}: {err.instance!r} has the wrong type; expected {expected}"
+        return f"{key_path(path)}: {shown(err.instance)} has the wrong type; {_expected(err)}"
+    if "propertyNames" in err.schema_path:  # a key inside zero:, sweep:, ...
+        return (
+            f"{key_path(path)}: key {shown(err.instance)} is not a valid key name; allowed: "
+            "lowercase letters, digits and '_'"
+        )
     if err.validator in ("pattern", "not") or (
         err.validator == "propertyNames" or "pattern" in str(err.validator)
     ):
         return (
-            f"{key_path(path)}: {err.instance!r} is not a valid name; use letters, digits, "
-            "'.', '_' and '-' only (no path separators, spaces or shell characters, not '..')"
+            f"{key_path(path)}: {shown(err.instance)} is not a valid name; use letters, digits, "
+            "'.', '_' and '-' only (no path separators, spaces, newlines or shell characters, "
+            "not '..')"
         )
-    return f"{key_path(path)}: {err.message}"
+    if err.validator in _SIZE_WORDS:
+        words, bound = _SIZE_WORDS[err.validator]
+        empty = " (should be non-empty)" if bound == "at least" and err.validator_value == 1 else ""
+        return (
+            f"{key_path(path)}: {shown(err.instance)} is {words}{empty}; "
+            f"allowed: {bound} {err.validator_value}"
+        )
+    if err.validator == "uniqueItems":
+        return f"{key_path(path)}: {shown(err.instance)} repeats a value; allowed: each value once"
+    return f"{key_path(path)}: {err.message[: 2 * SHOWN_CHARS]}"
+
+
+def _expected(err: jsonschema.ValidationError) -> str:
+    expected = err.validator_value
+    names = expected if isinstance(expected, list) else [expected]
+    text = f"expected {' or '.join(names)}"
+    if "integer" in names and isinstance(err.instance, float):
+        text += " (a count is a whole number: write 2048, not 2048.0)"
+    elif isinstance(err.instance, bool):
+        text += " (true/false is a boolean, not a number)"
+    return text
 
 
 def validate(instance: dict, schema_name: str, source: str) -> dict:
-    """Validate against a schema; return a copy with schema defaults filled in."""
+    """Validate against a schema (exact types: integers are not floats, booleans are not
+    numbers; no NaN or infinity anywhere); return a copy with schema defaults filled in."""
+    bad = non_finite_key(instance)
+    if bad is not None:
+        value = _value_at(instance, bad)
+        raise StudyError(
+            f"{source}: {key_path(list(bad))}: {value!r} is not allowed; numbers must be finite"
+        )
     schema = load_schema(schema_name)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = StrictValidator(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), e.path))
     if errors:
         err = jsonschema.exceptions.best_match(errors)
@@ -111,6 +217,12 @@ def validate(instance: dict, schema_name: str, source: str) -> dict:
             err = deep[0]
         raise StudyError(f"{source}: {_describe_error(err, schema)}")
     return fill_defaults(copy.deepcopy(instance), schema, schema)
+
+
+def _value_at(instance: Any, path: tuple) -> Any:
+    for part in path:
+        instance = instance[part]
+    return instance
 
 
 def fill_defaults(instance: Any, schema: dict, root: dict) -> Any:
@@ -128,17 +240,12 @@ def fill_defaults(instance: Any, schema: dict, root: dict) -> Any:
 
 
 def read_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise StudyError(f"{path}: file not found")
+    """A user YAML file's top-level mapping, through the one safe loader (yamlsafe: no code,
+    no duplicate keys, limits on size, depth and aliases); StudyError names the file."""
     try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise StudyError(f"{path}: expected a mapping of keys at the top level")
-    return data
+        return yamlsafe.load_mapping(path)
+    except yamlsafe.YamlRefused as exc:
+        raise StudyError(str(exc)) from None
 
 
 def load_cluster(name: str, cluster_dir: str | Path = CLUSTER_DIR) -> dict:

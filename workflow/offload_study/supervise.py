@@ -4,6 +4,7 @@
 (``timeout_s``, ``step_timeout_s``, the host memory budget ``cpu_mem_gb``: the summed RSS of the
 local process tree, sampled 5x/s) or when the runner got SIGTERM/SIGINT. What it saw comes back as
 :class:`Supervision`, the facts the outcome is decided from (:mod:`offload_study.outcome`).
+A signal is ``cancelled``, unless SLURM sent it for the job's time limit (``timeout``).
 
 Limit: the memory budget only sees processes on the runner's node (with ``nodes > 1`` the remote
 ranks are not summed).
@@ -11,6 +12,7 @@ ranks are not summed).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -22,6 +24,7 @@ from offload_study.contracts import Progress, RecordDir, RunSpec, read_progress
 
 POLL_S = 0.2
 KILL_GRACE_S = 5.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class Supervision:
     peak_tree_rss: int = 0  # bytes, the process tree summed
     rank_peaks: dict[int, int] = field(default_factory=dict)  # rank -> peak RSS bytes
     elapsed: float = 0.0  # seconds
+    # OOM kills by this host's kernel while the run went (None: not countable here); tells the
+    # OOM killer's SIGKILL from anyone else's
+    oom_kills: int | None = None
 
 
 # ----------------------------------------------------------------------------- process tree
@@ -99,6 +105,30 @@ def reap_group(pgid: int, flush_s: float = 2.0) -> None:
         pass
 
 
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux prctl
+    PR_SET_PDEATHSIG). The launcher runs in its own session and the ranks under it: a runner
+    killed by SIGKILL (node agent, OOM killer, a crashed Snakemake's whole job) would leave them
+    training unsupervised. Called in the launcher's child before exec (``preexec_fn``) and first
+    thing in each rank; a no-op where prctl does not exist."""
+    parent = os.getppid()
+    if _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0:
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)  # the parent died before the call
+
+
+def _libc_prctl():
+    """libc's prctl, looked up at import: not between fork and exec (a dlopen there can
+    deadlock in a process with threads)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
 class Cancelled:
     """Signal handler that only remembers the signal (the supervision loop acts on it)."""
 
@@ -107,6 +137,36 @@ class Cancelled:
 
     def __call__(self, signum, _frame):
         self.signum = signum
+
+
+def signal_verdict(signum, environ=os.environ, runner=subprocess.run) -> tuple[str, str]:
+    """(outcome, detail) of the SIGTERM/SIGINT the runner got: ``timeout`` when SLURM is ending
+    its job for the time limit (the controller marks the job TIMEOUT before it signals the
+    steps), else ``cancelled`` (scancel, preemption, Ctrl-C)."""
+    detail, job = f"received signal {signum}", environ.get("SLURM_JOB_ID")
+    if not job:
+        return "cancelled", detail
+    try:
+        show = runner(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                      timeout=10).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "cancelled", detail
+    fields = dict(token.partition("=")[::2] for token in show.split())
+    if fields.get("JobState") != "TIMEOUT":
+        return "cancelled", detail
+    return "timeout", (
+        f"SLURM time limit reached (job {job}, TimeLimit={fields.get('TimeLimit')}): {detail}"
+    )
+
+
+def host_oom_kills() -> int | None:
+    """The kernel's count of OOM kills on this host since boot (/proc/vmstat ``oom_kill``)."""
+    try:
+        with open("/proc/vmstat") as vmstat:
+            counts = dict(line.split(maxsplit=1) for line in vmstat if " " in line)
+        return int(counts["oom_kill"])
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 # ----------------------------------------------------------------------------- limits
@@ -160,7 +220,7 @@ def supervise(
 ) -> Supervision:
     """Wait for the launched group, killing it when a limit is passed (see limit_passed)."""
     watch = Watch(started=time.monotonic())
-    peak, rank_peaks, breach = 0, {}, None
+    peak, rank_peaks, breach, ooms_before = 0, {}, None, host_oom_kills()
     while proc.poll() is None:
         now = time.monotonic()
         watch.rss = tree_rss(proc.pid, rank_peaks)
@@ -177,5 +237,10 @@ def supervise(
     if breach is None and cancel.signum is not None:
         # scancel signals the whole step: the ranks may die before the loop sees the signal
         breach = ("cancelled", f"received signal {cancel.signum}")
+    if breach and breach[0] == "cancelled":
+        breach = signal_verdict(cancel.signum)
     killed, detail = breach or (None, None)
-    return Supervision(rc, killed, detail, peak, rank_peaks, time.monotonic() - watch.started)
+    ooms_after = host_oom_kills()
+    ooms = None if None in (ooms_before, ooms_after) else ooms_after - ooms_before
+    elapsed = time.monotonic() - watch.started
+    return Supervision(rc, killed, detail, peak, rank_peaks, elapsed, ooms)

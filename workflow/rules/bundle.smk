@@ -28,5 +28,5 @@ rule bundle:
         cluster=PLAN.cluster["name"],
         study=PLAN.study["study"],
     shell:
-        "python -m offload_study.bundle create --cluster {params.cluster} --study {params.study}"
-        " --report {input.report} --out {output} > {log} 2>&1"
+        "python -m offload_study.bundle create --cluster {params.cluster:q} --study {params.study:q}"
+        " --report {input.report:q} --out {output:q} > {log:q} 2>&1"

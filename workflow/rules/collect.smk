@@ -31,5 +31,6 @@ rule collect:
     params:
         baseline=PLAN.baseline or "",
     shell:
-        "python -m offload_study.collect --baseline '{params.baseline}' --runs-csv {output.runs}"
-        " --runs-parquet {output.parquet} --summary-csv {output.summary} {input.metrics} > {log} 2>&1"
+        "python -m offload_study.collect --baseline {params.baseline:q} --runs-csv {output.runs:q}"
+        " --runs-parquet {output.parquet:q} --summary-csv {output.summary:q} {input.metrics:q}"
+        " > {log:q} 2>&1"

@@ -8,7 +8,7 @@ sys.path.insert(
     0, f"{workflow.basedir}/workflow"
 )  # the library, also without pip install -e
 
-from offload_study.bundle import compare_name
+from offload_study.bundle import BundleError, compare_name
 from offload_study.plan import Plan
 from offload_study.resources import rule_resources, train_resources
 from offload_study.study import StudyError
@@ -76,6 +76,10 @@ def report_figure(name, title):
 
 # Bundles given with --config compare='[a.tar.gz, b.tar.gz]' (or a --configfile with `compare:`)
 COMPARE_BUNDLES = config.get("compare") or []
+try:  # their file names name the compare page: plain bundle names only
+    COMPARE_NAME = compare_name(COMPARE_BUNDLES) or "compare"
+except BundleError as err:
+    raise WorkflowError(f"compare: {err}") from None
 
 
 def compare_bundles(wildcards):

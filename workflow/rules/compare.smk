@@ -7,10 +7,10 @@ rule compare:
     input:
         compare_bundles,
     output:
-        f"reports/compare/{compare_name(COMPARE_BUNDLES) or 'compare'}.html",
+        f"reports/compare/{COMPARE_NAME}.html",
     log:
-        f"logs/compare/{compare_name(COMPARE_BUNDLES) or 'compare'}.log",
+        f"logs/compare/{COMPARE_NAME}.log",
     conda:
         "../../envs/analysis.yaml"
     shell:
-        "python -m offload_study.compare --out {output} {input} > {log} 2>&1"
+        "python -m offload_study.compare --out {output:q} {input:q} > {log:q} 2>&1"

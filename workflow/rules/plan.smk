@@ -68,8 +68,8 @@ rule calibrate:
     params:
         cluster=PLAN.cluster["name"],
     shell:
-        "python -m offload_study.calibrate --cluster {params.cluster} --cores {threads}"
-        " --out {output} > {log} 2>&1"
+        "python -m offload_study.calibrate --cluster {params.cluster:q} --cores {threads}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 rule plan:
@@ -88,5 +88,9 @@ rule plan:
     conda:
         "../../envs/train.yaml"
     shell:
-        "python -m offload_study.plan --plan-json {input.summary} --out {output.json}"
-        " --plan-csv {output.csv} --calibration {input.calibration} {input.specs} > {log} 2>&1"
+        # A refusal (DeepSpeed's parser, the op preflight) ends the log: on failure its last
+        # lines go to the terminal too, so the reason is not only in the log file.
+        "python -m offload_study.plan --plan-json {input.summary:q} --out {output.json:q}"
+        " --plan-csv {output.csv:q} --calibration {input.calibration:q} {input.specs:q}"
+        " > {log:q} 2>&1 || {{ status=$?; echo 'plan refused; the end of' {log:q} >&2;"
+        " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"

@@ -22,5 +22,5 @@ rule publish:
     conda:
         "../../envs/analysis.yaml"
     shell:
-        "python -m offload_study.site --index {output.index} --site-dir {output.site} {input}"
-        " > {log} 2>&1"
+        "python -m offload_study.site --index {output.index:q} --site-dir {output.site:q} {input:q}"
+        " > {log:q} 2>&1"

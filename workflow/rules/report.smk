@@ -26,10 +26,11 @@ rule report:
         "../../envs/analysis.yaml"
     params:
         figures=lambda wc, output: os.path.dirname(output.relative_speed),
-        others=lambda wc, input: " ".join(
-            f"--other-cluster-summary {p}" for p in input.others
-        ),
+        # a list: `:q` quotes each item (paths found on disk never reach the shell unquoted)
+        others=lambda wc, input: [
+            arg for p in input.others for arg in ("--other-cluster-summary", p)
+        ],
     shell:
-        "python -m offload_study.report --runs {input.runs} --summary {input.summary}"
-        " --plan {input.plan} --out {output.html} --figures-dir {params.figures} {params.others}"
-        " > {log} 2>&1"
+        "python -m offload_study.report --runs {input.runs:q} --summary {input.summary:q}"
+        " --plan {input.plan:q} --out {output.html:q} --figures-dir {params.figures:q}"
+        " {params.others:q} > {log:q} 2>&1"

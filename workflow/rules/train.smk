@@ -31,5 +31,5 @@ rule train:
     params:
         outdir=subpath(output.metrics, parent=True),
     shell:
-        "python -m offload_study.runner --spec {input.spec} --repeat {wildcards.rep}"
-        " --outdir {params.outdir} --cores {threads} > {log} 2>&1"
+        "python -m offload_study.runner --spec {input.spec:q} --repeat {wildcards.rep:q}"
+        " --outdir {params.outdir:q} --cores {threads} > {log:q} 2>&1"

@@ -25,6 +25,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from offload_study import collect, contracts
 from offload_study.report import figures, predicted, views
+from offload_study.report import recommend as recommend_view
 
 
 def baseline_of(summary: pd.DataFrame, plan: dict) -> tuple[str | None, str | None]:
@@ -102,6 +103,7 @@ def render(
         failures=views.failures(runs, scenarios),
         checks=views.sanity_rows(scenarios),
         predicted=predicted.predicted_view(plan, summary),
+        recommend=plan.get("recommendation"),
         flagged_names={v["scenario"] for v in scenarios if v["flag_list"]},
         any_skipped=any(views.isnum(v["skipped_steps_measured"]) for v in scenarios),
         provenance=views.provenance_rows(runs),
@@ -127,6 +129,8 @@ def _read_plan(path: str) -> dict:
     beside = Path(path).with_name(contracts.PLAN_CSV)
     if isinstance(plan.get("prediction"), dict) and beside.is_file():
         plan["prediction"]["plan_csv"] = str(beside)
+    # a search's result lies beside it too (rule recommend; report.recommend)
+    plan["recommendation"] = recommend_view.beside(path)
     return plan
 
 

@@ -1,0 +1,161 @@
+"""`snakemake recommend` (offload_study.recommend): the candidate grid, the checkpoint's choice, and
+a real search on CPU that must pick the faster of two runs whose difference is forced (slow)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SMALL_LLAMA
+
+from offload_study import recommend
+from offload_study.contracts import Prediction, read_json
+from offload_study.plan import Plan
+from offload_study.study import StudyError, load_schema, load_study
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def study(**recommend_block) -> dict:
+    return {
+        "study": "rec-test", "cluster": "local-cpu", "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64, "dtype": "bf16", "global_batch": 8, "micro_batch": 2,
+        "gradient_checkpointing": False, "steps": 6, "warmup_steps": 2, "timeout_min": 15,
+        "recommend": {"gpu_mem_gb": 40, "gpus_per_node": 1, "cpu_mem_gb": 16, **recommend_block},
+        "scenarios": [{"name": "ref", "gpus_per_node": 1, "offload_optimizer": "cpu",
+                       "predict_only": True}],
+    }  # fmt: skip
+
+
+def test_offload_modes_are_the_schemas_enum():
+    grid = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]
+    assert list(recommend.OFFLOAD_MODES) == grid["offload"]["items"]["enum"]
+
+
+def test_the_grid_becomes_capped_candidate_scenarios():
+    grid = {"offload": ["optimizer", "zenflow"], "offload_optimizer_ratio": [0.5, 1.0],
+            "micro_batch": [1, 2], "zero": {"reduce_bucket_size": ["5e8"]}}  # fmt: skip
+    found = recommend.candidates(load_study(study(grid=grid)))
+    assert [c["name"] for c in found] == [
+        f"rec-{mode}__mb-{mb}__rbs-5e8" for mode in ("opt", "opt-r0.5", "zenflow") for mb in (1, 2)
+    ]
+    assert {c["gpu_mem_gb"] for c in found} == {40}
+    assert found[2]["offload_optimizer_ratio"] == 0.5 and found[4]["zenflow"] == {}
+    assert found[0]["zero"] == {"reduce_bucket_size": 500_000_000}  # YAML's '5e8' made a number
+    with_them = recommend.with_candidates(load_study(study(grid=grid)))
+    assert [s["name"] for s in with_them["scenarios"]][1:] == [c["name"] for c in found]
+    space = recommend.space(Plan(study(grid=grid)))  # the plan has them, with their modes
+    assert space["candidates"]["rec-opt-r0.5__mb-2__rbs-5e8"] == "opt-r0.5"
+    assert set(space["candidates"].values()) == {"opt", "opt-r0.5", "zenflow"}
+    assert space["references"] == []  # the only own scenario is predict-only
+
+
+@pytest.mark.refuses_bad_input
+def test_a_grid_too_large_or_a_clashing_name_is_refused():
+    big = {"micro_batch": list(range(1, 9)), "offload": ["optimizer", "optimizer+param"]}
+    with pytest.raises(StudyError, match="recommend.grid: 16 candidates, more than recommend.max"):
+        recommend.with_candidates(load_study(study(grid=big, max_candidates=10)))
+    clash = study()
+    clash["scenarios"].append({"name": "rec-opt__mb-2", "gpus_per_node": 1})
+    with pytest.raises(StudyError, match="'rec-opt__mb-2': the prefix 'rec-' is recommend's"):
+        recommend.with_candidates(load_study(clash))
+
+
+def _prediction(name: str, tps: float, feasible: bool = True) -> Prediction:
+    fields = {f.name: None for f in dataclasses.fields(Prediction)}
+    return Prediction(**{**fields, "scenario": name, "predict_only": False, "force": False,
+                         "world_size": 1, "tokens_per_s": tps, "feasible": feasible,
+                         "reason": None if feasible else "GPU 50 GiB > 40 GiB"})  # fmt: skip
+
+
+def test_the_checkpoint_measures_the_best_of_each_mode_first():
+    space = {"top_n": 3, "references": ["ref"],
+             "candidates": {"a1": "opt", "a2": "opt", "b1": "opt-r0.5", "c1": "zenflow",
+                            "c2": "zenflow"}}  # fmt: skip
+    preds = {"a1": _prediction("a1", 900), "a2": _prediction("a2", 800),
+             "b1": _prediction("b1", 700), "c1": _prediction("c1", 1000, feasible=False),
+             "c2": _prediction("c2", 600)}  # fmt: skip
+    chosen = recommend.select(space, preds)
+    assert chosen["measure"] == ["a1", "b1", "c2", "ref"]  # a2 beats b1 and c2, but a1 is opt too
+    why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
+    assert why["c1"] == "predicted not to fit: GPU 50 GiB > 40 GiB"
+    assert why["a2"] == "not measured: predicted 800 tokens/s, rank 2, below the top 3"
+
+
+@pytest.mark.refuses_bad_input
+def test_recommend_on_a_study_without_the_block_says_so(tmp_path):
+    path = tmp_path / "plain.yaml"
+    plain = study()
+    del plain["recommend"]
+    plain["scenarios"][0]["predict_only"] = False
+    path.write_text(yaml.safe_dump(plain))
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d", str(tmp_path),
+         "--config", f"study_file={path}", "-n", "recommend"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "recommend: study 'rec-test' has no recommend block" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_recommend_picks_the_faster_of_two_real_runs(tmp_path):
+    """Micro-batch 1 (8 micro-steps per optimizer step) against micro-batch 8 (one) at the same
+    global batch: on CPU the tiny model's per-micro-step overhead makes micro-batch 1 several
+    times slower. The search must measure both (top_n 2) and recommend the faster."""
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study(top_n=2, grid={"offload": ["optimizer"],
+                                                        "micro_batch": [1, 8]})))  # fmt: skip
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
+           str(tmp_path), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results/local-cpu/rec-test"
+    measured = read_json(out / "recommend/selected.json")["measure"]
+    assert sorted(measured) == ["rec-opt__mb-1", "rec-opt__mb-8"]  # top_n 2 of 2 candidates
+    speed = {name: read_json(out / name / "rep0/metrics.json")["tokens_per_s"]
+             for name in ("rec-opt__mb-1", "rec-opt__mb-8")}  # fmt: skip
+    faster = max(speed, key=speed.get)
+    result = read_json(out / "recommend/recommendation.json")
+    assert result["winner"] == faster and result["runner_up"] == min(speed, key=speed.get)
+    assert result["tokens_per_s"] == pytest.approx(speed[faster], rel=0.02)
+    assert result["margin"]["verdict"] == "beyond CI" and result["margin"]["ci_low"] > 1
+    (loser,) = result["others"]
+    assert loser["why"].startswith("slower: ") and "beyond CI" in loser["why"]
+    assert result["device_time"]["runs"] == 2 and result["device_time"]["device_minutes"] > 0
+    assert json.loads((out / "recommend/recommended.ds_config.json").read_text()) == json.loads(
+        (out / f"configs/{faster}.json").read_text()
+    )
+    assert faster in (tmp_path / "reports/rec-test/recommend.html").read_text()
+
+
+def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
+    """report.html's section and the standalone page render recommendation.json (as decide
+    writes it: NaN as null) with the winner, its margin's verdict and why the others lost."""
+    from offload_study.report import recommend as view
+    from offload_study.report.render import _read_plan
+
+    rec = recommend._no_nan({
+        "study": "s", "cluster": "c", "gpu_mem_gb": 16, "winner": "rec-opt__mb-4",
+        "tokens_per_s": 1000.0, "tokens_per_s_ci": [990.0, 1010.0], "runner_up": "rec-opt__mb-2",
+        "margin": {"of": "rec-opt__mb-2", "ratio": 1.01, "ci_low": 0.99, "ci_high": 1.03,
+                   "pairs": 1, "verdict": "within noise", "note": "1 pair(s) by repeat"},
+        "vs_references": [{"of": "ref", "ratio": float("nan"), "ci_low": float("nan"),
+                           "ci_high": float("nan"), "pairs": 0, "verdict": "no pair", "note": ""}],
+        "others": [{"scenario": "rec-super__mb-4", "kind": "candidate", "measured": True,
+                    "why": "no ok run: outcome error: SuperOffload only supports NVIDIA CUDA GPUs"}],
+        "device_time": {"runs": 3, "wall_s": 90.0, "device_minutes": 1.5},
+    })  # fmt: skip
+    (tmp_path / "recommend").mkdir()
+    (tmp_path / "recommend/recommendation.json").write_text(json.dumps(rec))
+    (tmp_path / "plan.json").write_text(json.dumps({"study": "s"}))
+    assert _read_plan(str(tmp_path / "plan.json"))["recommendation"] == rec
+    view.write_page(rec, tmp_path / "page.html")
+    page = (tmp_path / "page.html").read_text()
+    assert "rec-opt__mb-4" in page and "within noise" in page and "SuperOffload only" in page
+    assert "NaN" not in page and "1.5 device-minutes" in page

@@ -1,0 +1,336 @@
+"""No code from a study file, cluster description or bundle runs; bad files are refused with one
+short message naming the file (issue 17, security)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import make_spec
+
+from offload_study import bundle, provenance, resources, yamlsafe
+from offload_study.launch import Launch
+from offload_study.study import REPO_ROOT, StudyError, load_study, read_yaml
+from offload_study.studyfile import study_config
+from offload_study.supervise import Supervision
+
+refuses = pytest.mark.refuses_bad_input
+DEFAULT_STUDY = REPO_ROOT / "config" / "config.yaml"
+
+
+def snakemake(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO_ROOT / "Snakefile"), *args]
+    # Snakemake prints its errors on stdout: everything in one stream (.stdout)
+    return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(StudyError) as err:
+        read_yaml(path)
+    return str(err.value)
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """The "billion laughs": 9 lines whose aliases expand to 9**9 values."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the YAML loader
+BAD_FILES = {
+    "duplicate-key": ("study: a\nrepeats: 2\nrepeats: 3\n", "line 3: duplicate key 'repeats'"),
+    "binary": (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a binary file"),
+    "latin-1": ("study: caf\xe9\n".encode("latin-1"), "not UTF-8 text"),
+    "empty": ("", "the file is empty"),
+    "comments-only": ("# nothing here\n", "only comments"),
+    "list": ("- study: a\n- study: b\n", "the top level is a list"),
+    "scalar": ("just text\n", "the top level is a str"),
+    "two-documents": ("study: a\n---\nstudy: b\n", "not valid YAML"),
+    "boolean-key": ("on: 1\n", "key True is a bool, not text"),
+    "deep": ("a: " + "[" * 60 + "]" * 60 + "\n", "nested deeper than"),
+    "python-tag": ("study: !!python/object/apply:os.getcwd []\n", "not valid YAML"),
+    "too-large": ("a: " + "x" * (yamlsafe.MAX_BYTES + 1) + "\n", "larger than"),
+}
+
+
+@refuses
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_yaml_files_are_refused_naming_the_file(case, tmp_path):
+    content, expected = BAD_FILES[case]
+    path = tmp_path / f"{case}.yaml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    text = refusal(path)
+    assert text.startswith(f"{path}: "), text
+    assert expected in text, text
+    assert len(text) < 600
+
+
+@refuses
+def test_duplicate_keys_are_refused_at_any_depth_and_merge_keys_still_work(tmp_path):
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("study: a\nzero:\n  reduce_bucket_size: 1\n  reduce_bucket_size: 2\n")
+    assert "line 4: duplicate key 'reduce_bucket_size' (first on line 3)" in refusal(nested)
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {x: 1, y: 2}\nover:\n  <<: *b\n  y: 3\n")
+    assert read_yaml(merged)["over"] == {"x": 1, "y": 3}
+
+
+@refuses
+def test_an_alias_bomb_is_refused_fast_with_a_short_message(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text("study: bomb\ncluster: local-cpu\n" + alias_bomb())
+    start = time.perf_counter()
+    with pytest.raises(StudyError) as err:
+        load_study(path)
+    assert time.perf_counter() - start < 2
+    assert "aliases expand to more than" in str(err.value)
+    assert len(str(err.value)) < 300
+
+
+@refuses
+def test_too_many_aliases_and_self_reference_are_refused(tmp_path):
+    many = tmp_path / "many.yaml"
+    many.write_text("a: &a 1\nb: [" + ", ".join(["*a"] * (yamlsafe.MAX_ALIASES + 1)) + "]\n")
+    assert f"more than {yamlsafe.MAX_ALIASES} aliases" in refusal(many)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("a: &a [*a, *a]\n")
+    assert "aliases expand to more than" in refusal(loop)
+
+
+def test_error_text_is_capped_wherever_a_study_error_is_printed():
+    text = str(StudyError("x" * 10 * yamlsafe.MAX_ERROR_CHARS))
+    assert len(text) < yamlsafe.MAX_ERROR_CHARS + 100
+    assert text.endswith("more characters not shown]")
+
+
+# --------------------------------------------------------------------------- how a study is given
+def yte_study(tmp_path: Path) -> tuple[Path, Path]:
+    """A valid default study that switches on Snakemake's template engine: its `repeats`
+    expression creates a file when evaluated (the proof that code ran)."""
+    marker = tmp_path / "code-ran"
+    study = yaml.safe_load(DEFAULT_STUDY.read_text())
+    study["repeats"] = f"?__import__('pathlib').Path({str(marker)!r}).write_text('x') and 1"
+    path = tmp_path / "yte.yaml"
+    path.write_text("__use_yte__: true\n" + yaml.safe_dump(study))
+    return path, marker
+
+
+@refuses
+def test_a_template_study_given_as_study_file_is_refused_and_never_executed(tmp_path):
+    path, marker = yte_study(tmp_path)
+    result = snakemake("-n", "--config", f"study_file={path}")
+    assert result.returncode != 0
+    assert f"{path}: __use_yte__: Snakemake's YAML template engine" in result.stdout
+    assert not marker.exists(), "the study file's Python ran"
+
+
+def test_why_configfile_is_for_trusted_files_only(tmp_path):
+    """Why README says "--configfile: trusted files only": Snakemake evaluates the template
+    while parsing its command line, before the workflow starts (the same file given with
+    --config study_file is refused and never run, the test above)."""
+    path, marker = yte_study(tmp_path)
+    snakemake("-n", "--configfile", str(path))
+    assert marker.exists()
+
+
+@refuses
+@pytest.mark.parametrize("case", ["binary", "list", "duplicate-key"])
+def test_a_bad_study_file_stops_a_dry_run_with_one_line_naming_it(case, tmp_path):
+    content, expected = BAD_FILES[case]
+    path = tmp_path / "study.yaml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    result = snakemake("-n", "--config", f"study_file={path}")
+    assert result.returncode != 0
+    assert f"invalid study: {path}: " in result.stdout and expected in result.stdout
+    assert "Traceback" not in result.stdout
+
+
+@refuses
+def test_an_alias_bomb_study_file_prints_little(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(DEFAULT_STUDY.read_text() + alias_bomb())
+    result = snakemake("-n", "--config", f"study_file={path}")
+    assert result.returncode != 0 and "alias bomb" in result.stdout
+    assert len(result.stdout) < 5000
+
+
+def test_study_file_overrides_and_sources():
+    study, source = study_config({"study_file": str(DEFAULT_STUDY), "repeats": 5})
+    assert source == str(DEFAULT_STUDY) and study["repeats"] == 5
+    assert study["scenarios"] == read_yaml(DEFAULT_STUDY)["scenarios"]
+    given = {"study": "x", "cluster": "local-cpu"}
+    assert study_config(given) == (given, "the study 'x' given with --configfile")
+
+
+@refuses
+def test_study_file_and_a_study_from_configfile_together_are_refused():
+    with pytest.raises(StudyError, match="give the study one way"):
+        study_config({"study_file": str(DEFAULT_STUDY), "study": "other"})
+
+
+@refuses
+@pytest.mark.slow  # the plan rule runs DeepSpeed's own config parser first (~1 min on 2 cores)
+def test_a_refusal_inside_the_plan_rule_shows_its_reason_on_the_terminal(tmp_path):
+    """Not only CalledProcessError with the reason hidden in plan.log."""
+    shipped = tmp_path / "config" / "calibration" / "local-cpu.json"
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text('{"schema_version": 99}')  # a calibration this reader does not know
+    result = snakemake("--directory", str(tmp_path), "-c", "1", "plan",
+                       "--config", f"study_file={DEFAULT_STUDY}")  # fmt: skip
+    assert result.returncode != 0
+    assert "plan refused; the end of" in result.stdout
+    assert "config/calibration/local-cpu.json: not a calibration file" in result.stdout
+
+
+# --------------------------------------------------------------------------- result paths
+BAD_NAMES = ["../escaped", "a/b", "..", "name\n", "", "a b", "x;rm"]
+
+
+@refuses
+@pytest.mark.parametrize("key", ["study", "cluster", "scenario"])
+@pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+def test_names_that_make_paths_cannot_leave_results(key, name):
+    """Study, cluster and scenario names become results/<cluster>/<study>/<scenario>/."""
+    study = read_yaml(DEFAULT_STUDY)
+    if key == "scenario":
+        study["scenarios"][0]["name"] = name
+    else:
+        study[key] = name
+    where = "scenarios[0].name" if key == "scenario" else key
+    with pytest.raises(StudyError, match=re.escape(f"test study: {where}: ")):
+        load_study(study, source="test study")
+
+
+# --------------------------------------------------------------------------- sbatch options
+@refuses
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "--exclusive; touch /tmp/pwned",
+        "--exclusive && touch /tmp/pwned",
+        "--mail-user=a$(touch /tmp/pwned)@x",
+        "--mail-user=`id`",
+        "--wrap='touch /tmp/pwned'",
+        "--export=LD_PRELOAD=/tmp/x.so",
+        "--chdir=/",
+        "--partition=other",  # set from slurm.partition, never twice
+        "--requeue=yes",
+        "-x",
+        "exclusive",
+        "'--reservation=a b'",
+        '"unterminated',
+    ],
+)
+def test_unsafe_sbatch_options_are_refused_naming_the_key(extra):
+    with pytest.raises(StudyError) as err:
+        resources.sbatch_extra(extra)
+    assert str(err.value).startswith("slurm.slurm_extra: ")
+
+
+def test_allowed_sbatch_options_reach_the_shell_as_the_same_options():
+    text = "--exclusive --mail-type=END,FAIL -x node[01-03] --reservation maint -s"
+    options = resources.sbatch_extra(text)
+    echoed = subprocess.run(["bash", "-c", f"printf '%s\\n' {options}"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    assert echoed.stdout.splitlines() == [
+        "--exclusive", "--mail-type=END,FAIL", "--exclude=node[01-03]", "--reservation=maint",
+        "--oversubscribe",
+    ]  # fmt: skip
+
+
+@refuses
+def test_a_cluster_with_an_unsafe_slurm_extra_is_refused_before_any_job():
+    cluster = {"name": "evil", "accelerator": "cpu", "gpus_per_node": 2, "nodes": 1,
+               "scheduler": "slurm", "slurm": {"slurm_extra": "--exclusive; rm -rf ~"}}  # fmt: skip
+    spec = make_spec("local-cpu")
+    with pytest.raises(StudyError, match=r"cluster 'evil': slurm.slurm_extra: "):
+        resources.train_resources(spec, cluster)
+
+
+# --------------------------------------------------------------------------- bundles
+def tar_gz(members: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+@refuses
+@pytest.mark.parametrize(
+    ("members", "links"),
+    [
+        ({"s--c/../../escaped.txt": b"x"}, None),
+        ({"/tmp/escaped.txt": b"x"}, None),
+        ({"s--c/results/c/s/ok.txt": b"x", "other--top/escaped.txt": b"x"}, None),
+        ({}, {"s--c/results/c/s/link": "/etc"}),
+    ],
+    ids=["dotdot", "absolute", "second-top-folder", "symlink"],
+)
+def test_bundle_members_cannot_leave_the_extraction_folder(members, links, tmp_path):
+    path = tmp_path / "s--c.tar.gz"
+    path.write_bytes(tar_gz(members, links))
+    into = tmp_path / "into" / "x"
+    with pytest.raises(bundle.BundleError):
+        bundle.extract(path, into)
+    assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/escaped.txt").exists()
+    assert not (tmp_path / "into" / "escaped.txt").exists()
+
+
+@refuses
+def test_a_bundle_member_with_a_huge_name_gives_a_short_refusal(tmp_path):
+    path = tmp_path / "s--c.tar.gz"
+    path.write_bytes(tar_gz({"s--c/" + "../" * 100_000 + "x": b"x"}))
+    with pytest.raises(bundle.BundleError) as err:
+        bundle.extract(path, tmp_path / "into")
+    assert len(str(err.value)) < yamlsafe.MAX_ERROR_CHARS + 100
+
+
+@refuses
+@pytest.mark.parametrize("name", ["bundles/a b;rm.tar.gz", "bundle.zip", "bundles/...tar.gz", ""])
+def test_compare_page_names_come_only_from_plain_bundle_names(name):
+    with pytest.raises(bundle.BundleError):
+        bundle.compare_name(["bundles/a--b.tar.gz", name])
+    assert bundle.compare_name(["x/a--b.tar.gz", "c--d.tar.gz"]) == "a--b__vs__c--d"
+
+
+# --------------------------------------------------------------------------- provenance
+def test_provenance_stores_no_secret(monkeypatch, tmp_path):
+    secrets = {
+        "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123", "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+        "DS_API_KEY": "k3y", "NCCL_DB_PASSWORD": "pw",
+    }  # fmt: skip
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NCCL_DEBUG_FILE", "https://user:hunter2@logs.example/x")
+    spec = make_spec("local-cpu").with_ds_config(str(tmp_path / "ds.json"))
+    launch = Launch(["python", "-m", "x", "--token", "hf_abcdefghijklmnopqrstuvwxyz0123"],
+                    {"NCCL_SOCKET_IFNAME": "lo", "MY_TOKEN": "t0k"}, 29500, "127.0.0.1", 1, 2)  # fmt: skip
+    record = provenance.provenance(spec, launch, {}, 1, Supervision(rc=0), "run-1")
+    text = json.dumps(record)
+    for value in [*secrets.values(), "hunter2", "t0k"]:
+        assert value not in text, value
+    for name in [*secrets, "MY_TOKEN"]:
+        assert f'"{name}"' not in text, name
+    assert record["environment"]["NCCL_DEBUG_FILE"] == "https://<redacted>@logs.example/x"
+    assert record["launch_env"] == {"NCCL_SOCKET_IFNAME": "lo"}
+    assert record["launch_command"].endswith("--token <redacted>")
