@@ -354,7 +354,8 @@ def check_on_host(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
     folders: dict[str, str] = {}  # NVMe folder -> the key that sets it
     for index, scenario in enumerate(study["scenarios"]):
         path, key = nvme_path_key(scenario, cluster, f"scenarios[{index}]")
-        if any(r.nvme_path == path and r.base_scenario == scenario["name"] for r in runs):
+        used = any(r.nvme_path == path and r.base_scenario == scenario["name"] for r in runs)
+        if path is not None and used:  # None: the scenario's runs write no NVMe files
             folders.setdefault(path, key)
     if cluster["scheduler"] != "local":
         return [
