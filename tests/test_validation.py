@@ -390,4 +390,22 @@ def test_the_run_checks_its_nvme_folder_first(tmp_path):
 
 def test_presets_build_without_weights():
     for name in presets.PRESETS:
-        presets.check_model({"preset": name})
+        presets._build_model({"preset": name})  # the builder itself, past the cache
+
+
+def test_a_model_block_that_built_is_not_built_again(tmp_path, monkeypatch):
+    """check_model remembers successes per content (the dry-run cost of importing transformers);
+    a failure, or another block, is built (and judged) again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    good = {"preset": "tiny-llama"}
+    presets.check_model(good)
+    assert presets.checked_marker(good).is_file()
+    monkeypatch.setattr(presets, "_build_model", lambda model: pytest.fail("built again"))
+    presets.check_model(good)
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    bad = {"preset": "tiny-llama", "overrides": {"num_attention_heads": 7}}
+    for _ in range(2):  # never remembered: refused every time
+        with pytest.raises(StudyError, match="model.overrides"):
+            presets.check_model(bad)
+    assert not presets.checked_marker(bad).exists()

@@ -22,9 +22,7 @@ import functools
 import importlib.metadata
 import os
 
-import jsonschema
-
-from offload_study.study import load_schema
+from offload_study.study import StrictValidator, load_schema
 
 _SCENARIO = load_schema("study")["properties"]["scenarios"]["items"]["properties"]
 #: Scenario keys a sweep may vary besides the batch and ZeRO knobs (the schema's x-sweepable).
@@ -96,11 +94,10 @@ def _sweep_value_errors(scenario: dict, where: str) -> list[str]:
     for knob, values in scenario.get("sweep", {}).items():
         if knob not in SWEEPABLE:
             continue
+        validator = StrictValidator(_SCENARIO[knob])  # the study's exact types (1.0 is no int)
         for value in values:
-            try:
-                jsonschema.validate(value, _SCENARIO[knob])
-            except jsonschema.ValidationError as err:
-                errors.append(f"{where}.sweep.{knob}: {value!r}: {err.message}")
+            errors += [f"{where}.sweep.{knob}: {value!r}: {err.message}"
+                       for err in validator.iter_errors(value)]  # fmt: skip
     return errors
 
 

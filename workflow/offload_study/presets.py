@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
+import importlib.metadata
 import inspect
+import json
+import os
 import re
 from pathlib import Path
 
@@ -172,8 +176,34 @@ def build_config(base: dict, base_where: str, overrides: dict, overrides_where="
         raise StudyError(f"{where}: transformers cannot build this config: {message}") from None
 
 
+def checked_marker(model: dict) -> Path:
+    """Where a model block that built once is remembered: its content and the transformers
+    version, hashed. Building it imports transformers (and torch), ~3 s on every Snakemake
+    invocation, dry runs included (benchmarks/dryrun_overhead.py); the block decides the outcome,
+    so one success per content is enough. Only successes are remembered."""
+    version = importlib.metadata.version("transformers")
+    preset = PRESETS.get(model.get("preset"))  # a preset's dimensions live in this module
+    content = json.dumps([model, preset, version], sort_keys=True, default=str)
+    key = hashlib.sha256(content.encode()).hexdigest()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(cache) / "offload-study" / "model-checks" / key
+
+
 def check_model(model: dict) -> None:
-    """A preset or config model of a validated study, built without weights (StudyError)."""
+    """A preset or config model of a validated study, built without weights (StudyError);
+    a block that built before (:func:`checked_marker`) is not built again."""
+    marker = checked_marker(model)
+    if marker.exists():
+        return
+    _build_model(model)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # a read-only home: build again next time
+        pass
+
+
+def _build_model(model: dict) -> None:
     overrides = model.get("overrides", {})
     if "preset" in model:
         if model["preset"] not in PRESETS:
