@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -89,13 +88,13 @@ def test_duplicate_keys_are_refused_at_any_depth_and_merge_keys_still_work(tmp_p
 
 
 @refuses
-def test_an_alias_bomb_is_refused_fast_with_a_short_message(tmp_path):
+def test_an_alias_bomb_is_refused_with_a_short_message(tmp_path):
+    """Refused by the loader's count of expanded values (yamlsafe.MAX_NODES), before anything
+    walks the expansion (no timing here: the limit, not the clock, is what is tested)."""
     path = tmp_path / "bomb.yaml"
     path.write_text("study: bomb\ncluster: local-cpu\n" + alias_bomb())
-    start = time.perf_counter()
     with pytest.raises(StudyError) as err:
         load_study(path)
-    assert time.perf_counter() - start < 2
     assert "aliases expand to more than" in str(err.value)
     assert len(str(err.value)) < 300
 
