@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Studies through the workflow on a device machine (any kind), one after the other, time-boxed:
+#   run(command="STUDIES='config/studies/modes-h200.yaml' CALIBRATE=h200-1gpu \
+#                bash benchmarks/device/run_study.sh", carry=[".whl"])
+# STUDIES   space-separated STUDY_YAML[:TARGET] (TARGET e.g. "recommend"; default: all of the study)
+# CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.calibrate,
+#           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
+# Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
+# same warm machine continues what a call cut at its deadline left (--rerun-incomplete redoes a
+# half-written run; the archive keeps a copy of it). Every call packs the records into $OUT.
+set -uo pipefail
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-560}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+OUT=${OUT:-$REPO/.device-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run_study.log") 2>&1
+CORES=$(nproc)
+SITE=/tmp/site
+LOGS=/tmp/logs
+mkdir -p $LOGS
+export CORES SITE LOGS OUT
+SUMMARY=()
+NAME=run_study
+# shellcheck source=benchmarks/device/lib.sh
+source "$REPO/benchmarks/device/lib.sh"
+STUDIES=${STUDIES:?STUDIES=study.yaml[:target] ...}
+
+snake() { # snake STUDY_YAML [targets...]
+  local study=$1
+  shift
+  python3 -m snakemake "$@" --cores "$CORES" --scheduler greedy --keep-going \
+    --rerun-incomplete --config study_file="$study"
+}
+
+results_dir() { python3 -c "from offload_study.plan import Plan; print(Plan('$1').results_dir)"; }
+
+keep_outside() { # results/, reports/ and .snakemake/ survive a re-carried tree
+  local d
+  for d in results reports .snakemake; do
+    [ -L $d ] && continue
+    mkdir -p /tmp/dev/$d
+    [ -d $d ] && cp -a $d/. /tmp/dev/$d/ && rm -rf $d
+    ln -s /tmp/dev/$d $d
+  done
+}
+
+pack() {
+  local dirs=() item res
+  for item in $STUDIES; do
+    res=$(results_dir "${item%%:*}" 2>/dev/null) && dirs+=("$res" "reports/${res##*/}")
+  done
+  # shellcheck disable=SC2046
+  tar -czhf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "${dirs[@]}" \
+    results/*/calibration.json .snakemake/log 2>/dev/null)
+  tar -czf "$OUT/extra.tar.gz" -C /tmp logs
+}
+
+summary() {
+  echo
+  echo "==================== summary ($(elapsed) s) ===================="
+  printf '%s\n' "${SUMMARY[@]}"
+  local item res
+  for item in $STUDIES; do
+    res=$(results_dir "${item%%:*}" 2>/dev/null) && [ -d "$res" ] && { echo "-- $res"; table "$res"; }
+  done
+  pack
+}
+trap summary EXIT
+export -f elapsed say left snake
+export T0 DEADLINE_S CORES
+
+keep_outside
+setup
+timed versions 60 versions
+timed ops 240 build_ops cpu_adam fused_adam
+if [ -n "${CALIBRATE:-}" ] && [ ! -f "results/$CALIBRATE/calibration.json" ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  timed calibrate 180 python3 -m offload_study.calibrate --cluster "$CALIBRATE" \
+    --cores $((CORES / (gpus > 0 ? gpus : 1))) --out "results/$CALIBRATE/calibration.json"
+  cat "results/$CALIBRATE/calibration.json"
+fi
+for item in $STUDIES; do
+  study=${item%%:*} target=
+  [[ $item == *:* ]] && target=${item#*:}
+  # shellcheck disable=SC2086
+  timed "$study ${target:-all}" 600 snake "$study" $target
+done
