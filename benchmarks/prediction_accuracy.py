@@ -31,6 +31,9 @@ GPU_RECORDS = {
     "docs/results/h200-1gpu/model-b-nvme": "config/studies/h200-1gpu-nvme.yaml",
     "docs/results/default-gpu": "config/studies/default-gpu.yaml",
     "docs/results/h200-2gpu/seed-2gpu": "config/studies/seed-2gpu.yaml",
+    # the newer offload modes (issue 15): partial offload, SuperOffload, ZenFlow, pin_memory off
+    "docs/results/h200-1gpu/modes-h200": "config/studies/modes-h200.yaml",
+    "docs/results/h200-1gpu/recommend-h200-1gpu-16g": "config/studies/recommend-h200-1gpu-16g.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
         "world_size", "seq_len", "dtype")  # fmt: skip
@@ -118,7 +121,8 @@ def summary_lines(rows: list[dict], kind: str) -> list[str]:
                 f"{kind} DeepSpeed's estimator, offload {offload}: mean GPU error "
                 f"{sum(errs) / len(errs):+.0%} over {len(errs)} records"
             )
-    host = [e for r in rows if (e := error(*r["host"])) is not None]
+    # a run that failed or was cancelled measured its host memory before its peak
+    host = [e for r in rows if r["outcome"] == "ok" and (e := error(*r["host"])) is not None]
     if host:
         lines.append(
             f"{kind} host memory (no target): worst {max(host, key=abs):+.1%} over {len(host)}"
@@ -126,19 +130,24 @@ def summary_lines(rows: list[dict], kind: str) -> list[str]:
     return lines
 
 
-def calibration_lines(path: Path) -> list[str]:
+def calibration_lines(path: Path, label: str = "CPU") -> list[str]:
     """What a measured calibration says of itself: its rates and the spread of their samples
     (offload_study.calibrate records the range of each measurement)."""
     cal = read_calibration(path)
     spread = cal.provenance.get("spread", {})
-    lines = [f"CPU calibration {path}: {cal.source}, {cal.provenance.get('measured_at')}"]
+    lines = [f"{label} calibration {path}: {cal.source}, {cal.provenance.get('measured_at')}"]
     for key, summary in spread.items():
         lines.append(
             f"  {key}: median {summary['median']:.4g}, range {summary['low']:.4g}-"
             f"{summary['high']:.4g} ({summary['spread_pct']:.0f} %, {summary['samples']} samples)"
         )
-    layers = cal.zero3_layer_s or {}
-    lines += [f"  host s per layer, {ranks} rank(s): {costs}" for ranks, costs in layers.items()]
+    for ranks, plain in (cal.zero3_layer_s or {}).items():
+        variants = {"none/none": plain, **plain.get("offload", {})}
+        lines += [
+            f"  host s, {ranks} rank(s), offload {offload}: "
+            + ", ".join(f"{k} {costs[k]:.4f}" for k in ("forward", "backward", "rest"))
+            for offload, costs in variants.items()
+        ]
     return lines
 
 
@@ -149,12 +158,21 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--cpu-calibration", type=Path, help="default: <cpu-study-dir>/../calibration.json"
     )
+    ap.add_argument(
+        "--gpu-calibration", action="append", default=[], metavar="CLUSTER=PATH",
+        help="a GPU cluster's calibration instead of config/calibration/<cluster>.json (e.g. "
+        "one measured by `python -m offload_study.calibrate`); repeatable",
+    )  # fmt: skip
     a = ap.parse_args(argv)
+    chosen = dict(item.split("=", 1) for item in a.gpu_calibration)
     rows = []
     for folder, study in GPU_RECORDS.items():
         cluster = Plan(str(REPO_ROOT / study)).cluster["name"]
+        shipped = REPO_ROOT / "config" / "calibration" / f"{cluster}.json"
         rows += record_rows(REPO_ROOT / folder, REPO_ROOT / study,
-                            REPO_ROOT / "config" / "calibration" / f"{cluster}.json")  # fmt: skip
+                            Path(chosen.get(cluster, shipped)))  # fmt: skip
+    for cluster, path in chosen.items():
+        print("\n".join(calibration_lines(Path(path), label=cluster)))
     if a.cpu_study_dir:
         cal = a.cpu_calibration or a.cpu_study_dir.parent / "calibration.json"
         rows += record_rows(a.cpu_study_dir, a.cpu_study, cal)

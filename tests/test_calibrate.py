@@ -75,7 +75,11 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["calibration.json"]  # written atomically
     cal = contracts.read_calibration(out)
     assert cal.cluster == "local-cpu" and cal.accelerator == "cpu" and cal.cpu_adam_threads == 2
-    layer_costs = [cost for ranks in ("1", "2") for cost in cal.zero3_layer_s[ranks].values()]
+    probed = [cal.zero3_layer_s[ranks] for ranks in ("1", "2")]
+    layer_costs = [costs[k] for costs in probed for k in ("forward", "backward", "rest")]
+    growth = ("forward_per_element", "backward_per_element", "rest_per_token")
+    assert all(costs[k] >= 0 for costs in probed for k in growth)
+    assert all((costs["tokens"], costs["layer_elements"]) == (64, 64 * 64) for costs in probed)
     for rate in (cal.matmul_tflops, cal.cpu_adam_params_per_s, cal.disk_read_gb_s,
                  cal.disk_write_gb_s, cal.collective_latency_s, cal.interconnect_gb_s):  # fmt: skip
         assert math.isfinite(rate) and rate > 0
@@ -86,9 +90,33 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(tmp_path):
     assert cal.source.startswith("measured by offload_study.calibrate")
     spread = cal.provenance["spread"]
     for key in ("matmul_tflops", "cpu_adam_params_per_s", "all-gather 2 KiB",
-                "1 rank(s), 3 layer(s): forward", "2 rank(s), 1 layer(s): micro-step"):  # fmt: skip
+                "1 rank(s), seq 32, 3 layer(s): forward",
+                "2 rank(s), seq 128, 1 layer(s): micro-step"):  # fmt: skip
         assert spread[key]["low"] <= spread[key]["median"] <= spread[key]["high"]
     assert cal.provenance["sizes"]["adam"] * 16 >= 4 * cal.provenance["last_level_cache_bytes"]
+
+
+def test_layer_costs_are_the_slope_and_intercept_of_two_engines():
+    def timing(seconds):
+        return calibrate.Timing(seconds, seconds, seconds, 1, 1)
+
+    # 1 layer: forward 0.03 s, micro-step 0.1 s; 3 layers: forward 0.07 s, micro-step 0.2 s
+    costs = calibrate._slope_costs((1, (timing(0.03), timing(0.1))),
+                                   (3, (timing(0.07), timing(0.2))))  # fmt: skip
+    assert costs == pytest.approx({"forward": 0.02, "backward": 0.03, "rest": 0.05})
+    # a noisy sample never gives a negative cost
+    assert calibrate._slope_costs((1, (timing(0.05), timing(0.1))),
+                                  (3, (timing(0.07), timing(0.1))))["backward"] == 0  # fmt: skip
+
+
+def test_growth_with_size_is_per_element_of_a_layer_and_per_token_of_the_rest():
+    small = {"forward": 0.002, "backward": 0.003, "rest": 0.006}
+    large = {"forward": 0.004, "backward": 0.0024, "rest": 0.0084}  # backward: noise, shrank
+    got = calibrate._size_costs(small, large)
+    # 2 x 32 and 2 x 128 tokens of hidden 64: 4,096 and 16,384 elements
+    assert got == pytest.approx({**small, "layer_elements": 4096, "tokens": 64,
+                                 "forward_per_element": 0.002 / 12288,
+                                 "backward_per_element": 0.0, "rest_per_token": 0.0024 / 192})  # fmt: skip
 
 
 def test_cli_needs_a_cluster_and_an_output():

@@ -201,6 +201,131 @@ def test_a_lone_cpu_rank_uses_the_one_rank_probe_and_older_calibrations_the_fit(
     assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.optimizer_s)
 
 
+# --------------------------------------------------------------------------- newer modes, by hand
+#: LLAMA's tensors in module order with sub_group_size 50,000 (one rank): the embeddings (64,000)
+#: close a group; layer 1 (41,088) + q, k, v of layer 2 (12,288) reach 53,376; the rest of layer
+#: 2 (o 4,096, MLP 3 x 8,192, norms 128), the final norm (64) and the LM head (64,000): 92,864.
+GROUPS = [64_000, 53_376, 92_864]
+
+
+def small_groups(spec):
+    """The run's knobs with sub-groups of 50,000 elements (dsconfig sets 1e8)."""
+    return dataclasses.replace(predict.knobs(ds(spec)), sub_group=50_000)
+
+
+def ratio_spec(ratio: float):
+    return gpu_spec({"offload_optimizer": "cpu", "offload_optimizer_ratio": ratio})
+
+
+def test_sub_groups_are_formed_as_deepspeed_forms_them():
+    spec = ratio_spec(0.4)
+    shape, k = predict.model_shape(spec), small_groups(spec)
+    assert predict.sub_groups(spec, shape, k) == GROUPS and sum(GROUPS) == P
+    # ratio 0.4 of 3 sub-groups: i >= int(0.6 x 3) = 1 go to the CPU, the embeddings stay
+    split = predict.optimizer_split(spec, shape, k)
+    assert split.device == (64_000,) and split.host == (53_376, 92_864)
+    assert k.ratio == 0.4 and k.clipping == 1.0  # read from the run's DeepSpeed config
+    whole = predict.optimizer_split(ratio_spec(1.0), shape, small_groups(ratio_spec(1.0)))
+    assert whole.device == () and whole.host_params == P
+
+
+def test_partial_offload_memory_by_hand():
+    spec = ratio_spec(0.4)
+    shape, k = predict.model_shape(spec), small_groups(spec)
+    gpu = predict.gpu_parts(spec, shape, k)
+    assert gpu["fp32 master + Adam moments"] == 12 * 64_000
+    assert gpu["fp32 gradients of the GPU sub-groups"] == 4 * 64_000
+    assert gpu["gradients (partition)"] == 0  # staged in the pinned host buffer
+    host = predict.rank_host_parts(spec, shape, k)
+    assert host["fp32 master + Adam moments"] == 12 * (53_376 + 92_864)
+    # pinned blocks rounded up to a power of two: 213,504 -> 2^18, 371,456 -> 2^19
+    assert host["fp32 gradients (pinned, per sub-group)"] == 2**18 + 2**19
+    assert host["fp32 gradient staging of the GPU sub-groups (pinned, cached)"] == 2**18
+    assert host["gradients (pinned)"] == 2**19  # 2 x P = 420,480 B, every parameter's
+
+
+def test_partial_offload_step_time_by_hand():
+    spec = ratio_spec(0.4)
+    shape, k = predict.model_shape(spec), small_groups(spec)
+    host = 53_376 + 92_864
+    # CPU Adam on the offloaded share only, the GPU's AdamW on the rest at the device rate
+    assert predict.optimizer_seconds(spec, shape, CAL, k) == pytest.approx(
+        host / 1e9 + 64_000 / predict.FITS["cuda"].optimizer_params_per_s
+    )
+    # every gradient to the host (bf16), the offloaded share's fp32 master back (unpinned)
+    assert predict.pcie_seconds(spec, shape, CAL, k) == pytest.approx(
+        2 * P / 50e9 + 4 * host / 10e9
+    )
+    note = predict.mode_note(spec, shape, k)
+    assert "1 of 3 sub-groups (30% of the partition) on the GPU" in note
+
+
+def test_unpinned_offload_copies_go_at_the_pageable_rate_by_hand():
+    spec = gpu_spec(
+        {"offload_optimizer": "cpu", "pin_memory": False, "gradient_accumulation_steps": 2}
+    )
+    shape, k = predict.model_shape(spec), predict.knobs(ds(spec))
+    assert not k.pin_memory
+    # each micro-step's bf16 gradients to the host and back, the fp32 gradients to the host,
+    # the fp32 master back: all at 10 GB/s
+    expected = (2 * 2 * 2 * P + 4 * P + 4 * P) / 10e9
+    assert predict.pcie_seconds(spec, shape, CAL, k) == pytest.approx(expected)
+
+
+def test_superoffload_and_zenflow_cpu_adam_by_hand():
+    k = predict.knobs({"zero_optimization": {"offload_optimizer": {"super_offload": True}},
+                       "gradient_clipping": 1.0})  # fmt: skip
+    # a worker on 80 % of the cores; clipping waits for the global norm: all at the step
+    assert predict.host_optimizer_seconds(None, k, 1.0, 0.25, 0.9) == pytest.approx(1.25)
+    free = dataclasses.replace(k, clipping=0.0)  # overlaps 2/3 of 0.9 s, never below the last
+    assert predict.host_optimizer_seconds(None, free, 1.0, 0.25, 0.9) == pytest.approx(0.65)
+    assert predict.host_optimizer_seconds(None, free, 1.0, 0.25, 3.0) == pytest.approx(0.3125)
+    zen = predict.knobs({"zero_optimization": {"zenflow": {"update_interval": 4}}})
+    assert predict.host_optimizer_seconds(None, zen, 1.0, 0.25, 0.1) == pytest.approx(0.25)
+    # overlap_step: a worker on half the cores (2 s) behind 4 steps of 0.3 s: 0.8 s shows
+    over = dataclasses.replace(zen, zenflow={"update_interval": 4, "overlap_step": True})
+    assert predict.host_optimizer_seconds(None, over, 1.0, 0.25, 0.3) == pytest.approx(0.2)
+
+
+def test_zenflow_memory_and_its_auto_interval_is_a_stated_bound():
+    spec = gpu_spec(
+        {"offload_optimizer": "cpu", "zenflow": {"topk_ratio": 0.2, "overlap_step": True}}
+    )
+    shape, k = predict.model_shape(spec), predict.knobs(ds(spec))
+    gpu = predict.gpu_parts(spec, shape, k)
+    assert gpu["ZenFlow selected columns: Adam moments"] == pytest.approx(2 * 2 * 0.2 * P)
+    assert gpu["ZenFlow selected columns: gradient + parameter copy"] == pytest.approx(0.8 * P)
+    host = predict.rank_host_parts(spec, shape, k)
+    assert host["ZenFlow second fp32 gradient buffer"] == 4 * P
+    assert host["ZenFlow stale fp32 parameters (shared)"] == 4 * P
+    assert "update_interval auto" in predict.predict(spec, ds(spec), CAL).note
+
+
+def test_modes_deepspeed_refuses_on_a_cpu_accelerator_are_not_timed():
+    for mode in ({"super_offload": True}, {"zenflow": {"update_interval": 2}}):
+        spec = make_spec("local-cpu", {"offload_optimizer": "cpu", **mode},
+                         model={"config": dict(LLAMA)})  # fmt: skip
+        row = predict.predict(spec, ds(spec), CPU_CAL)
+        assert row.step_time_s is None and row.host_gib is not None
+        assert "not predicted" in row.note
+
+
+def test_cpu_host_time_grows_with_the_layer_as_the_one_rank_probe_measured():
+    growth = {"layer_elements": 4096, "tokens": 64, "forward_per_element": 1e-7,
+              "backward_per_element": 2e-7, "rest_per_token": 1e-5}  # fmt: skip
+    cal = dataclasses.replace(CPU_CAL, zero3_layer_s={
+        "1": {**CPU_CAL.zero3_layer_s["1"], **growth},
+        "2": {**CPU_CAL.zero3_layer_s["2"], "backward_per_element": 9.0}})  # fmt: skip
+    spec = cpu_spec(2)  # micro-batch 2 x seq 64 = 128 tokens of hidden 64: 8,192 elements
+    more = 8192 - 4096
+    # the 2-rank costs, grown by the one-rank probe's rates (never the group's own)
+    forward, backward = 0.001 + 1e-7 * more, 0.002 + 2e-7 * more
+    rest = 0.01 + 1e-5 * (128 - 64)
+    assert predict.dispatch_seconds(spec, predict.model_shape(spec), cal) == pytest.approx(
+        2 * (2 * forward + backward) + rest
+    )
+
+
 # --------------------------------------------------------------------------- against records
 def committed(record: str, study: str):
     """(run spec, DeepSpeed config the run used, its metrics) of a committed H200 record."""

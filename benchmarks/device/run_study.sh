@@ -68,7 +68,7 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake
+export -f elapsed say left snake versions build_ops table
 export T0 DEADLINE_S CORES
 
 keep_outside

@@ -15,9 +15,9 @@ Measures, on the machine it runs on (a compute node of the cluster), each in bou
 - on a CPU cluster, what a tiny model's step time is made of beyond its FLOPs: the host seconds
   of one Llama decoder layer under ZeRO-3 (eager ops, autograd and ZeRO-3's hooks; a real
   DeepSpeed engine on a Llama of 1 and of 3 layers, hidden size 64) per forward and backward,
-  and of the rest of a micro-step, with 1 rank and with 2 ranks (a lone rank has nothing to
-  reduce) of one thread each, and in the 2-rank gloo group the latency and bandwidth of an
-  all-gather.
+  and of the rest of a micro-step, at two sequence lengths (the host time of a layer grows with its activations), with 1
+  rank and with 2 ranks (a lone rank has nothing to reduce) of one thread each, and in the
+  2-rank gloo group the latency and bandwidth of an all-gather.
 
 Rates are stable on a shared machine because every working set is at least
 :data:`SIZE_OVER_CACHE` times the last-level cache (read from sysfs: a cache-resident size
@@ -65,10 +65,15 @@ DISK_FILES = 2
 #: ZeRO-3 probe: a Llama small enough that its FLOPs do not count, built with 1 and 3 layers;
 #: micro-batch, sequence, micro-steps per timed sample.
 PROBE_LLAMA = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4,
-               "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
+               "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 128,
                "tie_word_embeddings": False}  # fmt: skip
 PROBE_LAYERS = (1, 3)
-PROBE_BATCH, PROBE_SEQ, PROBE_CALLS, PROBE_REPEATS = 2, 32, 5, 7
+PROBE_BATCH, PROBE_CALLS, PROBE_REPEATS = 2, 5, 7
+#: Sequence lengths the probe runs each engine at: a layer's host time grows with the elements
+#: its eager ops touch (measured, one rank: forward + backward 4.6-5.3 ms at 2 x 32 tokens of
+#: hidden 64, 7.7-11.8 ms at 2 x 128, 10.6-21 ms at 2 x 128 of hidden 128), the FLOPs still
+#: negligible (0.1 ms at the larger one).
+PROBE_SEQS = (32, 128)
 PROBE_TIMEOUT_S = 300
 #: Ranks per node the probe runs with: one (nothing to reduce), two (gloo between them).
 PROBE_RANKS = (1, 2)
@@ -268,7 +273,7 @@ def _micro_step(engine, tokens) -> Callable[[], float]:
     return run
 
 
-def _interleaved(steps: dict[int, Callable[[], float]]) -> dict[int, tuple[Timing, Timing]]:
+def _interleaved(steps: dict[tuple, Callable[[], float]]) -> dict[tuple, tuple[Timing, Timing]]:
     """(forward, micro-step) of each engine: two warm-up micro-steps each (ZeRO-3 records its
     trace), then samples of PROBE_CALLS taken in turn, so that a change in the machine's load
     falls on every engine alike."""
@@ -288,35 +293,72 @@ def _interleaved(steps: dict[int, Callable[[], float]]) -> dict[int, tuple[Timin
     }
 
 
-def _zero3_costs(torch, deepspeed, dist) -> dict:
-    """Host seconds of one Llama decoder layer under ZeRO-3 at a size where its FLOPs do not
-    count (eager ops, autograd, ZeRO-3's hooks): a forward, a backward (with the step), and the
-    rest of a micro-step (embeddings, norm, head, loss): engines of 1 and 3 layers, the slope
-    and the intercept."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = {
+def _probe_config() -> dict:
+    """The probe engine's DeepSpeed config: ZeRO-3, no offload. Offloading the optimizer, or it
+    and the parameters, changed nothing the probe could tell at its size (one rank: forward /
+    backward 2.1 / 2.8 ms per layer plain, 2.1 / 2.8 and 2.2 / 3.1 offloaded; two ranks: 2.4 /
+    10.1, 2.3 / 11.7 and 2.5 / 11.1): the optimizer's own time is CPU Adam's, counted apart."""
+    return {
         "train_micro_batch_size_per_gpu": PROBE_BATCH, "gradient_accumulation_steps": 1,
         "bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }  # fmt: skip
+
+
+def _slope_costs(few: tuple[int, tuple], many: tuple[int, tuple]) -> dict[str, float]:
+    """A layer's forward and backward (with the step) and the rest of a micro-step, from the
+    (layers, (forward, micro-step)) timings of two engines: the slope and the intercept."""
+    (n_few, (fwd_few, step_few)), (n_many, (fwd_many, step_many)) = few, many
+    forward = (fwd_many.median - fwd_few.median) / (n_many - n_few)
+    whole = (step_many.median - step_few.median) / (n_many - n_few)
+    costs = {
+        "forward": forward,
+        "backward": whole - forward,
+        "rest": step_few.median - n_few * whole,
+    }
+    return {k: max(v, 0.0) for k, v in costs.items()}
+
+
+def _size_costs(small: dict[str, float], large: dict[str, float]) -> dict[str, float]:
+    """The costs at the smaller probe size with how they grow (never shrink) with the size: a
+    layer's per element of its activations (tokens x hidden), the rest per token."""
+    tokens = [PROBE_BATCH * seq for seq in PROBE_SEQS]
+    elements = [t * PROBE_LLAMA["hidden_size"] for t in tokens]
+    grow = {
+        "forward_per_element": (large["forward"] - small["forward"]) / (elements[1] - elements[0]),
+        "backward_per_element": (large["backward"] - small["backward"])
+        / (elements[1] - elements[0]),
+        "rest_per_token": (large["rest"] - small["rest"]) / (tokens[1] - tokens[0]),
+    }
+    return {**small, "layer_elements": elements[0], "tokens": tokens[0],
+            **{k: max(v, 0.0) for k, v in grow.items()}}  # fmt: skip
+
+
+def _zero3_costs(torch, deepspeed, dist) -> dict:
+    """Host seconds of one Llama decoder layer under ZeRO-3 at sizes where its FLOPs do not
+    count (eager ops, autograd, ZeRO-3's hooks): a forward, a backward (with the step), and the
+    rest of a micro-step (embeddings, norm, head, loss): engines of 1 and 3 layers, the slope
+    and the intercept, at each of :data:`PROBE_SEQS` (:func:`_size_costs`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     steps = {}
     torch.manual_seed(0)
-    tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, PROBE_SEQ))
     for layers in PROBE_LAYERS:
         model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=layers))
-        engine, *_ = deepspeed.initialize(model=model, config=config)
-        steps[layers] = _micro_step(engine, tokens)
+        engine, *_ = deepspeed.initialize(model=model, config=_probe_config())
+        for seq in PROBE_SEQS:
+            tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, seq))
+            steps[seq, layers] = _micro_step(engine, tokens)
     timings = _interleaved(steps)
-    (few, few_t), (many, many_t) = sorted(timings.items())
-    forward = (many_t[0].median - few_t[0].median) / (many - few)
-    whole = (many_t[1].median - few_t[1].median) / (many - few)
+    sized = [
+        _slope_costs(*sorted((n, t) for (q, n), t in timings.items() if q == seq))
+        for seq in PROBE_SEQS
+    ]
     ranks = dist.get_world_size()
-    costs = {"forward": forward, "backward": whole - forward, "rest": few_t[1].median - few * whole}
     return {
-        "values": {"zero3_layer_s": {str(ranks): {k: max(v, 0.0) for k, v in costs.items()}}},
-        "spread": {f"{ranks} rank(s), {n} layer(s): {name}": timing.summary()
-                   for n, (fwd, step) in timings.items()
+        "values": {"zero3_layer_s": {str(ranks): _size_costs(*sized)}},
+        "spread": {f"{ranks} rank(s), seq {q}, {n} layer(s): {name}": timing.summary()
+                   for (q, n), (fwd, step) in timings.items()
                    for name, timing in (("forward", fwd), ("micro-step", step))},
     }  # fmt: skip
 
@@ -359,10 +401,13 @@ def probe_rank(out: str) -> None:
 
 def zero3_probe(ranks: int) -> dict:
     """Run :func:`probe_rank` in a gloo group of ``ranks`` processes of one thread each; its
-    ``values`` and ``spread``. One thread: the host work of a layer (Python, dispatch, hooks)
-    runs on one whatever the run's threads (they split the FLOPs, which the model counts at
-    the calibrated matmul rate), and a second OpenMP thread only adds stalls on a busy machine
-    (measured on 2 shared cores: a 2-thread probe swung 10-30x, a 1-thread one 2x)."""
+    ``values`` and ``spread``. One thread, though a one-rank run gets two on 2 cores: a second
+    OpenMP thread makes every small op a parallel region that waits for a descheduled peer on a
+    busy machine, by amounts no calibration made minutes before a run can know (measured on the
+    2 shared cores, tiny Llama without DeepSpeed: 45 ms per forward and backward with one thread,
+    median 0.3-1.6 s with two at load 3-4; a 2-thread one-rank probe gave 0.002 and 0.034 s per
+    layer forward in runs minutes apart, the 1-thread one 0.002-0.004). The FLOPs that a
+    second thread would split are counted at the calibrated matmul rate."""
     from offload_study.launch import default_torchrun, free_port
 
     with tempfile.TemporaryDirectory(prefix="offload-study-probe-") as tmp:

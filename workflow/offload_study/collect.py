@@ -114,10 +114,32 @@ def read_record(metrics_path: str | Path) -> dict:
         if rec.get(k) in (None, ""):
             rec[k] = v
     rec["record_dir"] = ident["record_dir"]
+    rec.update(_same_allocation_columns(p.parent))
     if not rec.get("outcome"):
         rec["outcome"] = "error"
         rec["error_excerpt"] = rec.get("error_excerpt") or "metrics.json has no outcome"
     return flatten_record(rec)
+
+
+#: Runs-table columns of a run's same-allocation pair record (``<record>/pair/``, study key
+#: same_allocation_baseline): its scenario, outcome, tokens/s and folder. Only records that have
+#: one get them, so a study without the option has the tables it had before.
+SAME_ALLOCATION_COLUMNS = [
+    "same_allocation_pair", "same_allocation_pair_outcome", "same_allocation_pair_tokens_per_s",
+    "same_allocation_pair_dir",
+]  # fmt: skip
+
+
+def _same_allocation_columns(rep_dir: Path) -> dict:
+    """The SAME_ALLOCATION_COLUMNS of a run's nested pair record ({} when it has none); a pair
+    record without a readable metrics.json reads as outcome "error"."""
+    pair = contracts.RecordDir(rep_dir).pair
+    if not pair.root.is_dir():
+        return {}
+    data = _read_json_object(pair.metrics) or {}
+    values = (data.get("scenario"), data.get("outcome") or "error", _num(data.get("tokens_per_s")),
+              str(pair.root))  # fmt: skip
+    return dict(zip(SAME_ALLOCATION_COLUMNS, values, strict=True))
 
 
 def flatten_record(rec: dict) -> dict:
@@ -472,9 +494,13 @@ def _relative(summary: pd.DataFrame, draws: dict[str, np.ndarray], base: str | N
 #: its GPUs, micro-batch and gas: the same tokens per optimizer step), ``study baseline`` (no such
 #: scenario with an ok run; the study's baseline stands in) or ``none``.
 PAIR_KINDS = ("self", "same-settings", "study baseline", "none")
+#: Which runs of the pair a ratio divides by (summary column ``pairing``; None: no ratio taken):
+#: the pair's short run made in the same job as each run (study key same_allocation_baseline),
+#: or the pair scenario's own run of the same repeat.
+PAIRINGS = ("same allocation", "pair scenario")
 PAIR_COLUMNS = [
     "pair", "pair_kind", "pair_note", "paired_ratio", "paired_ratio_ci_low",
-    "paired_ratio_ci_high", "paired_repeats",
+    "paired_ratio_ci_high", "paired_repeats", "pairing",
 ]  # fmt: skip
 
 
@@ -492,17 +518,8 @@ def choose_pairs(rows: Sequence[Mapping], baseline: str | None) -> dict[str, Pai
     ``gpu_mem_gb`` first); failing that the study baseline, with the reason in the note.
     """
     by_name = {r["scenario"]: r for r in rows}
-    candidates: dict[tuple, list[Mapping]] = {}
-    for r in rows:
-        settings = contracts.settings_of(r)
-        if contracts.offloads_nothing(r["offload_optimizer"], r["offload_param"]) and settings:
-            candidates.setdefault(settings, []).append(r)
-    out = {}
-    for r in rows:
-        same = candidates.get(contracts.settings_of(r), [])
-        same = sorted(same, key=lambda c, r=r: c["gpu_mem_gb"] != r["gpu_mem_gb"])
-        out[r["scenario"]] = _pair_of(r, same, by_name.get(baseline or ""))
-    return out
+    base = by_name.get(baseline or "")
+    return {r["scenario"]: _pair_of(r, contracts.no_offload_pairs(r, rows), base) for r in rows}
 
 
 def _pair_of(row: Mapping, same: list[Mapping], base: Mapping | None) -> Pair:
@@ -564,27 +581,62 @@ def _runs_by_repeat(ok: pd.DataFrame) -> dict[int, tuple[float, str]]:
 
 
 def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
-    """The PAIR_COLUMNS of every scenario (rows in summary order)."""
+    """The PAIR_COLUMNS of every scenario (rows in summary order). A scenario whose runs made
+    ok same-allocation pair runs is paired with those (:func:`same_allocation_runs`), else with
+    its pair scenario's runs."""
     rows = summary.to_dict("records")
     by_scenario = dict(tuple(ok.groupby("scenario", sort=False)))
     empty = ok.iloc[0:0]
     out = []
     for i, (row, pair) in enumerate(zip(rows, choose_pairs(rows, baseline).values(), strict=True)):
         ratio = lo = hi = math.nan
-        n, note = 0, pair.note
+        n, note, pairing = 0, pair.note, None
+        mine = by_scenario.get(row["scenario"], empty)
+        same_alloc = same_allocation_runs(mine)
         if not row["n_ok"]:
             note = f"{note}; no ok run ({row['outcomes']})"
         elif pair.kind == "self":
             ratio = lo = hi = 1.0
             n = int(row["n_ok"])
+        elif len(same_alloc):
+            pair = Pair(same_alloc["scenario"].iloc[0], "same-settings",
+                        "no offload, same GPUs, micro-batch and gas, run in the same job")  # fmt: skip
+            ratio, lo, hi, n, how = paired_ratio(mine, same_alloc, steps, n_boot, seed + i)
+            failed = _failed_same_allocation(mine)
+            failed = f"; same-allocation pair runs not ok: {failed}" if failed else ""
+            note, pairing = f"{pair.note}; {how}{failed}", "same allocation"
         elif pair.scenario is not None:
-            mine = by_scenario.get(row["scenario"], empty)
             theirs = by_scenario.get(pair.scenario, empty)
             ratio, lo, hi, n, how = paired_ratio(mine, theirs, steps, n_boot, seed + i)
-            note = f"{note}; {how}"
-        out.append(dict(zip(PAIR_COLUMNS, (pair.scenario, pair.kind, note, ratio, lo, hi, n),
+            failed = _failed_same_allocation(mine)
+            failed = f"; no same-allocation pair run ok ({failed})" if failed else ""
+            note, pairing = f"{note}; {how}{failed}", "pair scenario"
+        out.append(dict(zip(PAIR_COLUMNS,
+                            (pair.scenario, pair.kind, note, ratio, lo, hi, n, pairing),
                             strict=True)))  # fmt: skip
     return pd.DataFrame(out, columns=PAIR_COLUMNS, index=summary.index)
+
+
+def same_allocation_runs(mine: pd.DataFrame) -> pd.DataFrame:
+    """The ok same-allocation pair runs made in the jobs of ``mine`` (ok runs of one scenario),
+    as runs of their own: scenario, repeat (the run's), tokens_per_s and record_dir."""
+    if "same_allocation_pair_outcome" not in mine:
+        return pd.DataFrame(columns=["scenario", "repeat", "tokens_per_s", "record_dir"])
+    made = mine[mine["same_allocation_pair_outcome"] == "ok"]
+    return pd.DataFrame({
+        "scenario": made["same_allocation_pair"], "repeat": made["repeat"],
+        "tokens_per_s": made["same_allocation_pair_tokens_per_s"],
+        "record_dir": made["same_allocation_pair_dir"],
+    })  # fmt: skip
+
+
+def _failed_same_allocation(mine: pd.DataFrame) -> str:
+    """'oom:2, timeout:1': the outcomes of the same-allocation pair runs of ``mine`` that were
+    not ok ('' when none failed or none were made)."""
+    if "same_allocation_pair_outcome" not in mine:
+        return ""
+    counts = Counter(o for o in mine["same_allocation_pair_outcome"].dropna() if o != "ok")
+    return ", ".join(f"{o}:{n}" for o, n in counts.most_common())
 
 
 # --------------------------------------------------------------------------- table files
@@ -599,6 +651,9 @@ def collect(
         for rd, o in zip(runs["record_dir"], runs["outcome"], strict=False)
         if rd is not None and o == "ok"
     }
+    if "same_allocation_pair_dir" in runs:  # the nested pair records' steps (their CIs)
+        pairs = same_allocation_runs(runs[runs["outcome"] == "ok"])["record_dir"]
+        measured.update({rd: read_timed_steps(rd) for rd in pairs})
     steps = {rd: np.array([r.tokens_per_s for r in rows]) for rd, rows in measured.items()}
     losses = {rd: np.array([r.loss for r in rows]) for rd, rows in measured.items()}
     return runs, summarize(runs, steps, baseline=baseline or None, n_boot=n_boot, losses=losses)

@@ -10,6 +10,7 @@ configs/<s>.run.json       plan             runner, harness    :class:`RunSpec`
 <record>/metrics.json      runner           collect            ``schemas/metrics.schema.json``
 <record>/provenance.json   runner           report             ``schemas/provenance.schema.json``
 <record>/logs/rank<r>.log  harness (tee)    runner             raw text
+<record>/pair/             runner           collect            a whole record (:attr:`RecordDir.pair`)
 calibration.json           calibrate        plan               :class:`Calibration`
 plan.csv                   plan             runner, report     :class:`Prediction`
 =========================  ===============  =================  =====================================
@@ -48,6 +49,12 @@ NVME_DIR_PREFIX = "offload-study-"
 #: How a rank's log announces its GPU memory cap, followed by "<GiB> GiB of <GiB> GiB" (read back
 #: only for a rank that died before writing its stats).
 GPU_CAP_LOG_PREFIX = "[harness] GPU memory capped to "
+#: The record of the short no-offload run made in the same job as the run (study key
+#: ``same_allocation_baseline``), inside the run's record: rep<k>/pair/{metrics.json,...}.
+PAIR_DIR = "pair"
+#: The run spec and DeepSpeed config the nested pair record ran with (inside that record).
+PAIR_SPEC_FILE = "run.json"
+PAIR_DS_CONFIG_FILE = "ds_config.json"
 
 
 def rank_stats_name(rank: int) -> str:
@@ -99,6 +106,11 @@ class RecordDir:
 
     def rank_stats(self, rank: int) -> Path:
         return self.root / rank_stats_name(rank)
+
+    @property
+    def pair(self) -> RecordDir:
+        """The nested record of the same-allocation pair run (absent when none ran)."""
+        return RecordDir(self.root / PAIR_DIR)
 
 
 # --------------------------------------------------------------------------- schemas
@@ -271,16 +283,39 @@ class RunSpec:
     ds_config: str | None = None  # path of its DeepSpeed config (set when the files are written)
     # newer offload modes and host knobs away from their defaults (offload_study.modes.MODE_KEYS)
     modes: dict = dataclasses.field(default_factory=dict)
+    # study key same_allocation_baseline: the run spec (dict) of the short no-offload run made
+    # right after this one in the same job, into <record>/pair/ (None: no such run)
+    same_allocation_pair: dict | None = None
 
     @property
     def uses_nvme(self) -> bool:
         return "nvme" in (self.offload_optimizer, self.offload_param)
 
+    def pair_spec(self) -> RunSpec | None:
+        """The run spec of :attr:`same_allocation_pair` (None when there is none)."""
+        if self.same_allocation_pair is None:
+            return None
+        return RunSpec.from_dict(
+            self.same_allocation_pair, f"{self.scenario}: same_allocation_pair"
+        )
+
+    @property
+    def job_timeout_s(self) -> float:
+        """Wall-clock limit of everything the run's job does: the run, then its pair run."""
+        pair = self.same_allocation_pair
+        return float(self.timeout_s) + (float(pair["timeout_s"]) if pair else 0.0)
+
     def with_ds_config(self, path: str | Path) -> RunSpec:
         return dataclasses.replace(self, ds_config=str(path))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The spec as JSON-ready dict; without a pair run the ``same_allocation_pair`` key is
+        left out, so a study that leaves the option off writes the run specs it wrote before
+        (Snakemake sees no changed params and re-runs nothing)."""
+        out = dataclasses.asdict(self)
+        if out["same_allocation_pair"] is None:
+            del out["same_allocation_pair"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "run spec") -> RunSpec:
@@ -511,7 +546,7 @@ class Calibration:
     # CPU clusters (calibrate's gloo probe): one small all-gather between two ranks, and per
     # ranks on the node ("1", "2") the host seconds of a tiny Llama decoder layer under ZeRO-3
     # per forward and backward, and of the rest of a micro-step: {"2": {"forward": s,
-    # "backward": s, "rest": s}}
+    # "backward": s, "rest": s}} and how they grow with the size (calibrate._size_costs)
     collective_latency_s: float | None = None
     zero3_layer_s: dict | None = None
     provenance: dict = dataclasses.field(default_factory=dict)
@@ -562,6 +597,7 @@ class Prediction:
     gpu_hours: float | None  # GPU-hours of all its repeats, start-up included
     feasible: bool
     reason: str | None  # why it does not fit (None when it does)
+    note: str | None = None  # what the model assumes or leaves out for this run's offload mode
 
 
 PREDICTION_COLUMNS: list[str] = [f.name for f in dataclasses.fields(Prediction)]
@@ -608,6 +644,22 @@ def read_predictions(path: str | Path) -> dict[str, Prediction]:
 
 
 # --------------------------------------------------------------------------- shared rules
+def no_offload_pairs(row: Mapping, rows: Sequence[Mapping]) -> list[Mapping]:
+    """The no-offload partners of ``row`` among ``rows`` (run specs or summary rows, in study
+    order): the scenarios that offload nothing and share its :data:`SAME_SETTINGS_KEYS`, those
+    with its ``gpu_mem_gb`` first. One rule for collect's pairs and the plan's same-allocation
+    pair runs."""
+    settings = settings_of(row)
+    if settings is None:
+        return []
+    same = [
+        r for r in rows
+        if offloads_nothing(r["offload_optimizer"], r["offload_param"])
+        and settings_of(r) == settings
+    ]  # fmt: skip
+    return sorted(same, key=lambda r: r["gpu_mem_gb"] != row["gpu_mem_gb"])
+
+
 def choose_baseline(
     scenarios: Sequence[str], requested: str | None, offloads: Mapping[str, tuple[str, str]]
 ) -> str | None:

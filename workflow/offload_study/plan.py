@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from offload_study import dsconfig, modes, predict, preflight, presets
+from offload_study import dsconfig, modes, predict, preflight, presets, samealloc
 from offload_study.contracts import (
     DataSpec,
     MeasureSpec,
@@ -335,7 +335,7 @@ def expand_plan(study: dict, cluster: dict) -> list[RunSpec]:
         raise StudyError(
             f"baseline: {baseline!r} is not a scenario of this study; scenarios: {', '.join(seen)}"
         )
-    return runs
+    return samealloc.attach_pairs(study, runs)
 
 
 def check_on_host(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:

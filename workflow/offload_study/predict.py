@@ -40,14 +40,21 @@ are fitted once (:data:`FITS`). Collectives: one all-gather per partitioned tens
 its latency plus its bytes over the bandwidth. On a CPU cluster one thread per rank runs the
 hooks, the blocking gloo collectives and the matmuls in turn, so they add instead of
 overlapping, and every term is measured by ``offload_study.calibrate``, none fitted: dispatch is
-the host time of a decoder layer under ZeRO-3 at a size where FLOPs do not count (eager ops,
+the host time of a decoder layer under ZeRO-3 at sizes where FLOPs do not count (eager ops,
 autograd, hooks; its forward again when checkpointing recomputes it) and of the rest of a
-micro-step, from its probe; collectives its gloo latency and bandwidth; compute the calibrated
-matmul rate shared by the node's ranks. Transfers are not overlapped with compute,
+micro-step, from its probe, grown to the run's size at the rate the probe measured;
+collectives its gloo latency and bandwidth; compute the calibrated matmul rate shared by the
+node's ranks. Transfers are not overlapped with compute,
 which is the form of the ZeRO-Infinity paper's efficiency (Rajbhandari et al., "ZeRO-Infinity:
 Breaking the GPU Memory Wall for Extreme Scale Deep Learning", SC'21, sec. 4.1):
 ``efficiency = ait·bw / (ait·bw + peak)`` with ``ait`` the FLOPs per byte moved, i.e.
 compute time / (compute time + transfer time).
+
+**Newer modes** (offload_study.modes), from DeepSpeed 0.19.8's source: partial offload
+(``offload_optimizer.ratio``) keeps whole sub-groups on the GPU (:func:`optimizer_split`);
+SuperOffload and ZenFlow change where and when CPU Adam runs (:func:`host_optimizer_seconds`)
+and ZenFlow adds its selected columns and double buffers; what the model cannot know is said
+in plan.csv's ``note`` (:func:`mode_note`).
 
 **Feasibility** (:func:`refusal`): a run is refused only when a prediction passes its budget by
 more than the model's own measured error (:data:`MARGINS`, docs/benchmarks.md "prediction
@@ -88,6 +95,10 @@ ALIASES = {
 OFFLOAD_DEFAULTS = {
     "buffer_count": {"param": 5, "optimizer": 4}, "buffer_size": 1e8, "max_in_cpu": 1e9,
 }  # fmt: skip
+#: ZenFlowConfig's defaults in DeepSpeed 0.19.8 (runtime/zenflow/zenflow_config.py) for the keys
+#: the model reads.
+ZENFLOW_DEFAULTS = {"topk_ratio": 0.1, "update_interval": "auto", "overlap_step": False,
+                    "pt_reserved_cores_perc": 0.5}  # fmt: skip
 #: How far a prediction may pass its budget before the run is refused: the largest error the
 #: model showed against measured runs (benchmarks/prediction_accuracy.py), rounded up.
 MARGINS = {"gpu": 0.10, "host": 0.20, "nvme": 0.10}
@@ -139,12 +150,13 @@ class ModelShape:
 
     @property
     def tensors(self) -> list[int]:
-        """Elements of each parameter tensor: per layer 4 attention and 3 MLP projections and
-        2 norms; the embeddings, the final norm and (untied) the LM head."""
+        """Elements of each parameter tensor in ``model.parameters()`` order (DeepSpeed forms its
+        sub-groups in that order): the embeddings, per layer 4 attention and 3 MLP projections
+        and 2 norms, the final norm and (untied) the LM head."""
         h, kv = self.hidden, self.hidden * self.kv_heads // self.heads
         layer = [h * h, h * kv, h * kv, h * h, h * self.ffn, h * self.ffn, self.ffn * h, h, h]
         head = [] if self.tied_embeddings else [self.vocab * h]
-        return layer * self.layers + [self.vocab * h, h] + head
+        return [self.vocab * h] + layer * self.layers + [h] + head
 
 
 def model_shape(spec: RunSpec) -> ModelShape | None:
@@ -180,6 +192,12 @@ class Knobs:
     max_in_cpu: int  # offload_param (NVMe): parameters kept in host memory
     optimizer_buffer_count: int
     pin_memory: bool
+    # the newer modes (offload_study.modes), as the offload_optimizer block and zenflow set them
+    ratio: float = 1.0  # offload_optimizer.ratio: the share of sub-groups on the CPU
+    super_offload: bool = False
+    cpuadam_cores_perc: float = 0.8  # SuperOffload's CPU Adam worker: its share of the cores
+    zenflow: dict | None = None  # zero_optimization.zenflow (None: off)
+    clipping: float = 0.0  # gradient_clipping (SuperOffload steps synchronously when set)
 
 
 def knobs(ds_config: dict) -> Knobs:
@@ -204,6 +222,11 @@ def knobs(ds_config: dict) -> Knobs:
         max_in_cpu=int(param.get("max_in_cpu", OFFLOAD_DEFAULTS["max_in_cpu"])),
         optimizer_buffer_count=int(optimizer.get("buffer_count", counts["optimizer"])),
         pin_memory=bool(pinned),
+        ratio=float(optimizer.get("ratio", 1.0)),
+        super_offload=bool(optimizer.get("super_offload", False)),
+        cpuadam_cores_perc=float(optimizer.get("cpuadam_cores_perc", 0.8)),
+        zenflow=dict(zero["zenflow"]) if zero.get("zenflow") is not None else None,
+        clipping=float(ds_config.get("gradient_clipping") or 0.0),
     )
 
 
@@ -237,21 +260,79 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     small = 2 * shape.layers + 1 if shape.hidden <= k.persistence else 0  # RMSNorm weights
     # a CPU rank's bucket is host memory: only the pages the gradients fill become resident
     bucket = k.reduce_bucket if spec.accelerator == "cuda" else min(k.reduce_bucket, shape.params)
+    kept = optimizer_split(spec, shape, k).device_params  # sub-groups whose optimizer is here
     return {
         "parameters (partition)": b * part if params_here else 0.0,
         "gradients (partition)": b * part if opt_here else 0.0,
-        "fp32 master + Adam moments": 12.0 * part if opt_here else 0.0,
+        "fp32 master + Adam moments": 12.0 * kept,
         "fp32 gradients of one sub-group": 4.0 * min(k.sub_group, part) if opt_here else 0.0,
+        # partial offload: each GPU sub-group keeps its own fp32 gradient tensor
+        "fp32 gradients of the GPU sub-groups": 0.0 if opt_here else 4.0 * kept,
         "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
         "persistent small parameters": float(b * small * shape.hidden),
         "reduce bucket": float(b * bucket) if k.contiguous_gradients else 0.0,
+        **zenflow_gpu_parts(spec, part, k),
         **activation_parts(spec, shape),
     }
 
 
-def _sub_groups(part: int, size: int) -> list[int]:
-    full, rest = divmod(part, size) if size else (0, part)
-    return [size] * full + ([rest] if rest else [])
+def zenflow_gpu_parts(spec: RunSpec, part: int, k: Knobs) -> dict[str, float]:
+    """ZenFlow's selective optimizer on the GPU: for the top-k share of the partition its Adam
+    moments (the dtype, ``zenflow_torch_adam``: zeros_like of the selected columns; on the host
+    with ``zenflow.offload``), the selected gradient and the copy of the selected parameters."""
+    if k.zenflow is None:
+        return {}
+    b, selected = DTYPE_BYTES[spec.dtype], zenflow_topk(k) * part
+    moments = 0.0 if k.zenflow.get("offload") else 2.0 * b * selected
+    return {"ZenFlow selected columns: Adam moments": moments,
+            "ZenFlow selected columns: gradient + parameter copy": 2.0 * b * selected}  # fmt: skip
+
+
+def zenflow_topk(k: Knobs) -> float:
+    return float((k.zenflow or {}).get("topk_ratio", ZENFLOW_DEFAULTS["topk_ratio"]))
+
+
+def sub_groups(spec: RunSpec, shape: ModelShape, k: Knobs) -> list[int]:
+    """Elements of each optimizer sub-group of a rank, as DeepSpeed 0.19.8's
+    ``_create_fp16_sub_groups`` forms them: parameter partitions (ceil(n / dp) each) in module
+    order, a group closed once it reaches ``sub_group_size`` (so groups overshoot it)."""
+    dp, groups, current = spec.world_size, [], 0
+    for numel in shape.tensors:
+        current += math.ceil(numel / dp)
+        if current >= k.sub_group:
+            groups.append(current)
+            current = 0
+    return groups + ([current] if current else [])
+
+
+@dataclass(frozen=True)
+class OptimizerSplit:
+    """A rank's sub-groups by where their optimizer runs: ``device`` keeps fp32 master, Adam
+    moments and fp32 gradients on the GPU (torch AdamW there), ``host`` is offloaded."""
+
+    device: tuple[int, ...]
+    host: tuple[int, ...]
+
+    @property
+    def device_params(self) -> int:
+        return sum(self.device)
+
+    @property
+    def host_params(self) -> int:
+        return sum(self.host)
+
+
+def optimizer_split(spec: RunSpec, shape: ModelShape, k: Knobs) -> OptimizerSplit:
+    """Partial offload (``offload_optimizer.ratio``) assigns whole sub-groups by count:
+    DeepSpeed 0.19.8 (stage3.py ``_create_fp32_partitions``) sends sub-group i of n to the
+    CPU when i >= int((1 - ratio) x n); the first ones stay on the GPU."""
+    groups = sub_groups(spec, shape, k)
+    if spec.offload_optimizer == "none":
+        return OptimizerSplit(tuple(groups), ())
+    if spec.offload_optimizer == "nvme":
+        return OptimizerSplit((), tuple(groups))
+    first_host = int((1 - k.ratio) * len(groups))
+    return OptimizerSplit(tuple(groups[:first_host]), tuple(groups[first_host:]))
 
 
 def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
@@ -262,12 +343,9 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
     fit = FITS[spec.accelerator]
     parts = {"runtime": fit.runtime_gib * GIB, "model as built (partition)": float(b * part)}
     if spec.offload_optimizer == "cpu":
-        parts["fp32 master + Adam moments"] = 12.0 * part
-        parts["fp32 gradients (pinned, per sub-group)"] = sum(
-            buf(4.0 * g) for g in _sub_groups(part, k.sub_group)
-        )
+        parts.update(offloaded_optimizer_host_parts(spec, shape, k, buf))
     if spec.offload_optimizer == "nvme":
-        largest = min(k.sub_group, part)
+        largest = max(sub_groups(spec, shape, k))
         parts["fp32 gradient buffer"] = 4.0 * largest
         parts["optimizer swap buffers (locked)"] = 4.0 * largest * k.optimizer_buffer_count
     if spec.offload_optimizer != "none":
@@ -280,6 +358,31 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
         parts["parameters as first placed"] = float(b * part)
     if spec.offload_param == "nvme":
         parts["parameter swap buffers (pinned)"] = float(b * k.param_buffers)
+    return parts
+
+
+def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, buf) -> dict:
+    """Host bytes of a CPU-offloaded optimizer: its sub-groups' fp32 master and Adam moments and
+    their pinned fp32 gradients; with partial offload the GPU sub-groups' fp32 gradients are
+    made in a pinned host buffer first and moved (torch's caching host allocator keeps the
+    block and reuses it: one, of the largest); ZenFlow's extra buffers."""
+    split, b = optimizer_split(spec, shape, k), DTYPE_BYTES[spec.dtype]
+    parts = {
+        "fp32 master + Adam moments": 12.0 * split.host_params,
+        "fp32 gradients (pinned, per sub-group)": sum(buf(4.0 * g) for g in split.host),
+        "fp32 gradient staging of the GPU sub-groups (pinned, cached)":
+            buf(4.0 * max(split.device)) if split.device else 0.0,
+    }  # fmt: skip
+    zf = k.zenflow
+    if zf is not None and zf.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
+        # engine_stage3.initialize_optimizer_states: two fp32 gradient buffers per sub-group
+        # (the step of one overlaps the next); zenflow_utils: a stale fp32 copy in shared memory
+        parts["ZenFlow second fp32 gradient buffer"] = 4.0 * split.host_params
+        parts["ZenFlow stale fp32 parameters (shared)"] = 4.0 * split.host_params
+    if zf is not None and zf.get("offload"):
+        parts["ZenFlow selected Adam moments (pinned)"] = buf(
+            2.0 * b * zenflow_topk(k) * partition(spec, shape)
+        )  # fmt: skip
     return parts
 
 
@@ -398,22 +501,33 @@ def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
     return per_token * spec.micro_batch * spec.seq_len
 
 
-def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
     """Host <-> device copies of one optimizer step on one GPU (none on a CPU cluster).
 
-    Optimizer offload: the gradients go to the host every micro-step, and without parameter
-    offload the updated fp32 master comes back from unpinned memory once per step (the
-    optimizer writes the dtype copy on the host when the parameters live there). Parameter
-    offload: each fetch of a micro-step copies the rank's partition to the GPU.
+    Optimizer offload: the gradients of every parameter go to the host every micro-step
+    (DeepSpeed 0.19.8 stages all of them in one host buffer, whatever the ratio), and without
+    parameter offload the updated fp32 master of the offloaded sub-groups comes back from
+    unpinned memory once per step (with ZenFlow once per update interval; the optimizer writes
+    the dtype copy on the host when the parameters live there). Parameter offload: each fetch
+    of a micro-step copies the rank's partition to the GPU. With ``pin_memory`` off the copies
+    cannot overlap anything and go at the pageable rate (the calibration's host-to-device one;
+    device-to-host from pageable memory is not measured apart): each micro-step's gradients to
+    the host buffer and back to the GPU to be added, and the fp32 gradients of the offloaded
+    sub-groups to the host at the boundary.
     """
     if spec.accelerator != "cuda" or not cal.h2d_gb_s:
         return 0.0
     b, part, gas = DTYPE_BYTES[spec.dtype], partition(spec, shape), spec.gradient_accumulation_steps
     seconds = 0.0
+    pageable = (cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
     if spec.offload_optimizer != "none":
-        seconds += gas * b * part / (cal.d2h_gb_s * GB)
+        offloaded = optimizer_split(spec, shape, k).host_params
+        if k.pin_memory:
+            seconds += gas * b * part / (cal.d2h_gb_s * GB)
+        else:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
+            seconds += (gas * 2 * b * part + 4 * offloaded) / pageable
         if spec.offload_param == "none":
-            seconds += 4 * part / ((cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB)
+            seconds += 4 * offloaded / pageable / zenflow_update_interval(k)
     if spec.offload_param != "none":
         seconds += gas * PARAM_FETCHES * b * part / (cal.h2d_gb_s * GB)
     return seconds
@@ -440,14 +554,104 @@ def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     return ranks * (read / (cal.disk_read_gb_s * GB) + write / (cal.disk_write_gb_s * GB))
 
 
-def optimizer_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-    """CPU Adam over the parameters of every rank of the node (they share its cores and memory
-    bandwidth) when offloaded or on a CPU cluster; else the optimizer on the device."""
-    fit = FITS[spec.accelerator]
-    part = partition(spec, shape)
-    if spec.offload_optimizer != "none" or fit.optimizer_params_per_s is None:
-        return part * spec.gpus_per_node / cal.cpu_adam_params_per_s
-    return part / fit.optimizer_params_per_s
+def optimizer_seconds(
+    spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs, compute_s: float = 0.0
+) -> float:
+    """The optimizer of one step. On a CPU cluster every sub-group runs on the node's cores at
+    the CPU Adam rate (all ranks share them). On a GPU: the sub-groups kept on the GPU at the
+    device rate (:data:`FITS`; partial offload steps them with torch's AdamW, not calibrated
+    apart), plus CPU Adam over the offloaded sub-groups of every rank of the node (they share
+    its cores and memory bandwidth); ZenFlow and SuperOffload change the CPU part
+    (:func:`host_optimizer_seconds`). ``compute_s`` is the step's micro-steps, which ZenFlow's
+    overlap_step hides CPU Adam behind."""
+    split = optimizer_split(spec, shape, k)
+    device_rate = FITS[spec.accelerator].optimizer_params_per_s
+    if device_rate is None:
+        return partition(spec, shape) * spec.gpus_per_node / cal.cpu_adam_params_per_s
+    host_s = split.host_params * spec.gpus_per_node / cal.cpu_adam_params_per_s
+    device_s = split.device_params / device_rate
+    if k.zenflow is not None:  # the GPU also steps the top-k columns of every parameter
+        device_s += zenflow_topk(k) * partition(spec, shape) / device_rate
+    largest = max(split.host, default=0) * spec.gpus_per_node / cal.cpu_adam_params_per_s
+    return device_s + host_optimizer_seconds(spec, k, host_s, largest, compute_s)
+
+
+def zenflow_update_interval(k: Knobs) -> int:
+    """Steps between ZenFlow's CPU updates; "auto" adapts at run time (a loss-curve test), so
+    the model takes its bound, 1 (the note says so); 1 without ZenFlow."""
+    interval = (k.zenflow or {}).get("update_interval", ZENFLOW_DEFAULTS["update_interval"])
+    return interval if isinstance(interval, int) else 1
+
+
+def host_optimizer_seconds(
+    spec: RunSpec, k: Knobs, host_s: float, largest_s: float, compute_s: float
+) -> float:
+    """CPU Adam per step of ``host_s`` seconds at the calibrated rate (``largest_s`` for the
+    largest offloaded sub-group), by mode:
+
+    - ZenFlow: once per ``update_interval`` steps; with ``overlap_step`` in a worker process on
+      the cores pytorch does not keep (1 - ``pt_reserved_cores_perc``), behind the next
+      interval's micro-steps: only what outlasts them shows.
+    - SuperOffload: a worker on ``cpuadam_cores_perc`` of the cores; with ``gradient_clipping``
+      (our dsconfig sets 1.0) every sub-group waits for the global norm and steps at the step
+      (superoffload_stage3 ``_step_with_clipping``); without, each starts when the backward
+      completes its gradients, so all but the last overlap the backward (2/3 of the compute).
+    Core shares scale the rate in proportion (CPU Adam was calibrated on all the cores).
+    """
+    if k.zenflow is not None:
+        interval = zenflow_update_interval(k)
+        if not k.zenflow.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
+            return host_s / interval
+        kept = k.zenflow.get("pt_reserved_cores_perc", ZENFLOW_DEFAULTS["pt_reserved_cores_perc"])
+        worker_s = host_s / max(1 - kept, 1e-3)
+        return max(0.0, worker_s - interval * compute_s) / interval
+    if k.super_offload:
+        worker_s, last_s = host_s / k.cpuadam_cores_perc, largest_s / k.cpuadam_cores_perc
+        return worker_s if k.clipping else max(last_s, worker_s - 2 / 3 * compute_s)
+    return host_s
+
+
+def mode_note(spec: RunSpec, shape: ModelShape, k: Knobs) -> str | None:
+    """What the prediction of a newer mode assumes or leaves out (plan.csv's ``note``)."""
+    notes = []
+    if spec.offload_optimizer == "cpu" and k.ratio < 1:
+        split = optimizer_split(spec, shape, k)
+        notes.append(
+            f"partial offload: {len(split.device)} of {len(split.device) + len(split.host)} "
+            f"sub-groups ({split.device_params / max(1, partition(spec, shape)):.0%} of the "
+            "partition) on the GPU, stepped by torch AdamW at the fitted device rate (not "
+            "calibrated apart); every gradient still crosses PCIe"
+        )
+    if k.super_offload:
+        notes.append(
+            "SuperOffload: CPU Adam in a worker on "
+            f"{k.cpuadam_cores_perc:.0%} of the cores, "
+            + ("synchronous at the step (gradient_clipping)" if k.clipping else
+               "overlapping the backward") + "; the worker's IPC is not modelled"
+        )  # fmt: skip
+    if k.zenflow is not None:
+        auto = not isinstance(k.zenflow.get("update_interval", "auto"), int)
+        notes.append(
+            "ZenFlow: "
+            + ("update_interval auto adapts at run time: predicted at its bound 1 (CPU Adam "
+               "every step); " if auto else "")
+            + "the top-k selection (column norms, all-reduce) is not modelled"
+        )  # fmt: skip
+    refused = refused_mode(spec, k)
+    return "; ".join([refused, *notes] if refused else notes) or None
+
+
+def refused_mode(spec: RunSpec, k: Knobs) -> str | None:
+    """Why DeepSpeed 0.19.8 refuses the run's mode on its accelerator (None: it runs):
+    SuperOffload asserts a CUDA accelerator; ZenFlow's stage-3 engine allocates its buffers
+    on 'cuda' by name. The step time of such a run is not predicted."""
+    if spec.accelerator == "cuda":
+        return None
+    if k.super_offload:
+        return "DeepSpeed refuses SuperOffload on a non-CUDA accelerator: step time not predicted"
+    if k.zenflow is not None:
+        return "ZenFlow allocates on 'cuda' by name: it cannot run here; step time not predicted"
+    return None
 
 
 def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
@@ -466,24 +670,43 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     return spec.gradient_accumulation_steps * seconds
 
 
+#: The probe's keys for how a layer's host time grows with its size (calibrate._size_costs).
+GROWTH_KEYS = ("layer_elements", "tokens", "forward_per_element", "backward_per_element",
+               "rest_per_token")  # fmt: skip
+
+
 def layer_costs(spec: RunSpec, cal: Calibration) -> dict[str, float] | None:
     """Host seconds of a decoder layer's forward and backward and of the rest of a micro-step
-    that the calibration's probe measured with as many ranks on a node as this run has, else
-    with the most it tried below that; None without a probe (a GPU cluster, an older one)."""
+    that the calibration's probe measured with as many ranks on a node as this run has (else
+    with the most it tried below that), and how they grow with the size (:data:`GROWTH_KEYS`)
+    as the one-rank probe measured it: the work of larger activations is the rank's own, and
+    in a group the gloo waits of the peers swamp the difference between two sizes (2 ranks:
+    0.3-3.1e-7 s per element and backward in calibrations minutes apart). None without a probe
+    (a GPU cluster, an older one)."""
     probed = {int(ranks): costs for ranks, costs in (cal.zero3_layer_s or {}).items()}
     fitting = [ranks for ranks in probed if ranks <= spec.gpus_per_node]
-    return probed[max(fitting)] if fitting and spec.accelerator == "cpu" else None
+    if not fitting or spec.accelerator != "cpu":
+        return None
+    lone = probed[min(probed)]
+    return {**probed[max(fitting)], **{k: lone[k] for k in GROWTH_KEYS if k in lone}}
 
 
 def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
     """Host time of one micro-step beyond its FLOPs: with a probe, each layer's forward (twice
     with gradient checkpointing: the backward recomputes it) and backward, plus the rest
-    (embeddings, head, loss, step); without one, the fitted time per layer (:data:`FITS`)."""
+    (embeddings, head, loss, step), each grown from the probe's size to the run's as the probe
+    measured it grow (a layer per element of its activations, micro-batch x sequence x hidden;
+    the rest per token); without one, the fitted time per layer (:data:`FITS`)."""
     costs = layer_costs(spec, cal)
     if costs is None:
         return shape.layers * FITS[spec.accelerator].dispatch_s_per_layer
+    tokens = spec.micro_batch * spec.seq_len
+    more_elements = tokens * shape.hidden - costs.get("layer_elements", 0)
+    forward = costs["forward"] + costs.get("forward_per_element", 0.0) * more_elements
+    backward = costs["backward"] + costs.get("backward_per_element", 0.0) * more_elements
+    rest = costs["rest"] + costs.get("rest_per_token", 0.0) * (tokens - costs.get("tokens", 0))
     forwards = 2 if spec.gradient_checkpointing else 1
-    return shape.layers * (forwards * costs["forward"] + costs["backward"]) + costs["rest"]
+    return max(0.0, shape.layers * (forwards * forward + backward) + rest)
 
 
 def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | None:
@@ -492,20 +715,24 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
     if shape is None:
         return None
     fit, gas, k = FITS[spec.accelerator], spec.gradient_accumulation_steps, knobs(ds_config)
+    if refused_mode(spec, k):
+        return None
     rate = cal.matmul_tflops * 1e12 * fit.efficiency
     # the ranks of a CPU node share its cores (the calibrated rate is the whole node's)
     sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
     # a calibration with the probe (CPU) measured the host time per layer: it adds to compute
     probed = layer_costs(spec, cal) is not None
-    return StepTime(
+    times = StepTime(
         flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
         dispatch_s=gas * dispatch_seconds(spec, shape, cal),
         comm_s=comm_seconds(spec, shape, cal, k),
-        pcie_s=pcie_seconds(spec, shape, cal),
-        optimizer_s=optimizer_seconds(spec, shape, cal),
+        pcie_s=pcie_seconds(spec, shape, cal, k),
+        optimizer_s=0.0,
         nvme_s=nvme_seconds(spec, shape, cal, k),
         serial=probed,
     )
+    optimizer_s = optimizer_seconds(spec, shape, cal, k, times.compute_s)
+    return dataclasses.replace(times, optimizer_s=optimizer_s)
 
 
 # --------------------------------------------------------------------------- plan rows, gate
@@ -572,6 +799,8 @@ def predict(
     and GPU-hours (``cal`` given), and the verdict of :func:`refusal`."""
     memory = predict_memory(spec, ds_config)
     times = step_time(spec, ds_config, cal) if cal else None
+    shape = model_shape(spec)
+    note = mode_note(spec, shape, knobs(ds_config)) if shape else None
     ds = deepspeed_estimate(spec) if with_deepspeed else None
     limit, step = budgets(spec), (times.total if times else None)
     row = Prediction(
@@ -591,7 +820,7 @@ def predict(
         bound=times.bound if times else None,
         gpu_hours=_rounded(repeats * spec.world_size * run_seconds(spec, step) / 3600, 4)
         if step else None,
-        feasible=True, reason=None,
+        feasible=True, reason=None, note=note,
     )  # fmt: skip
     reason = refusal(spec, row)
     return dataclasses.replace(row, feasible=reason is None, reason=reason)

@@ -9,7 +9,8 @@ A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a 
 2. ``rule plan`` predicts every candidate (plan.csv: memory, tokens/s, feasible).
 3. ``checkpoint recommend_select`` (:func:`select`) keeps the feasible ones, ranks them by
    predicted tokens/s and picks the top_n to measure: the best predicted of each offload mode
-   first (the prediction does not model every mode, e.g. the ratio), then the next best.
+   first (the prediction is coarse across modes: it states in its note what it cannot know, e.g.
+   ZenFlow's selection or SuperOffload's worker overhead), then the next best.
 4. The normal ``rule train`` measures them and the references.
 5. ``rule recommend`` (:func:`decide`) collects those records (collect's statistics), picks the
    fastest measured candidate or reference within the budget and unflagged, and writes

@@ -269,7 +269,8 @@ def _cpus_per_task(spec: RunSpec, cluster: dict, cap: bool = True) -> int:
 
 
 def _runtime_min(spec: RunSpec, cluster: dict) -> int:
-    base = math.ceil(float(spec.timeout_s) / 60.0)
+    # job_timeout_s: the run's timeout plus its same-allocation pair run's, made in this job
+    base = math.ceil(spec.job_timeout_s / 60.0)
     runtime = base + max(RUNTIME_MARGIN_MIN, math.ceil(0.1 * base))
     max_rt = _slurm(cluster).get("max_runtime_min")
     if max_rt:

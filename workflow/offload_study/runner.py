@@ -15,6 +15,9 @@ Composes the parts, each in its own module:
 - :mod:`~offload_study.outcome`    the one decision of the outcome, from what the run left,
 - :mod:`~offload_study.metrics`    metrics.json, :mod:`~offload_study.provenance` provenance.json,
 - :mod:`~offload_study.placement`  temp folder -> moved into place -> archived.
+- :mod:`~offload_study.samealloc`  with study key ``same_allocation_baseline``: right after an
+  ok run, a short run of its no-offload pair in the same job, recorded in ``<record>/pair/``
+  (:func:`run_pair`; its failure is that nested record's outcome, never the run's).
 
 ``logs/launcher.log`` gets the launcher's output and the runner's own lines. Exit status: 0
 whatever the outcome, unless ``strict`` (then 1 when outcome != ok or the record breaks its schema).
@@ -37,6 +40,8 @@ from pathlib import Path
 
 from offload_study import dsconfig, launch, outcome, placement, predict, preflight, provenance
 from offload_study.contracts import (
+    PAIR_DS_CONFIG_FILE,
+    PAIR_SPEC_FILE,
     RecordDir,
     RunSpec,
     nvme_run_dir,
@@ -44,6 +49,7 @@ from offload_study.contracts import (
     read_run_spec,
     read_steps,
     write_json,
+    write_run_spec,
     write_steps,
 )
 from offload_study.metrics import MetricsInput, compute_metrics, metrics_problems
@@ -161,6 +167,88 @@ def node_path_problem(spec) -> str | None:
     return f"config_error: nvme_path {problem}" if problem else None
 
 
+def gate(spec: RunSpec, plan_outdir: Path, say: RunnerLog, what: str) -> Supervision | None:
+    """Why the run is not launched, as the Supervision its record gets (None: launch it).
+    ``plan_outdir``: the record folder whose study's plan.csv holds the run's prediction."""
+    bad_path = node_path_problem(spec)
+    refused = None if bad_path else predict.launch_refusal(spec, plan_outdir)
+    op_refused = None if bad_path or refused else preflight.refusal(spec)
+    if bad_path:  # the plan could not check it (not this machine): config_error, not launched
+        say(f"{what}: not launched: {bad_path}")
+        return Supervision(rc=None, killed="config_error", detail=bad_path)
+    if refused:  # predicted not to fit: recorded as infeasible, nothing launched
+        say(f"{what}: not launched: {refused}")
+        return Supervision(rc=None, killed="infeasible", detail=refused)
+    if op_refused:  # an op DeepSpeed cannot build here: the logged line -> op_build_error
+        say(f"{what}: not launched: {op_refused}")
+        return Supervision(rc=None)
+    return None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run to make into one temp record, and what it may use."""
+
+    spec: RunSpec
+    spec_path: str
+    repeat: int
+    record: RecordDir
+    plan_outdir: Path  # where launch_refusal finds the study's plan.csv
+    cores: int
+
+
+def execute(attempt: Attempt, cancel: Cancelled, say: RunnerLog) -> tuple[dict, list[str]]:
+    """Gate, launch and supervise one run, then write its record (metrics, steps, provenance);
+    returns (metrics, schema problems)."""
+    spec, repeat = attempt.spec, attempt.repeat
+    run_id = re.sub(r"[^A-Za-z0-9._-]", "_", f"{spec.scenario}-rep{repeat}-{os.getpid()}")
+    started = now_iso()
+    lch, sup = None, gate(spec, attempt.plan_outdir, say, f"{spec.scenario} rep{repeat}")
+    if sup is None:
+        lch, sup = launch_and_supervise(
+            spec, attempt.spec_path, repeat, attempt.record, attempt.cores, run_id, cancel, say
+        )
+    finished = FinishedRun(
+        spec, repeat, attempt.record, run_id, attempt.cores, lch, sup, started, now_iso()
+    )
+    if spec.nvme_path:  # NVMe swap files of a killed run: the harness could not clean them
+        shutil.rmtree(nvme_run_dir(spec.nvme_path, run_id), True)
+    metrics, problems = write_record(finished)
+    if problems:
+        say("record does not validate: " + "; ".join(problems))
+    speed = f", {metrics['tokens_per_s']:.1f} tokens/s" if metrics["tokens_per_s"] else ""
+    say(f"outcome {metrics['outcome']}{speed}, wall {metrics['wall_time_s']:.1f} s")
+    return metrics, problems
+
+
+def run_pair(run: Attempt, cancel: Cancelled, say: RunnerLog) -> None:
+    """The short no-offload pair run (study key same_allocation_baseline) in this job, on the
+    same cores and GPUs, into ``<record>/pair/``: a temp folder beside it, moved into place.
+    Whatever becomes of it is the nested record's outcome; the run's own record is never
+    touched (an error of the runner itself here is logged, and the half pair record removed)."""
+    pair = run.spec.pair_spec()
+    target = run.record.pair.root
+    record = placement.temp_record(target)
+    try:
+        pair = pair.with_ds_config(record.root / PAIR_DS_CONFIG_FILE)
+        write_json(pair.ds_config, dsconfig.build_ds_config(pair))
+        write_run_spec(record.root / PAIR_SPEC_FILE, pair)
+        say(f"same-allocation pair {pair.scenario}: its record goes to {target}")
+        pair_say = RunnerLog(record.launcher_log)
+        attempt = Attempt(pair, str(record.root / PAIR_SPEC_FILE), run.repeat, record,
+                          run.plan_outdir, run.cores)  # fmt: skip
+        try:
+            metrics, _ = execute(attempt, cancel, pair_say)
+        finally:
+            pair_say.close()
+        record.progress.unlink(missing_ok=True)  # the heartbeat means nothing once it is over
+        placement.move_into_place(record.root, target)
+        say(f"same-allocation pair {pair.scenario}: outcome {metrics['outcome']}")
+    except Exception as e:  # noqa: BLE001 - the run's record must be placed whatever happens here
+        say(f"same-allocation pair {pair.scenario}: not recorded: {type(e).__name__}: {e}")
+        shutil.rmtree(record.root, ignore_errors=True)
+
+
 def run(
     spec_path: str, repeat: int, outdir: str, strict: bool | None = None, cores: int | None = None
 ) -> int:
@@ -169,38 +257,21 @@ def run(
     outdir_p = Path(outdir)
     record = placement.temp_record(outdir_p)
     interrupted = placement.remove_interrupted_records(outdir_p)
-    run_id = re.sub(r"[^A-Za-z0-9._-]", "_", f"{spec.scenario}-rep{repeat}-{os.getpid()}")
     say = RunnerLog(record.launcher_log)
     for path in interrupted:
         say(f"removed the half record of an interrupted run: {path}")
     # Held until the record is in place: a second SIGTERM must not cut the record short.
     cancel = Cancelled()
     old_handlers = {s: signal.signal(s, cancel) for s in (signal.SIGTERM, signal.SIGINT)}
-    started, cores = now_iso(), cores or granted_cores()
-    bad_path = node_path_problem(spec)
-    refused = None if bad_path else predict.launch_refusal(spec, outdir_p)
-    op_refused = None if bad_path or refused else preflight.refusal(spec)
-    if bad_path:  # the plan could not check it (not this machine): config_error, not launched
-        say(f"{spec.scenario} rep{repeat}: not launched: {bad_path}")
-        lch, sup = None, Supervision(rc=None, killed="config_error", detail=bad_path)
-    elif refused:  # predicted not to fit: recorded as infeasible, nothing launched
-        say(f"{spec.scenario} rep{repeat}: not launched: {refused}")
-        lch, sup = None, Supervision(rc=None, killed="infeasible", detail=refused)
-    elif op_refused:  # an op DeepSpeed cannot build here: the logged line -> op_build_error
-        say(f"{spec.scenario} rep{repeat}: not launched: {op_refused}")
-        lch, sup = None, Supervision(rc=None)
-    else:
-        lch, sup = launch_and_supervise(spec, spec_path, repeat, record, cores, run_id, cancel, say)
-    finished = FinishedRun(spec, repeat, record, run_id, cores, lch, sup, started, now_iso())
-    if spec.nvme_path:  # NVMe swap files of a killed run: the harness could not clean them
-        shutil.rmtree(nvme_run_dir(spec.nvme_path, run_id), True)
-    metrics, problems = write_record(finished)
-    if problems:
-        say("record does not validate: " + "; ".join(problems))
-    speed = f", {metrics['tokens_per_s']:.1f} tokens/s" if metrics["tokens_per_s"] else ""
-    say(f"outcome {metrics['outcome']}{speed}, wall {metrics['wall_time_s']:.1f} s")
+    attempt = Attempt(spec, spec_path, repeat, record, outdir_p, cores or granted_cores())
+    metrics, problems = execute(attempt, cancel, say)
+    if spec.same_allocation_pair is not None:
+        if metrics["outcome"] == "ok" and cancel.signum is None:
+            run_pair(attempt, cancel, say)
+        else:  # the pair only serves this run's paired ratio: none without a measured run
+            say(f"no same-allocation pair run: the run's outcome is {metrics['outcome']}")
     say.close()
-    placement.place(record, outdir_p, spec.scenario, repeat, finished.finished_at)
+    placement.place(record, outdir_p, spec.scenario, repeat, now_iso())
     for sig, handler in old_handlers.items():
         signal.signal(sig, handler)
     return 1 if strict and (metrics["outcome"] != "ok" or problems) else 0

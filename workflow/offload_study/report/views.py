@@ -175,12 +175,14 @@ def _display_fields(v: Row) -> dict:
 
 
 def _pair_text(v: Row) -> str:
-    """Which pair the paired ratio uses, in a few words (``pair_note`` says why and how)."""
-    return {
+    """Which pair the paired ratio uses, in a few words (``pair_note`` says why and how), and
+    whose runs of it: the short ones made in each run's own job, when ``pairing`` says so."""
+    text = {
         "self": "itself (no offload)",
         "same-settings": f"'{v['pair']}', same settings",
         "study baseline": f"study baseline '{v['pair']}'",
     }.get(v["pair_kind"], "none")
+    return text + (", same allocation" if v["pairing"] == "same allocation" else "")
 
 
 def within_noise(lo, hi) -> bool:
@@ -279,7 +281,8 @@ def _pair_clause(v: Row, flagged: set[str]) -> str:
     ratio = (v["paired_ratio"], v["paired_ratio_ci_low"], v["paired_ratio_ci_high"])
     if within_noise(*ratio[1:]):
         return f"; within noise of its no-offload pair '{v['pair']}' ({_ratio_text(*ratio)})"
-    return f"; {_ratio_text(*ratio)} of its no-offload pair '{v['pair']}' (same settings)"
+    where = ", same allocation" if v["pairing"] == "same allocation" else ""
+    return f"; {_ratio_text(*ratio)} of its no-offload pair '{v['pair']}' (same settings{where})"
 
 
 # --------------------------------------------------------------------------- sections
