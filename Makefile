@@ -21,8 +21,9 @@ export PYTHON
 study: debian-study $(VENV)/.ops
 	$(BIN)/snakemake --cores $(CORES) $(if $(STUDY),--config study_file='$(STUDY)')
 
+# --durations: the CI log names the slowest tests (where the suite's time goes).
 test: debian-test $(VENV)/.ops
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs --durations=15
 
 setup: debian-test $(VENV)/.ops
 

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from offload_study.contracts import RunSpec
+from offload_study.contracts import RunSpec, read_calibration, write_calibration
 from offload_study.plan import expand_plan
 from offload_study.study import CLUSTER_DIR, load_cluster, load_study, validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    """The test interpreter's bin folder first on PATH, as `make test` has it, so that every
+    process the tests start finds the ninja that built the ops ahead. The venv's ninja (1.13)
+    and Debian's (1.11) keep incompatible build logs: each switch between them rebuilds every
+    op DeepSpeed loads (~1 min each, async_io ~3 min, on 2 cores)."""
+    bin_dir = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+
 
 #: A Llama small enough for a 2-core CPU run in seconds (the runner tests train it).
 SMALL_LLAMA = {
@@ -50,6 +68,47 @@ def make_spec(cluster: dict | str = "local-cpu", scenario: dict | None = None, *
     }  # fmt: skip
     (run,) = expand_plan(load_study(config, source="test study"), cluster)
     return run
+
+
+# --------------------------------------------------------------------------- the workflow in a copy
+def copy_repo_for_run(tmp: Path, calibration: Path | None = None, cluster: str = "") -> Path:
+    """A working dir with the repo's Snakefile, workflow/ and config/ (results land in tmp).
+
+    With ``calibration`` (see :func:`cpu_calibration`), ``cluster``'s measured calibration is
+    in place: the workflow plans with it instead of measuring the machine again."""
+    work = tmp / "repo"
+    work.mkdir()
+    for item in ("Snakefile", "workflow", "config", "envs"):
+        src = REPO / item
+        if src.is_dir():
+            shutil.copytree(
+                src, work / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
+        elif src.exists():
+            shutil.copy2(src, work / item)
+    if calibration is not None:
+        place_calibration(work, cluster, calibration)
+    return work
+
+
+def place_calibration(workdir: Path, cluster: str, calibration: Path) -> None:
+    """``cluster``'s measured calibration in the workflow's working dir ``workdir`` (from
+    :func:`cpu_calibration`): the workflow plans with it instead of measuring again."""
+    measured = dataclasses.replace(read_calibration(calibration), cluster=cluster)
+    write_calibration(workdir / "results" / cluster / "calibration.json", measured)
+
+
+@pytest.fixture(scope="session")
+def cpu_calibration(tmp_path_factory) -> Path:
+    """This machine's calibration.json, measured once per session (offload_study.calibrate, as
+    the workflow's calibrate rule runs it: ~1 min on 2 cores) for the workflow tests whose
+    subject is not the calibration. Every test cluster is this machine (local or SLURM)."""
+    out = tmp_path_factory.mktemp("calibration") / "calibration.json"
+    cmd = [sys.executable, "-m", "offload_study.calibrate", "--cluster", "local-cpu",
+           "--cores", str(os.cpu_count()), "--out", str(out)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out
 
 
 # --------------------------------------------------------------------------- test summary figure

@@ -201,6 +201,15 @@ class SlurmCluster:
             time.sleep(0.2)
         raise TimeoutError(f"job {job_id} did not reach {states} in {timeout}s (last: {st})")
 
+    def reach_time_limit_now(self, job_id: str) -> None:
+        """End a running job's time limit now (``scontrol update EndTime``, as root): the
+        controller then ends it for its time limit at its next check (every 30 s), exactly as at
+        a limit reached (state TIMEOUT, "CANCELLED ... DUE TO TIME LIMIT", its TimeLimit kept),
+        instead of after the 1-minute minimum limit. A job past its limit already is left be
+        (SLURM refuses the update)."""
+        soon = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 2))
+        self.run("scontrol", "update", f"JobId={job_id}", f"EndTime={soon}", check=False)
+
     def jobs(self) -> list[dict[str, str]]:
         """All jobs slurmctld still knows (MinJobAge keeps finished ones for a while)."""
         cp = self.run("scontrol", "show", "job", "-o", check=False)

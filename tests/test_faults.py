@@ -24,7 +24,7 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
-from conftest import SMALL_LLAMA, make_spec
+from conftest import SMALL_LLAMA, copy_repo_for_run, make_spec
 from slurm_cluster import slurm_fixture_gen
 from test_runner import NVME_AIO, load_record, run_runner
 
@@ -232,13 +232,16 @@ def slurm():
 @pytest.mark.injects_fault
 def test_slurm_time_limit_reached(fault_study, results_ledger, slurm):
     """A run in a SLURM job of 1 minute that would train for hours: SLURM ends it at the time
-    limit, the record says timeout (not cancelled) with the job id."""
+    limit, the record says timeout (not cancelled) with the job id. Once it trains, the limit's
+    end is moved to now (SLURM's own enforcement, ~45 s sooner than the 1-minute minimum)."""
     spec_path, outdir = plan_run(fault_study, "time-limit", steps=100000)
     with results_ledger.guard(fault_study):
         job = slurm.sbatch(
             "--time=1", "--mem=4000", "--cpus-per-task=2", f"--output={fault_study}/tl.out",
             "--wrap", shlex.join(runner_argv(spec_path, outdir)),
         )  # fmt: skip
+        wait_for_steps(outdir, 2)
+        slurm.reach_time_limit_now(job)
         slurm.wait_job_state(job, "TIMEOUT", timeout=240)
         deadline = time.monotonic() + 30  # the runner writes the record within SLURM's KillWait
         while not (outdir / "metrics.json").exists() and time.monotonic() < deadline:
@@ -249,6 +252,7 @@ def test_slurm_time_limit_reached(fault_study, results_ledger, slurm):
         f"SLURM time limit reached (job {job}, TimeLimit=00:01:00)"
     )
     assert m["slurm_job_id"] == job and m["steps_measured"] >= 1
+    assert "DUE TO TIME LIMIT" in (fault_study / "tl.out").read_text()  # SLURM's own enforcement
 
 
 # --------------------------------------------------------------------------- broken records
@@ -330,12 +334,10 @@ def snakemake(work: Path, *args: str, background: bool = False):
 
 @pytest.mark.slow
 @pytest.mark.injects_fault
-def test_snakemake_killed_mid_study_and_restarted(tmp_path, results_ledger):
+def test_snakemake_killed_mid_study_and_restarted(tmp_path, results_ledger, cpu_calibration):
     """SIGKILL to the Snakemake process (and its job) while the second run goes; the restart
     (--rerun-incomplete) re-runs only that run, the first record stays byte for byte."""
-    from test_slurm import copy_repo_for_run
-
-    work = copy_repo_for_run(tmp_path)
+    work = copy_repo_for_run(tmp_path, cpu_calibration, "local-cpu")
     study_file(work)
     results = work / "results" / "local-cpu" / "killed"
     # -j1: one run at a time, so that the kill finds one complete record and one running

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SMALL_LLAMA
+from conftest import SMALL_LLAMA, place_calibration
 
 from offload_study import recommend
 from offload_study.contracts import Prediction, read_json
@@ -104,13 +104,14 @@ def test_recommend_on_a_study_without_the_block_says_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_recommend_picks_the_faster_of_two_real_runs(tmp_path):
+def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     """Micro-batch 1 (8 micro-steps per optimizer step) against micro-batch 8 (one) at the same
     global batch: on CPU the tiny model's per-micro-step overhead makes micro-batch 1 several
     times slower. The search must measure both (top_n 2) and recommend the faster."""
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study(top_n=2, grid={"offload": ["optimizer"],
                                                         "micro_batch": [1, 8]})))  # fmt: skip
+    place_calibration(tmp_path, "local-cpu", cpu_calibration)  # measured once per session
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
            str(tmp_path), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)

@@ -2,11 +2,12 @@
 
 Needs root and `apt-get install slurm-wlm munge` (they fail, saying so, without them).
 Two differently set-up clusters (partition, GRES type/count, MaxTime) run the same tests.
+Only the default study's first run (setup a) measures the machine in a SLURM job; the other
+workflow runs plan with the session's measured calibration (conftest.cpu_calibration).
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,14 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_cluster, make_spec
+from conftest import REPO, copy_repo_for_run, make_cluster, make_spec
 from slurm_cluster import slurm_fixture_gen
 
 from offload_study.contracts import PROGRESS_FILE, read_json, write_json, write_run_spec
 from offload_study.resources import train_resources
 from offload_study.study import StudyError
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
 
 # Two differently set-up SLURMs; the study only changes its cluster description.
@@ -216,57 +216,34 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
     assert not [j for j in cluster.jobs() if j.get("JobName", "").startswith("greedy")]
 
 
-def test_scancel_is_reported_as_failure(cluster, tmp_path):
-    desc = gpu_cluster_desc(cluster)
-    wf = make_workflow(tmp_path, desc, [planned(desc, "sleepy", 1, cpu_mem_gb=1)])
-    proc = snakemake(
-        cluster, wf, write_profile(tmp_path / "prof"), "--config", "sleep=120", background=True
-    )
-    job_id, out = scancel_once(
-        cluster,
-        proc,
-        lambda: (wf / "out" / "sleepy.txt.tmp").exists(),
-        start_timeout=60,
-        end_timeout=120,
-    )
-    assert proc.returncode != 0
-    assert f"SLURM-job '{job_id}' failed" in out and "CANCELLED" in out, out
-    assert not (wf / "out" / "sleepy.txt").exists()
-    assert cluster.job_state(job_id) == "CANCELLED"
-
-
 # --- the real workflow --------------------------------------------------------------------
 
 
-def copy_repo_for_run(tmp: Path) -> Path:
-    """A working dir with the repo's Snakefile, workflow/ and config/ (results land in tmp)."""
-    work = tmp / "repo"
-    work.mkdir()
-    for item in ("Snakefile", "workflow", "config", "envs"):
-        src = REPO / item
-        if src.is_dir():
-            shutil.copytree(
-                src, work / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
-            )
-        elif src.exists():
-            shutil.copy2(src, work / item)
-    return work
-
-
 @pytest.mark.slow
-def test_default_study_end_to_end(cluster, tmp_path):
-    """The default study through `snakemake --profile <test profile> --config cluster=<test
-    cluster>`; every run's provenance.json carries its SLURM job id."""
+def test_default_study_end_to_end(cluster, tmp_path, cpu_calibration):
+    """The default study through `snakemake --profile <test profile>` on the test cluster; every
+    run's provenance.json carries its SLURM job id. Setup a runs it as `make study` does (the
+    calibration and the adaptive measurement in SLURM jobs too); setup b, there for its other
+    partition, GRES and time limit, plans with this machine's calibration and measures 3 fixed
+    steps per run (the same jobs, submitted the same way, in less time)."""
     name = CLUSTER_FILE[cluster.setup]
-    work = copy_repo_for_run(tmp_path)
+    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    if cluster.setup == "a":
+        work, args = copy_repo_for_run(tmp_path), ["--config", f"cluster={name}"]
+    else:
+        work = copy_repo_for_run(tmp_path, cpu_calibration, name)
+        study.update(cluster=name, measure={"mode": "fixed"}, steps=3, warmup_steps=1)
+        (work / "study.yaml").write_text(yaml.safe_dump(study))
+        args = ["--configfile", "study.yaml"]
     prof = write_profile(tmp_path / "prof", jobs=4)
     t0 = time.monotonic()
-    cp = snakemake(cluster, work, prof, "--config", f"cluster={name}", timeout=1500)
+    cp = snakemake(cluster, work, prof, *args, timeout=1500)
     elapsed = time.monotonic() - t0
     assert cp.returncode == 0, cp.stdout[-8000:] + cp.stderr[-8000:]
     print(f"default study on {name}: {elapsed:.0f}s")
     provs = sorted((work / "results" / name).glob("*/*/rep*/provenance.json"))
-    assert provs, "no provenance.json written"
+    assert {p.parent.parent.name for p in provs} == {s["name"] for s in study["scenarios"]}
+    assert (cluster.setup == "a") == (work / "results" / name / "logs" / "calibrate.log").exists()
     known = {j["JobId"]: j for j in cluster.jobs()}
     for p in provs:
         prov = read_json(p)
@@ -279,10 +256,12 @@ def test_default_study_end_to_end(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path):
-    """scancel of a running `train` job: the run's record says `cancelled` with its job id."""
+def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path, cpu_calibration):
+    """scancel of a running `train` job: Snakemake reports the job failed and CANCELLED (and
+    exits non-zero), SLURM has it CANCELLED, the run's record says `cancelled` with its job id.
+    """
     name = CLUSTER_FILE[cluster.setup]
-    work = copy_repo_for_run(tmp_path)
+    work = copy_repo_for_run(tmp_path, cpu_calibration, name)
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     # fixed measurement: 2000 steps keep the run going until it is cancelled
     study.update(
@@ -301,6 +280,8 @@ def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path):
         start_timeout=240,
         end_timeout=240,
     )
+    assert proc.returncode != 0
+    assert f"SLURM-job '{job_id}' failed" in out and "CANCELLED" in out, out[-4000:]
     metrics = read_json(run_dir / "rep0" / "metrics.json")
     assert metrics["outcome"] == "cancelled", out[-4000:]
     assert metrics["slurm_job_id"] == str(job_id)
@@ -315,10 +296,10 @@ def two_nodes():
 
 
 @pytest.mark.slow
-def test_two_node_run_of_the_default_study(two_nodes, tmp_path):
+def test_two_node_run_of_the_default_study(two_nodes, tmp_path, cpu_calibration):
     """A 2-node scenario of the default study through `snakemake --profile`: srun starts one
     torchrun per node, their c10d rendezvous and gloo work, and the record names both hosts."""
-    work = copy_repo_for_run(tmp_path)
+    work = copy_repo_for_run(tmp_path, cpu_calibration, "test-slurm-2node")
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     (scenario,) = [s for s in study["scenarios"] if s["name"] == "zero3-2rank"]
     scenario.update(name="zero3-2node", nodes=2, gpus_per_node=1)

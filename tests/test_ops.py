@@ -1,0 +1,127 @@
+"""Stale torch build locks (offload_study.ops): a build killed mid-way leaves ``<op>/lock``, and
+every later load of that op would wait for it forever; a lock whose build still runs stays.
+
+The locks are made by torch's own FileBaton (what torch.utils.cpp_extension takes around a
+build) in processes that are killed or keep running, in a TORCH_EXTENSIONS_DIR of the test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.utils.file_baton import FileBaton
+
+from offload_study import ops
+
+OP = "deepspeed_shm_comm"  # the smallest op (~1 MB built): cheap to copy, quickest to rebuild
+
+#: Takes the build lock of the folder argv[1] as torch's build does, says so, then stays until
+#: it is killed (with the lock open) or, with a second argument, works there as ninja does.
+HOLDER = """
+import os, sys, time
+from torch.utils.file_baton import FileBaton
+if len(sys.argv) > 2:
+    os.chdir(sys.argv[1])
+else:
+    assert FileBaton(os.path.join(sys.argv[1], "lock")).try_acquire()
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def extensions(tmp_path, monkeypatch) -> Path:
+    """An empty torch extensions root with the op's build folder (where its lock goes)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    (tmp_path / "ext" / OP).mkdir(parents=True)
+    return tmp_path / "ext"
+
+
+def start_holder(folder: Path, *how: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder), *how], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+def killed_build(folder: Path) -> None:
+    """The lock a build killed mid-way leaves: taken by FileBaton, never released."""
+    holder = start_holder(folder)
+    holder.kill()
+    holder.wait()
+    assert (folder / "lock").exists()
+
+
+def test_the_lock_of_a_killed_build_is_removed(extensions):
+    killed_build(extensions / OP)
+    assert ops.build_dir(OP) == extensions / OP
+    assert "no process on this host" in ops.stale_lock_reason(extensions / OP)
+    assert ops.remove_stale_lock(OP) == extensions / OP / "lock"
+    # torch's build first tries to take the baton: it now builds instead of waiting forever
+    assert FileBaton(str(extensions / OP / "lock")).try_acquire()
+
+
+@pytest.mark.parametrize("how", [(), ("works-there",)], ids=["holds-the-lock", "ninja-running"])
+def test_the_lock_of_a_running_build_stays(extensions, how):
+    lock = extensions / OP / "lock"
+    if how:  # the lock's Python process is gone, but its ninja still compiles in the folder
+        killed_build(extensions / OP)
+    holder = start_holder(extensions / OP, *how)
+    try:
+        assert ops.builds_in(extensions / OP) == [holder.pid]
+        assert ops.stale_lock_reason(extensions / OP) is None
+        assert ops.remove_stale_lock(OP) is None and lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ops.remove_stale_lock(OP) == lock  # its build gone, the lock is abandoned
+
+
+def test_no_lock_nothing_to_remove(extensions):
+    assert ops.stale_lock_reason(extensions / OP) is None
+    assert ops.remove_stale_lock(OP) is None
+
+
+MOUNTS = r"""/dev/vda / ext4 rw,relatime 0 0
+server:/home /home nfs4 rw,relatime 0 0
+tmpfs /home/scratch tmpfs rw 0 0
+/dev/vdb /home/my\040disk xfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [("/home/u/.cache/torch_extensions", "nfs4"), ("/home/scratch/x", "tmpfs"),
+     ("/homework", "ext4"), ("/home/my disk/x", "xfs"), ("/", "ext4")],
+)  # fmt: skip
+def test_the_filesystem_of_a_path_is_its_deepest_mount(path, kind):
+    """A lock on a shared filesystem (nfs4 here) may be held on another host: it is kept for
+    SHARED_LOCK_STALE_S; on a local one, no holder on this host means abandoned."""
+    assert ops.filesystem_type(Path(path), MOUNTS) == kind
+    assert (kind in ops.NETWORK_FILESYSTEMS) == (kind == "nfs4")
+
+
+@pytest.mark.slow
+def test_building_the_ops_ahead_gets_past_a_stale_lock(extensions):
+    """`python -m offload_study.ops` (make's step) with a killed build's lock in a copy of the
+    built op: it says it removed the lock and loads the op (before: waited forever)."""
+    with pytest.MonkeyPatch.context() as env:  # the machine's own build, if there is one
+        env.delenv("TORCH_EXTENSIONS_DIR")
+        built = ops.build_dir(OP)
+    if built.is_dir():
+        shutil.copytree(built, extensions / OP, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("lock"))  # fmt: skip
+    killed_build(extensions / OP)
+    res = subprocess.run(
+        [sys.executable, "-m", "offload_study.ops", "--accelerator", "cpu", "shm_comm"],
+        capture_output=True, text=True, timeout=480,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"removed the stale build lock {extensions / OP / 'lock'}" in res.stderr
+    assert "shm_comm: ready in" in res.stdout
+    assert not (extensions / OP / "lock").exists()
