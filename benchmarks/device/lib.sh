@@ -119,7 +119,7 @@ overflow_fixture() { # overflow_fixture CLUSTER: fp16 with an initial loss scale
   # DeepSpeed skips steps on purpose; the log is the fixture of tests/test_logparse.py
   local cluster=$1
   python3 -m snakemake plan --cores "$CORES" --scheduler greedy \
-    --configfile config/studies/default-gpu.yaml --config cluster=$cluster >"$LOGS/overflow_plan.log" 2>&1
+    --config study_file=config/studies/default-gpu.yaml cluster=$cluster >"$LOGS/overflow_plan.log" 2>&1
   python3 - "$cluster" <<'PY'
 import json
 import sys

@@ -34,11 +34,11 @@ NAME=run_h200
 source "$REPO/benchmarks/device/lib.sh"
 
 
-snake() { # snake STUDY_YAML [targets...]   (targets first: --configfile takes several values)
+snake() { # snake STUDY_YAML [targets...]   (targets first: --config takes several values)
   local study=$1
   shift
   python3 -m snakemake "$@" --cores "$CORES" --scheduler greedy --resources gpu=1 \
-    --set-resources train:gpu=1 --keep-going --rerun-incomplete --configfile "$study"
+    --set-resources train:gpu=1 --keep-going --rerun-incomplete --config study_file="$study"
 }
 
 raw() { # raw SPEC OUTJSON

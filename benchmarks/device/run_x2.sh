@@ -40,7 +40,7 @@ REPS=${REPS:-0 1}
 
 snake() { # snake [targets...]
   python3 -m snakemake "$@" --cores "$CORES" --scheduler greedy --keep-going \
-    --rerun-incomplete --configfile "$STUDY"
+    --rerun-incomplete --config study_file="$STUDY"
 }
 
 # A record that exists and was not cancelled (e.g. cut by an earlier call's deadline) is kept.
