@@ -66,10 +66,11 @@ def test_a_grid_too_large_or_a_clashing_name_is_refused():
         recommend.with_candidates(load_study(clash))
 
 
-def _prediction(name: str, tps: float, feasible: bool = True) -> Prediction:
+def _prediction(name: str, tps: float, feasible: bool = True, gpu_gib: float = 30) -> Prediction:
     fields = {f.name: None for f in dataclasses.fields(Prediction)}
     return Prediction(**{**fields, "scenario": name, "predict_only": False, "force": False,
                          "world_size": 1, "tokens_per_s": tps, "feasible": feasible,
+                         "gpu_gib": gpu_gib, "gpu_budget_gib": 40,
                          "reason": None if feasible else "GPU 50 GiB > 40 GiB"})  # fmt: skip
 
 
@@ -85,6 +86,22 @@ def test_the_checkpoint_measures_the_best_of_each_mode_first():
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
     assert why["c1"] == "predicted not to fit: GPU 50 GiB > 40 GiB"
     assert why["a2"] == "not measured: predicted 800 tokens/s, rank 2, below the top 3"
+
+
+def test_a_candidate_predicted_over_its_budget_is_measured_after_those_under_it():
+    # 43 GiB of a 40 GiB budget is feasible (within the model's 10 % error) but likelier to OOM
+    space = {"top_n": 2, "references": [],
+             "candidates": {"fast-over": "opt-r0.5", "mid": "opt-r0.6", "slow": "opt-r0.7"}}  # fmt: skip
+    preds = {"fast-over": _prediction("fast-over", 1000, gpu_gib=43.4),
+             "mid": _prediction("mid", 900, gpu_gib=38.8),
+             "slow": _prediction("slow", 800, gpu_gib=32.8)}  # fmt: skip
+    chosen = recommend.select(space, preds)
+    assert chosen["measure"] == ["mid", "slow"]
+    why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
+    assert why["fast-over"] == ("not measured: predicted 1,000 tokens/s, 43.4 GiB: over the budget "
+                                "within the model's error, rank 3, below the top 2")  # fmt: skip
+    preds["mid"] = _prediction("mid", 900, gpu_gib=41)  # over too: speed decides among them
+    assert recommend.select(space, preds)["measure"] == ["slow", "fast-over"]
 
 
 @pytest.mark.refuses_bad_input

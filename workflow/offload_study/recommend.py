@@ -147,10 +147,13 @@ def select(space_: dict, predictions: dict) -> dict:
         tps = p.tokens_per_s if p else None
         rows.append({"scenario": name, "mode": mode, "predicted_tokens_per_s": tps,
                      "predicted_gpu_gib": p.gpu_gib if p else None,
+                     "over_budget": _over_budget(p),
                      "feasible": bool(p.feasible) if p else True,
                      "reason": p.reason if p else "no prediction"})  # fmt: skip
     feasible = [r for r in rows if r["feasible"]]
-    feasible.sort(key=lambda r: -(r["predicted_tokens_per_s"] or 0.0))
+    # Feasible allows the model's own error over the budget (predict.MARGINS); a run predicted
+    # over it is likelier to OOM than one predicted under it, so it ranks after all of those.
+    feasible.sort(key=lambda r: (r["over_budget"], -(r["predicted_tokens_per_s"] or 0.0)))
     for rank, row in enumerate(feasible, 1):
         row["rank"] = rank
     firsts = list({r["mode"]: r for r in reversed(feasible)}.values())[::-1]  # best per mode
@@ -163,11 +166,18 @@ def select(space_: dict, predictions: dict) -> dict:
     return {"candidates": rows, "measure": measure}
 
 
+def _over_budget(p) -> bool:
+    """Predicted above its GPU budget, though within the model's error (so still feasible)."""
+    return bool(p and p.gpu_gib and p.gpu_budget_gib and p.gpu_gib > p.gpu_budget_gib)
+
+
 def _selection_why(row: dict, top_n: int) -> str:
     if not row["feasible"]:
         return f"predicted not to fit: {row['reason']}"
     tps = row["predicted_tokens_per_s"]
     said = f"predicted {tps:,.0f} tokens/s" if tps else "no speed predicted"
+    if row["over_budget"]:
+        said += f", {row['predicted_gpu_gib']:.1f} GiB: over the budget within the model's error"
     if row["measured"]:
         return f"measured ({said}, rank {row['rank']})"
     return f"not measured: {said}, rank {row['rank']}, below the top {top_n}"
