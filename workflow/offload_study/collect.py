@@ -592,7 +592,7 @@ def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
         ratio = lo = hi = math.nan
         n, note, pairing = 0, pair.note, None
         mine = by_scenario.get(row["scenario"], empty)
-        same_alloc = same_allocation_runs(mine)
+        same_alloc, failed = same_allocation_runs(mine), _failed_same_allocation(mine)
         if not row["n_ok"]:
             note = f"{note}; no ok run ({row['outcomes']})"
         elif pair.kind == "self":
@@ -602,13 +602,11 @@ def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
             pair = Pair(same_alloc["scenario"].iloc[0], "same-settings",
                         "no offload, same GPUs, micro-batch and gas, run in the same job")  # fmt: skip
             ratio, lo, hi, n, how = paired_ratio(mine, same_alloc, steps, n_boot, seed + i)
-            failed = _failed_same_allocation(mine)
             failed = f"; same-allocation pair runs not ok: {failed}" if failed else ""
             note, pairing = f"{pair.note}; {how}{failed}", "same allocation"
         elif pair.scenario is not None:
             theirs = by_scenario.get(pair.scenario, empty)
             ratio, lo, hi, n, how = paired_ratio(mine, theirs, steps, n_boot, seed + i)
-            failed = _failed_same_allocation(mine)
             failed = f"; no same-allocation pair run ok ({failed})" if failed else ""
             note, pairing = f"{note}; {how}{failed}", "pair scenario"
         out.append(dict(zip(PAIR_COLUMNS,

@@ -635,7 +635,9 @@ def mode_note(spec: RunSpec, shape: ModelShape, k: Knobs) -> str | None:
             "ZenFlow: "
             + ("update_interval auto adapts at run time: predicted at its bound 1 (CPU Adam "
                "every step); " if auto else "")
-            + "the top-k selection (column norms, all-reduce) is not modelled"
+            + "the top-k selection (column norms, all-reduce) is not modelled; DeepSpeed "
+            "0.19.8's ZeRO-3 ZenFlow transposes every 2-D parameter in place at start-up, so a "
+            "model with an nn.Embedding fails its first forward (measured on CPU and H200)"
         )  # fmt: skip
     refused = refused_mode(spec, k)
     return "; ".join([refused, *notes] if refused else notes) or None
