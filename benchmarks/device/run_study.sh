@@ -2,7 +2,8 @@
 # Studies through the workflow on a device machine (any kind), one after the other, time-boxed:
 #   run(command="STUDIES='config/studies/modes-h200.yaml' CALIBRATE=h200-1gpu \
 #                bash benchmarks/device/run_study.sh", carry=[".whl"])
-# STUDIES   space-separated STUDY_YAML[:TARGET] (TARGET e.g. "recommend"; default: all of the study)
+# STUDIES   space-separated STUDY_YAML[:TARGETS] (TARGETS: comma-separated Snakemake targets, e.g.
+#           "recommend" or one repeat's metrics.json files; default: all of the study)
 # CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.calibrate,
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
@@ -85,5 +86,5 @@ for item in $STUDIES; do
   study=${item%%:*} target=
   [[ $item == *:* ]] && target=${item#*:}
   # shellcheck disable=SC2086
-  timed "$study ${target:-all}" 600 snake "$study" $target
+  timed "$study ${target:-all}" 600 snake "$study" ${target//,/ }
 done
