@@ -238,3 +238,21 @@ def test_the_pair_run_is_made_inside_the_run_s_slurm_job(cluster, tmp_path):
             for d in (outdir, outdir / "pair")]  # fmt: skip
     assert jobs == [job, job]
     assert main["slurm_job_id"] == pair["slurm_job_id"] == job
+
+
+def test_the_plan_prices_the_pair_run_into_the_jobs_gpu_hours(tmp_path):
+    """GPU-hours count what the job runs: the run and, with the option on, its pair run."""
+    from offload_study import predict
+    from offload_study.dsconfig import build_ds_config
+
+    cal = contracts.read_calibration(
+        Path(__file__).resolve().parent.parent / "config" / "calibration" / "h200-1gpu.json"
+    )
+    with_pair = plan_study(PAIR_OPTION, cluster="h200-1gpu")["off"]
+    without = plan_study(cluster="h200-1gpu")["off"]
+    rows = [predict.predict(s, build_ds_config(s), cal, repeats=3) for s in (with_pair, without)]
+    pair = with_pair.pair_spec()
+    pair_step = predict.step_time(pair, build_ds_config(pair), cal).total
+    extra_hours = 3 * predict.run_seconds(pair, pair_step) / 3600
+    assert rows[0].gpu_hours == pytest.approx(rows[1].gpu_hours + extra_hours, abs=2e-4)
+    assert extra_hours > 0

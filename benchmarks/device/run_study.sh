@@ -8,7 +8,8 @@
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
 # same warm machine continues what a call cut at its deadline left (--rerun-incomplete redoes a
-# half-written run; the archive keeps a copy of it). Every call packs the records into $OUT.
+# half-written run; the archive keeps a copy of it; a run the deadline cancelled is moved to
+# <results>/cancelled-by-deadline/ and run again). Every call packs the records into $OUT.
 set -uo pipefail
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-560}
@@ -47,6 +48,15 @@ keep_outside() { # results/, reports/ and .snakemake/ survive a re-carried tree
   done
 }
 
+requeue_cancelled() { # a run cut by the last call's deadline is run again: its record aside
+  local rec dir dest
+  for rec in $(grep -l '"outcome": "cancelled"' results/*/*/*/rep*/metrics.json 2>/dev/null); do
+    dir=${rec%/metrics.json}
+    dest="${dir%/*/*}/cancelled-by-deadline/$(basename "${dir%/*}").${dir##*/}.$(date +%s)"
+    mkdir -p "${dest%/*}" && mv "$dir" "$dest" && say "re-run $dir (cancelled record -> $dest)"
+  done
+}
+
 pack() {
   local dirs=() item res
   for item in $STUDIES; do
@@ -73,6 +83,7 @@ export -f elapsed say left snake versions build_ops table
 export T0 DEADLINE_S CORES
 
 keep_outside
+requeue_cancelled
 setup
 timed versions 60 versions
 timed ops 240 build_ops cpu_adam fused_adam

@@ -594,7 +594,7 @@ class Prediction:
     nvme_s: float | None
     comm_s: float | None
     bound: str | None  # the part that takes longest
-    gpu_hours: float | None  # GPU-hours of all its repeats, start-up included
+    gpu_hours: float | None  # GPU-hours of all its repeats: start-up, and pair runs, included
     feasible: bool
     reason: str | None  # why it does not fit (None when it does)
     note: str | None = None  # what the model assumes or leaves out for this run's offload mode

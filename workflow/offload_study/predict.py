@@ -68,7 +68,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study import devices
+from offload_study import devices, dsconfig
 from offload_study.contracts import (
     Calibration,
     Prediction,
@@ -788,6 +788,16 @@ def run_seconds(spec: RunSpec, step_s: float) -> float:
     return startup + m.max_warmup_steps * step_s + min(m.max_steps * step_s, m.max_measure_s)
 
 
+def job_seconds(spec: RunSpec, step_s: float, cal: Calibration) -> float:
+    """Wall seconds of the run's job: the run, and its same-allocation pair run when the study
+    makes one (study key same_allocation_baseline; the pair is priced with its own step)."""
+    pair = spec.pair_spec()
+    if pair is None:
+        return run_seconds(spec, step_s)
+    pair_step = step_time(pair, dsconfig.build_ds_config(pair), cal).total
+    return run_seconds(spec, step_s) + run_seconds(pair, pair_step)
+
+
 def _times(times: StepTime | None) -> dict:
     keys = ("compute_s", "pcie_s", "optimizer_s", "nvme_s", "comm_s")
     return {k: _rounded(getattr(times, k), 4) if times else None for k in keys}
@@ -820,7 +830,7 @@ def predict(
         tokens_per_s=_rounded(spec.global_batch * spec.seq_len / step, 1) if step else None,
         **_times(times),
         bound=times.bound if times else None,
-        gpu_hours=_rounded(repeats * spec.world_size * run_seconds(spec, step) / 3600, 4)
+        gpu_hours=_rounded(repeats * spec.world_size * job_seconds(spec, step, cal) / 3600, 4)
         if step else None,
         feasible=True, reason=None, note=note,
     )  # fmt: skip
