@@ -158,13 +158,21 @@ def with_flags(side: compare.Side, flags: str) -> compare.Side:
     return dataclasses.replace(side, summary=side.summary.assign(flags=flags))
 
 
-def test_a_flagged_ratio_is_not_stated_as_a_finding(sides):
+def test_an_implausible_flag_blocks_the_ratio_and_a_caution_does_not(sides):
+    """The rule on the real bundles, through the page (tests/test_compare_flags.py: the cases)."""
     a, b = sides
+    links = {s.bundle.name: s.bundle.name for s in sides}
     clean = compare.comparison([with_flags(a, ""), with_flags(b, "")])
     assert "not a finding" not in clean["verdicts"][0]
     assert all(r["against"][0]["flags"] == [] for r in clean["rows"])
-    flagged = compare.comparison([with_flags(a, ""), with_flags(b, "ci-target-missed")])
-    assert "flagged (ci-target-missed): not a finding" in flagged["verdicts"][0]
-    assert flagged["rows"][0]["cells"][1]["flags"] == ["ci-target-missed"]
+    caution = compare.comparison([with_flags(a, ""), with_flags(b, "ci-target-missed")])
+    assert "not a finding" not in caution["verdicts"][0]
+    assert "caution: ci-target-missed" in caution["verdicts"][0]
+    html = compare.render(caution, links)
+    assert "caution: ci-target-missed" in html and "flagged: not a finding" not in html
+    flagged = compare.comparison([with_flags(a, ""), with_flags(b, "gpu-over-cap")])
+    assert "flagged (gpu-over-cap): not a finding" in flagged["verdicts"][0]
+    assert flagged["rows"][0]["cells"][1]["flags"] == ["gpu-over-cap"]
+    assert "flagged: not a finding" in compare.render(flagged, links)
     row = flagged["rows"][0]["against"][0]
     assert row["within_noise"] == (row["ci_low"] <= 1 <= row["ci_high"])

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import SMALL_LLAMA, place_calibration
@@ -177,3 +178,17 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
     page = (tmp_path / "page.html").read_text()
     assert "rec-opt__mb-4" in page and "within noise" in page and "SuperOffload only" in page
     assert "NaN" not in page and "1.5 device-minutes" in page
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        ("", None),
+        ("ci-target-missed", None),  # a caution: its CI ranks it
+        ("ci-target-missed;loss-parity", "flagged loss-parity"),
+        ("offload-faster-than-pair", "flagged offload-faster-than-pair"),
+    ],
+)
+def test_only_an_implausible_flag_disqualifies_a_measured_candidate(flags, reason):
+    row = pd.Series({"tokens_per_s": 1000.0, "gpu_mem_gb": 16, "flags": flags})
+    assert recommend._row_state(row, budget=16) == reason

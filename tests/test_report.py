@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from test_collect import CLUSTER, STUDY, make_record, run_collect_cli, seed_like_records
 
@@ -394,7 +395,9 @@ def test_paired_ratio_within_noise_and_its_pair_are_stated(tmp_path):
     assert 'id="sanity-table"' in html and "No scenario flagged." in html
 
 
-def test_the_h200_report_states_no_flagged_number_as_a_finding(tmp_path):
+def test_the_h200_report_states_no_implausible_number_as_a_finding(tmp_path):
+    """The superseded 1-repeat study: gas 8's accumulation flag (with a caution: mixed) blocks
+    its number and the paired ratios to it; the baseline's caution alone does not."""
     from test_sanity import H200
 
     plan = json.loads((H200 / "plan.json").read_text())
@@ -407,8 +410,118 @@ def test_the_h200_report_states_no_flagged_number_as_a_finding(tmp_path):
     gas8 = lines["ZeRO-3, no offload [gas-8]"]
     assert gas8.startswith("ZeRO-3, no offload [gas-8]: flagged, not a finding")
     assert "accumulation-slower-per-token" in gas8 and "of baseline speed" not in gas8
-    assert not any("of baseline speed" in line for line in lines.values())  # baseline flagged
+    opt8 = lines["ZeRO-3 + CPU optimizer offload [gas-8]"]
+    assert "its no-offload pair &#39;zero3__gas-8&#39; is flagged, so no paired ratio" in opt8
+    opt1 = lines["ZeRO-3 + CPU optimizer offload [gas-1]"]  # the baseline only cautions
+    assert re.search(r"\d+% \[\d+%–\d+%\] of baseline speed", opt1), opt1
+    assert opt1.endswith("caution: ci-target-missed.")
     assert "flagged: accumulation-slower-per-token" in html  # beside the number in the table
+    assert 'class="tag caution" title="the measurement stopped' in html
+    assert html.count('class="flagged"') == 1  # only gas 8's speed is struck through
+
+
+def test_the_remeasured_h200_report_states_its_findings_with_their_caution():
+    """Every ok row of the re-measured study misses its CI target (a noisy machine): a caution,
+    so CPU optimizer offload at gas 1 is still ~30 % of its pair, with its CI."""
+    from test_sanity import H200_REMEASURED, h200_summary
+
+    plan = json.loads((H200_REMEASURED / "plan.json").read_text())
+    summary = h200_summary(H200_REMEASURED).reset_index()
+    scenarios = views.scenario_views(summary, plan, plan["baseline"])
+    head, lines = views.verdicts(scenarios, plan["baseline"], None)
+    assert "Flagged" not in head and head.endswith("; caution: ci-target-missed.")
+    assert not any("not a finding" in line or "is flagged" in line for line in lines)
+    (opt1,) = [line for line in lines if line.startswith("ZeRO-3 + CPU optimizer offload [gas-1]")]
+    pair = summary.set_index("scenario").loc["offload-opt__gas-1", "paired_ratio"]
+    assert 0.25 < pair < 0.35
+    assert f"{views.fmt_pct(pair)} [" in opt1 and "of its no-offload pair 'zero3__gas-1'" in opt1
+    assert opt1.endswith("; caution: ci-target-missed.")
+    assert not any(v["blocking"] for v in scenarios)
+
+
+def flag_views(flags: dict[str, str]) -> list[views.Row]:
+    """Scenario views of a constructed summary: 'base' (no offload, the baseline), each other
+    scenario an offload at 50 % [45 %, 55 %] of it and of its pair 'base', with ``flags``."""
+    rows = [
+        {
+            "scenario": "base",
+            "tokens_per_s": 1000.0,
+            "relative_speed": 1.0,
+            "n_ok": 2,
+            "flags": flags.get("base", ""),
+            "pair": "base",
+            "pair_kind": "self",
+        }
+    ]
+    rows += [{"scenario": n, "tokens_per_s": 500.0, "relative_speed": 0.5,
+              "relative_speed_ci_low": 0.45, "relative_speed_ci_high": 0.55, "paired_ratio": 0.5,
+              "paired_ratio_ci_low": 0.45, "paired_ratio_ci_high": 0.55, "pair": "base",
+              "pair_kind": "same-settings", "n_ok": 2, "flags": f, "offload_optimizer": "cpu"}
+             for n, f in flags.items() if n != "base"]  # fmt: skip
+    return views.scenario_views(pd.DataFrame(rows), {}, "base")
+
+
+def test_a_caution_is_a_finding_and_an_implausible_flag_is_not():
+    vs = flag_views({"caution": "ci-target-missed", "implausible": "offload-faster-than-pair",
+                     "mixed": "many-skipped-steps;gpu-over-cap", "clean": ""})  # fmt: skip
+    head, lines = views.verdicts(vs, "base", None)
+    by = {line.split(":")[0]: line for line in lines}
+    assert by["caution"] == ("caution: 50% [45%–55%] of baseline speed; 50% [45%–55%] of its "
+                             "no-offload pair 'base' (same settings); caution: ci-target-missed.")  # fmt: skip
+    assert by["clean"].endswith("of its no-offload pair 'base' (same settings).")
+    assert by["implausible"] == "implausible: flagged, not a finding: offload-faster-than-pair."
+    assert by["mixed"].startswith("mixed: flagged, not a finding: many-skipped-steps; gpu-over-cap")
+    assert [v["scenario"] for v in vs if v["blocking"]] == ["implausible", "mixed"]
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    bars = ax.barh(range(len(vs)), [1] * len(vs))
+    assert figures._hatch_flagged(ax, bars, vs)
+    assert [b.get_hatch() for b in bars] == [None, None, "///", "///", None]
+    plt.close(fig)
+
+
+def test_a_baseline_with_only_a_caution_keeps_its_ratios():
+    head, lines = views.verdicts(flag_views({"base": "ci-target-missed", "off": ""}), "base", None)
+    assert head.endswith("; caution: ci-target-missed.") and "Flagged" not in head
+    assert lines == ["off: 50% [45%–55%] of baseline speed; 50% [45%–55%] of its no-offload pair "
+                     "'base' (same settings)."]  # fmt: skip
+    head, lines = views.verdicts(flag_views({"base": "loss-parity", "off": ""}), "base", None)
+    assert "Flagged, so no ratio to it is stated: loss-parity." in head
+    assert lines == ["off: 500 tokens/s (the baseline is flagged); its no-offload pair 'base' is "
+                     "flagged, so no paired ratio is stated."]  # fmt: skip
+
+
+def test_the_report_marks_a_caution_beside_the_number_and_strikes_only_the_implausible(tmp_path):
+    paths = [make_record(tmp_path, "base", k, seed=k) for k in range(2)]
+    paths += [
+        make_record(
+            tmp_path,
+            "noisy",
+            k,
+            offload_optimizer="cpu",
+            tokens_per_s=600,
+            seed=5 + k,
+            extra={"ci_target_met": False},
+        )
+        for k in range(2)
+    ]
+    paths += [make_record(tmp_path, "capped", k, offload_optimizer="cpu", tokens_per_s=500,
+                          seed=9 + k, extra={"gpu_mem_cap_gib": 20.0}) for k in range(2)]  # fmt: skip
+    html, _, _ = build_report(tmp_path, paths, baseline="base")
+    assert html.count('class="flagged"') == 1  # the capped one's speed, not the noisy one's
+    assert (
+        '<a href="#sanity" class="tag caution"' in html and ">caution: ci-target-missed</a>" in html
+    )
+    assert ">flagged: gpu-over-cap</a>" in html
+    lines = {line.split(":")[0]: line for line in verdict_lines(html)}
+    assert "of baseline speed" in lines["ZeRO-3 noisy"] and "caution" in lines["ZeRO-3 noisy"]
+    assert "flagged, not a finding: gpu-over-cap" in lines["ZeRO-3 capped"]
+    sanity_section = html[html.index('id="sanity"') : html.index('id="failures"')]
+    assert "1 scenario(s) flagged implausible" in sanity_section
+    assert "1 scenario(s) with a caution only" in sanity_section
+    assert '>implausible</span><br><span class="small">blocks the finding' in sanity_section
 
 
 def test_skipped_steps_show_when_the_records_count_them(tmp_path):
@@ -421,9 +534,9 @@ def test_skipped_steps_show_when_the_records_count_them(tmp_path):
 
 def test_flagged_bars_are_hatched(tmp_path):
     def view(name, flagged):
-        flags = [{"name": "non-finite-loss"}] if flagged else []
         return views.Row(scenario=name, label=name, relative_speed=0.5, n_ok=1,
-                         offload_kind="cpu", flag_list=flags, sweep_text="")  # fmt: skip
+                         offload_kind="cpu", blocking=["non-finite-loss"] if flagged else [],
+                         sweep_text="")  # fmt: skip
 
     import matplotlib.pyplot as plt
 

@@ -4,6 +4,7 @@ re-measured study (adaptive, 3 interleaved repeats) does not."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -126,6 +127,46 @@ def test_flags_round_trip_through_summary_csv(tmp_path):
     assert flag["name"] == "non-finite-loss" and flag["meaning"] == sanity.MEANINGS[flag["name"]]
     assert "8 measured step(s)" in flag["detail"]
     assert sanity.parse_flags(s.loc["fine", "flags"], s.loc["fine", "flag_details"]) == []
+
+
+# --------------------------------------------------------------------------- severity
+@pytest.mark.parametrize(
+    "flags,blocks",
+    [
+        ("", []),
+        (None, []),
+        (math.nan, []),  # an empty cell read back from summary.csv
+        ("ci-target-missed", []),
+        ("ci-target-missed;many-skipped-steps", []),
+        ("gpu-over-cap", ["gpu-over-cap"]),
+        ("ci-target-missed;loss-parity", ["loss-parity"]),  # mixed: the implausible one blocks
+        ("accumulation-slower-per-token;offload-faster-than-pair;non-finite-loss",
+         ["accumulation-slower-per-token", "offload-faster-than-pair", "non-finite-loss"]),
+        ("ci-target-missed;a-check-of-another-version", ["a-check-of-another-version"]),
+    ],
+)  # fmt: skip
+def test_blocking_names_the_flags_that_block_a_finding(flags, blocks):
+    assert sanity.blocking(flags) == blocks
+
+
+def test_severity_is_data_of_each_check():
+    """Implausible results block; a missed CI target or many skipped steps only caution."""
+    by = {sev: {c.name for c in sanity.CHECKS if c.severity == sev}
+          for sev in (sanity.IMPLAUSIBLE, sanity.CAUTION)}  # fmt: skip
+    assert by[sanity.CAUTION] == {"ci-target-missed", "many-skipped-steps"}
+    assert by[sanity.IMPLAUSIBLE] == {c.name for c in sanity.CHECKS} - by[sanity.CAUTION]
+    with pytest.raises(ValueError, match="severity 'severe'"):
+        dataclasses.replace(sanity.CHECKS[0], severity="severe")
+
+
+def test_parsed_flags_say_whether_they_block():
+    details = json.dumps({"ci-target-missed": "rep 1: stopped", "gpu-over-cap": "33 GiB"})
+    parsed = sanity.parse_flags("ci-target-missed;gpu-over-cap", details)
+    assert [(f["name"], f["severity"], f["blocks"]) for f in parsed] == [
+        ("ci-target-missed", sanity.CAUTION, False),
+        ("gpu-over-cap", sanity.IMPLAUSIBLE, True),
+    ]
+    assert parsed[0]["detail"] == "rep 1: stopped"
 
 
 # --------------------------------------------------------------------------- real data

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from jinja2 import Environment
 
-from offload_study import bundle, collect, contracts
+from offload_study import bundle, collect, contracts, sanity
 from offload_study.report import views
 from offload_study.report.render import _environment as _report_environment
 
@@ -266,12 +266,17 @@ def _ci(draws: np.ndarray) -> tuple[float | None, float | None]:
 
 def flags(side: Side, scenario: str) -> list[str]:
     """The summary's sanity flags of a scenario (collect/sanity: the number may mislead)."""
-    return [f for f in str(side.row(scenario)["flags"] or "").split(";") if f]
+    return sanity.flag_names(side.row(scenario)["flags"])
+
+
+def blocking(side: Side, scenario: str) -> list[str]:
+    """Those of its flags that block a finding (sanity.blocking: implausible, not a caution)."""
+    return sanity.blocking(side.row(scenario)["flags"])
 
 
 def ratio(side: Side, ref: Side, scenario: str) -> dict:
     """tokens/s of ``side`` as a multiple of the reference side's, with its bootstrap CI, whether
-    that CI includes 1 (within noise) and the sanity flags of either side."""
+    that CI includes 1 (within noise), the sanity flags of either side and those that block."""
     mine, theirs = side.row(scenario)["tokens_per_s"], ref.row(scenario)["tokens_per_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _ci(side.draws[scenario] / ref.draws[scenario])
@@ -281,6 +286,7 @@ def ratio(side: Side, ref: Side, scenario: str) -> dict:
         "ci_high": hi,
         "within_noise": lo is not None and lo <= 1 <= hi,
         "flags": sorted(set(flags(ref, scenario) + flags(side, scenario))),
+        "blocking": sorted(set(blocking(ref, scenario) + blocking(side, scenario))),
     }
 
 
@@ -312,6 +318,7 @@ def _cell(side: Side, scenario: str) -> dict:
         "relative_ci": (row["relative_speed_ci_low"], row["relative_speed_ci_high"]),
         "step_ms": 1000 * row["step_time_s"] if row["step_time_s"] is not None else None,
         "flags": flags(side, scenario),
+        "blocking": blocking(side, scenario),
         "breakdown": parts,
     }
 
@@ -354,7 +361,8 @@ def verdict(ref: Side, side: Side, against: list[dict], platform: list[dict]) ->
     """One sentence per other cluster: how fast against the reference, over what, and why.
 
     ``against`` holds the side's entry of every scenario row (ratio or the reason for none).
-    Like the report, it states no flagged ratio as a finding and says when all are within noise.
+    Like the report, it states no ratio with a blocking (implausible) flag as a finding, names
+    the cautions of those it states, and says when all are within noise.
     """
     found = [a for a in against if a["reason"] is None]
     if not found:
@@ -366,11 +374,14 @@ def verdict(ref: Side, side: Side, against: list[dict], platform: list[dict]) ->
         f"{side.label}: {geo:.2f}× the tokens/s of {ref.label} (geometric mean over "
         f"{views.count_of(len(ratios), 'comparable scenario')}{spread})"
     )
-    flagged = sorted({f for a in found for f in a["flags"]})
-    if flagged:
-        text += f", flagged ({', '.join(flagged)}): not a finding"
+    blocked = sorted({f for a in found for f in a["blocking"]})
+    cautions = sorted({f for a in found for f in a["flags"]} - set(blocked))
+    if blocked:
+        text += f", flagged ({', '.join(blocked)}): not a finding"
     elif all(a["within_noise"] for a in found):
         text += ", within noise (every 95% CI includes 1×)"
+    if cautions and not blocked:
+        text += f", caution: {', '.join(cautions)}"
     diffs = [f"{d['fact']} ({' vs '.join(d['values'])})" for d in platform]
     return text + (
         f"; what differs: {'; '.join(diffs)}." if diffs else "; no platform fact differs."

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from offload_study import collect
+from offload_study import collect, sanity
 from offload_study.contracts import read_json, read_predictions, write_json
 from offload_study.dsconfig import normalize_number
 from offload_study.plan import expanded_name
@@ -47,8 +47,6 @@ OFFLOAD_MODES: dict[str, tuple[str, dict]] = {
     "zenflow": ("zenflow", {"offload_optimizer": "cpu", "zenflow": {}}),
     "super_offload": ("super", {"offload_optimizer": "cpu", "super_offload": True}),
 }
-#: Sanity flags that make a measured number unfit to recommend (offload_study.sanity).
-DISQUALIFYING_FLAGS = ("loss-parity", "gpu-over-cap", "non-finite-loss")
 PREFIX = "rec-"
 
 
@@ -212,7 +210,9 @@ def _row_state(row: pd.Series, budget: float) -> str | None:
     cap = row.get("gpu_mem_gb")
     if cap is None or pd.isna(cap) or float(cap) > budget:
         return "above the GPU-memory budget (a reference)"
-    flags = [f for f in str(row.get("flags") or "").split(";") if f in DISQUALIFYING_FLAGS]
+    # an implausible result (sanity.blocking) is not recommended; a caution (a missed CI
+    # target) is not a reason: its CI decides the ranking
+    flags = sanity.blocking(row.get("flags"))
     return f"flagged {', '.join(flags)}" if flags else None
 
 

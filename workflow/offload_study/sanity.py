@@ -5,7 +5,11 @@ tolerance (data: change it here, not in the functions) and a small pure function
 scenario (:class:`Facts`) and returns why it fires, or None. :func:`flag` runs the table over a
 summary (collect calls it) and gives the ``flags`` column of summary.csv (the names that fired,
 ';'-separated) and ``flag_details`` (JSON: name -> why). The report shows each flag's meaning
-beside the number, and never states a flagged number as a finding.
+beside the number. Each check has a severity (data, like its tolerance): an *implausible* result
+blocks the finding (the number is shown as measured, never stated as a finding, and nothing is
+stated relative to it); a *caution* leaves the number standing with its CI and the flag beside it
+(a noisy machine misses its CI target on every run: the CI then says how noisy). :func:`blocking`
+is the one answer to "does this flags cell block a finding?" that every consumer asks.
 
 "Beyond the CI" means the whole 95 % CI of the number lies past the comparison's median by more
 than the tolerance: the effect is not noise of this measurement.
@@ -42,6 +46,10 @@ class Facts:
     all_runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # every scenario's runs
 
 
+#: Severities of a check: an implausible result is not a finding; a caution is, with its CI.
+IMPLAUSIBLE, CAUTION = "implausible", "caution"
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -49,6 +57,12 @@ class Check:
     tolerance: float
     tolerance_text: str  # how the tolerance reads in the report
     test: Callable[[Facts, float], str | None]  # why it fires, or None
+    severity: str  # IMPLAUSIBLE (blocks the finding) or CAUTION (the number stands)
+
+    def __post_init__(self):
+        if self.severity not in (IMPLAUSIBLE, CAUTION):
+            raise ValueError(f"sanity check {self.name}: severity {self.severity!r} is neither "
+                             f"{IMPLAUSIBLE!r} nor {CAUTION!r}")  # fmt: skip
 
 
 def _num(v) -> float:
@@ -196,28 +210,36 @@ CHECKS: tuple[Check, ...] = (
     Check("accumulation-slower-per-token",
           "no offload, yet more gradient accumulation measured slower per token beyond the CI "
           "(accumulation only removes optimizer steps)", 0.02, "2% of the peer's median",
-          accumulation_slower),
+          accumulation_slower, IMPLAUSIBLE),
     Check("offload-faster-than-pair",
           "offload measured faster than its no-offload pair of the same settings beyond the "
           "paired CI (offloading adds transfers, removes no work)", 0.02, "2% above 1",
-          offload_faster),
+          offload_faster, IMPLAUSIBLE),
     Check("gpu-over-cap",
           "a run reserved more GPU memory than the scenario's per-process cap", 0.01,
-          "1% of the cap", gpu_over_cap),
+          "1% of the cap", gpu_over_cap, IMPLAUSIBLE),
     Check("ci-target-missed",
           "the measurement stopped before its CI target (older records: CI wider than the "
-          "tolerance, or none)", 0.05, "CI half-width 5% of the median", ci_target_missed),
+          "tolerance, or none)", 0.05, "CI half-width 5% of the median", ci_target_missed,
+          CAUTION),
     Check("non-finite-loss", "a measured step's loss is NaN or infinite", 0, "no step",
-          non_finite_loss),
+          non_finite_loss, IMPLAUSIBLE),
     Check("many-skipped-steps",
           "many fp16 steps among the measured ones were skipped (loss-scale overflow)", 0.1,
-          "10% of measured steps", many_skipped),
+          "10% of measured steps", many_skipped, CAUTION),
     Check("loss-parity",
           "the loss differs from its no-offload pair's at the same step (same settings and "
           "repeat): the mode changed the updates (e.g. ZenFlow)", 0.02,
-          "2% of the pair's loss (median over repeats)", loss_parity),
+          "2% of the pair's loss (median over repeats)", loss_parity, IMPLAUSIBLE),
 )  # fmt: skip
 MEANINGS: dict[str, str] = {c.name: c.meaning for c in CHECKS}
+SEVERITIES: dict[str, str] = {c.name: c.severity for c in CHECKS}
+
+
+def severity(name: str) -> str:
+    """A check's severity; a name this table does not know (a summary from another version)
+    counts as implausible: nothing here vouches for its number."""
+    return SEVERITIES.get(name, IMPLAUSIBLE)
 
 
 # --------------------------------------------------------------------------- the table, applied
@@ -240,15 +262,28 @@ def flag(
     return pd.DataFrame({"flags": flags, "flag_details": details}, index=summary.index)
 
 
+def flag_names(flags) -> list[str]:
+    """The check names of a summary row's ``flags`` cell (';'-separated; as read back from
+    summary.csv an empty cell may be NaN)."""
+    return [n for n in (flags if isinstance(flags, str) else "").split(";") if n]
+
+
+def blocking(flags) -> list[str]:
+    """The names in a ``flags`` cell that block a finding (implausible or unknown checks); []
+    when the number stands (no flag, or cautions only)."""
+    return [n for n in flag_names(flags) if severity(n) == IMPLAUSIBLE]
+
+
 def parse_flags(flags, details) -> list[dict]:
-    """[{name, meaning, detail}] of a summary row's ``flags`` / ``flag_details`` cells (as
-    read back from summary.csv: empty cells may be NaN)."""
-    names = [n for n in (flags if isinstance(flags, str) else "").split(";") if n]
+    """[{name, meaning, detail, severity, blocks}] of a summary row's ``flags`` /
+    ``flag_details`` cells (as read back from summary.csv: empty cells may be NaN)."""
+    names, blocks = flag_names(flags), set(blocking(flags))
     try:
         why = json.loads(details) if isinstance(details, str) and details else {}
     except ValueError:
         why = {}
     return [
-        {"name": n, "meaning": MEANINGS.get(n, "unknown check"), "detail": why.get(n, "")}
+        {"name": n, "meaning": MEANINGS.get(n, "unknown check"), "detail": why.get(n, ""),
+         "severity": severity(n), "blocks": n in blocks}
         for n in names
-    ]
+    ]  # fmt: skip

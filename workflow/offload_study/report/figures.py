@@ -129,8 +129,9 @@ def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> b
 
 
 def _hatch_flagged(ax, bars, views: list[Row]) -> bool:
-    """Hatch the bars of flagged scenarios (a sanity check fired: not a finding)."""
-    flagged = [bool(v["flag_list"]) for v in views]
+    """Hatch the bars of scenarios with a blocking sanity flag (implausible: not a finding); a
+    caution leaves the bar as it is (the number stands, its CI is the whisker)."""
+    flagged = [bool(v["blocking"]) for v in views]
     for bar, is_flagged in zip(bars, flagged, strict=True):
         if is_flagged:
             bar.set(hatch="///", edgecolor="#c62828", alpha=0.6)

@@ -161,6 +161,7 @@ def _display_fields(v: Row) -> dict:
     sweep_text = _sweep_text(v)
     return {
         "flag_list": sanity.parse_flags(v["flags"], v["flag_details"]),
+        "blocking": sanity.blocking(v["flags"]),  # implausible: its numbers are no finding
         "pair_text": _pair_text(v),
         "pair_within_noise": within_noise(v["paired_ratio_ci_low"], v["paired_ratio_ci_high"]),
         "within_noise": within_noise(v["relative_speed_ci_low"], v["relative_speed_ci_high"]),
@@ -205,13 +206,15 @@ def _sweep_text(v: Row) -> str:
 
 
 def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[str, list[str]]:
-    """(headline sentence, one sentence per other scenario). A flagged scenario's numbers are
-    never stated as a finding; a ratio whose CI includes 100 % is "within noise"."""
+    """(headline sentence, one sentence per other scenario). A number with a blocking sanity
+    flag (implausible) is never stated as a finding, nor anything relative to it; a caution
+    leaves it standing with its CI and the caution named; a ratio whose CI includes 100 % is
+    "within noise"."""
     base = next((v for v in views if v["scenario"] == baseline), None)
-    flagged = {v["scenario"] for v in views if v["flag_list"]}
+    blocked = {v["scenario"] for v in views if v["blocking"]}
     if base is None or base["tokens_per_s"] is None:
         return f"No relative speed: {note or 'no baseline scenario'}.", [
-            _flagged_line(v) or _absolute_line(v, flagged) for v in views
+            _blocked_line(v) or _absolute_line(v, blocked) for v in views
         ]
     mem, mem_name = ("peak_gpu_allocated_gib", "GPU memory per GPU")
     if base[mem] is None:
@@ -219,11 +222,12 @@ def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[
     head = f"Baseline {base['plot_label']}: {fmt(base['tokens_per_s'], 0)} tokens/s on " + (
         count_of(base["world_size"], base["unit"])
         + (f", {fmt(base[mem])} GiB {mem_name}" if base[mem] is not None else "")
-        + "."
     )
-    if base["flag_list"]:
-        head += " Flagged, so no ratio to it is stated: " + _flag_text(base) + "."
-    lines = [_flagged_line(v) or _relative_line(v, base, mem, mem_name, flagged) for v in views]
+    if base["blocking"]:
+        head += ". Flagged, so no ratio to it is stated: " + _flag_text(base) + "."
+    else:
+        head += _caution_clause(base) + "."
+    lines = [_blocked_line(v) or _relative_line(v, base, mem, mem_name, blocked) for v in views]
     return head, [line for v, line in zip(views, lines, strict=True) if v is not base]
 
 
@@ -233,13 +237,19 @@ def _flag_text(v: Row) -> str:
     )
 
 
-def _flagged_line(v: Row) -> str | None:
-    if not v["flag_list"] or v["tokens_per_s"] is None:
+def _blocked_line(v: Row) -> str | None:
+    if not v["blocking"] or v["tokens_per_s"] is None:
         return None
     return f"{v['plot_label']}: flagged, not a finding: {_flag_text(v)}."
 
 
-def _absolute_line(v: Row, flagged: set[str]) -> str:
+def _caution_clause(v: Row) -> str:
+    """'; caution: ci-target-missed' for the cautions of a number that stands."""
+    names = [f["name"] for f in v["flag_list"] if not f["blocks"]]
+    return f"; caution: {', '.join(names)}" if names else ""
+
+
+def _absolute_line(v: Row, blocked: set[str]) -> str:
     if v["tokens_per_s"] is None:
         return f"{v['plot_label']}: no successful run ({v['outcomes']})."
     peak = v["peak_gpu_allocated_gib"]
@@ -247,36 +257,37 @@ def _absolute_line(v: Row, flagged: set[str]) -> str:
         f"{v['plot_label']}: {fmt(v['tokens_per_s'], 0)} tokens/s on "
         f"{count_of(v['world_size'], v['unit'])}"
         + (f", peak {fmt(peak)} GiB/GPU" if peak is not None else "")
-        + _pair_clause(v, flagged)
+        + _pair_clause(v, blocked)
+        + _caution_clause(v)
         + "."
     )
 
 
-def _relative_line(v: Row, base: Row, mem: str, mem_name: str, flagged: set[str]) -> str:
+def _relative_line(v: Row, base: Row, mem: str, mem_name: str, blocked: set[str]) -> str:
     if v["relative_speed"] is None:
         return f"{v['plot_label']}: no successful run ({v['outcomes']})."
     rel = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
-    if base["scenario"] in flagged:
+    if base["scenario"] in blocked:
         t = f"{v['plot_label']}: {fmt(v['tokens_per_s'], 0)} tokens/s (the baseline is flagged)"
     elif within_noise(*rel[1:]):
         t = f"{v['plot_label']}: within noise of baseline speed ({_ratio_text(*rel)})"
     else:
-        t = f"{v['plot_label']}: {fmt_pct(rel[0])} of baseline speed"
+        t = f"{v['plot_label']}: {_ratio_text(*rel)} of baseline speed"
     if v[mem] is not None and isnum(base[mem]) and base[mem] > 0:
         t += f" at {v[mem] / base[mem]:#.2g}× the {mem_name}"
     if v["world_size"] and base["world_size"] and v["world_size"] != base["world_size"]:
         t += f", on {v['world_size']} instead of {count_of(base['world_size'], base['unit'])}"
     if isnum(v["reference_speed_pct"]):
         t += f" (seed: ~{v['reference_speed_pct']:g}%)"
-    return t + _pair_clause(v, flagged) + "."
+    return t + _pair_clause(v, blocked) + _caution_clause(v) + "."
 
 
-def _pair_clause(v: Row, flagged: set[str]) -> str:
+def _pair_clause(v: Row, blocked: set[str]) -> str:
     """'; 76% [70%–82%] of its no-offload pair 'x' (same settings)', or within noise of it;
-    nothing stated against a flagged pair."""
+    nothing stated against a pair whose number is blocked (a caution on it does not block)."""
     if v["pair_kind"] != "same-settings" or not isnum(v["paired_ratio"]):
         return ""
-    if v["pair"] in flagged:
+    if v["pair"] in blocked:
         return f"; its no-offload pair '{v['pair']}' is flagged, so no paired ratio is stated"
     ratio = (v["paired_ratio"], v["paired_ratio_ci_low"], v["paired_ratio_ci_high"])
     if within_noise(*ratio[1:]):
@@ -331,9 +342,11 @@ def failures(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
 
 
 def sanity_rows(views: list[Row]) -> list[dict]:
-    """The sanity table (sanity.CHECKS), each check with the scenarios it flagged and why."""
+    """The sanity table (sanity.CHECKS), each check with its severity (whether it blocks the
+    finding) and the scenarios it flagged and why."""
     return [
         {"name": c.name, "meaning": c.meaning, "tolerance": c.tolerance_text,
+         "severity": c.severity, "blocks": bool(sanity.blocking(c.name)),
          "flagged": [{"scenario": v["scenario"], "label": v["plot_label"], "detail": f["detail"]}
                      for v in views for f in v["flag_list"] if f["name"] == c.name]}
         for c in sanity.CHECKS
