@@ -546,3 +546,36 @@ def test_flagged_bars_are_hatched(tmp_path):
     assert [b.get_hatch() for b in bars] == ["///", None]
     assert "flagged: not a finding" in ax.get_legend_handles_labels()[1]
     plt.close(fig)
+
+
+def test_the_runs_table_shows_what_moved_between_repeats():
+    """Re-measured H200 study: one row per record in start order, with the breakdown that shows
+    the GPU side moved (no offload gas 1: backward 442 ms in rep 0, ~290-305 ms after) while
+    the offloaded optimizer step stayed at ~1.0-1.2 s."""
+    from test_sanity import H200_REMEASURED
+
+    plan = json.loads((H200_REMEASURED / "plan.json").read_text())
+    paths = [H200_REMEASURED / s["name"] / f"rep{k}" / "metrics.json"
+             for s in plan["scenarios"] for k in range(plan["repeats"])]  # fmt: skip
+    runs, summary = C.collect(paths, baseline=plan["baseline"], n_boot=200)
+    rows = views.run_rows(runs, views.scenario_views(summary, plan, plan["baseline"]))
+    assert len(rows) == 21
+    started = [r["started"] for r in rows if r["started"] != "—"]
+    assert started == sorted(started) and rows[0]["scenario"] == "zero3__gas-1"
+    by = {(r["scenario"], r["repeat"]): r for r in rows}
+    backward = [by[("zero3__gas-1", k)]["breakdown"][1] for k in "012"]
+    assert backward[0] > 1.4 * max(backward[1:])
+    opt_step = [by[("offload-opt__gas-1", k)]["breakdown"][2] for k in "012"]
+    assert max(opt_step) < 1.2 * min(opt_step)
+    assert by[("zero3__gas-1", "1")]["settled"] is False
+    assert by[("offload-opt-param__gas-8", "2")]["outcome"] == "missing"
+    assert by[("zero3__gas-1", "0")]["stop"] == "target_unreachable"
+
+
+def test_the_report_has_the_runs_table(tmp_path):
+    html, _, _ = build_report(tmp_path, seed_like_records(tmp_path))
+    table = html[
+        html.index('id="runs-table"') : html.index("</table>", html.index('id="runs-table"'))
+    ]
+    assert table.count("<tr>") - 1 == len(seed_like_records(tmp_path / "again"))
+    assert "optimizer step (ms)" in table

@@ -101,6 +101,8 @@ def render(
         scenarios=scenarios,
         figures=figures.make_figures(runs, scenarios, Path(figures_dir), baseline),
         failures=views.failures(runs, scenarios),
+        run_rows=views.run_rows(runs, scenarios),
+        run_breakdown=[name for name, _ in views.RUN_BREAKDOWN],
         checks=views.sanity_rows(scenarios),
         predicted=predicted.predicted_view(plan, summary),
         recommend=plan.get("recommendation"),

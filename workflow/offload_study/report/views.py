@@ -353,6 +353,32 @@ def sanity_rows(views: list[Row]) -> list[dict]:
     ]  # fmt: skip
 
 
+#: The step-breakdown columns of a run (DeepSpeed's wall-clock timers, medians over the measured
+#: steps): which part of the step moved between repeats or machines, beside its speed.
+RUN_BREAKDOWN = (("forward", "breakdown_ms.forward"), ("backward", "breakdown_ms.backward"),
+                 ("optimizer step", "breakdown_ms.step"))  # fmt: skip
+
+
+def run_rows(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
+    """One row per run record, in the order the runs started: its speed, the CI of its own
+    median, how its warm-up and measurement ended, and its step breakdown. Repeat beside repeat,
+    this shows what moved (the GPU side: forward and backward; the host side: an offloaded
+    optimizer step), which the medians of the summary hide."""
+    labels = {v["scenario"]: v["plot_label"] for v in views}
+    records = [Row({k: _clean(x) for k, x in r.items()}) for r in runs.to_dict("records")]
+    records.sort(key=lambda r: (str(r["started_at"] or "~"), str(r["scenario"]), _repeat(r)))
+    return [
+        {"scenario": str(r["scenario"] or "?"), "label": labels.get(r["scenario"], r["label"] or ""),
+         "repeat": _repeat(r), "outcome": r["outcome"] or "?", "started": r["started_at"] or "—",
+         "tokens_per_s": r["tokens_per_s"], "step_time_s": r["step_time_s"],
+         "ci_pct": r["step_time_ci_pct"], "warmup": r["steps_warmup"],
+         "settled": r["warmup_settled"], "measured": r["steps_measured"],
+         "stop": r["stop_reason"] or "—",
+         "breakdown": [r[col] for _, col in RUN_BREAKDOWN]}
+        for r in records
+    ]  # fmt: skip
+
+
 def _repeat(run: Row) -> str:
     return str(int(run["repeat"])) if isnum(run["repeat"]) else "?"
 
