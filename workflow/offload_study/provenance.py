@@ -84,17 +84,39 @@ def pkg_version(name: str) -> str | None:
         return None
 
 
-def git_commit(path: Path) -> tuple[str | None, bool | None]:
+#: Written by ``git archive`` (.gitattributes: export-subst): the commit a source tree without
+#: its own ``.git`` was exported from; in a checkout it holds the unexpanded placeholder.
+SOURCE_COMMIT = Path(__file__).with_name("SOURCE_COMMIT")
+
+
+def _git(path: Path, *args: str) -> str | None:
     try:
-        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"],
+        done = subprocess.run(["git", "-C", str(path), *args],
                               capture_output=True, text=True, timeout=10)  # fmt: skip
-        if head.returncode != 0:
-            return None, None
-        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain"],
-                               capture_output=True, text=True, timeout=10)  # fmt: skip
-        return head.stdout.strip(), bool(dirty.stdout.strip())
     except (OSError, subprocess.SubprocessError):
-        return None, None
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def exported_commit(source_commit: Path = SOURCE_COMMIT) -> str | None:
+    """The commit ``git archive`` wrote into ``source_commit``; None in a checkout."""
+    try:
+        text = source_commit.read_text().strip()
+    except OSError:
+        return None
+    return text if len(text) == 40 and all(c in "0123456789abcdef" for c in text) else None
+
+
+def git_commit(path: Path, source_commit: Path = SOURCE_COMMIT) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the source tree at ``path``. Only a repository whose top level is
+    ``path`` counts: a tree exported by ``git archive`` into another repository's folder (a copy
+    sent to a cluster or a device) would otherwise report that repository's HEAD. Such a tree
+    names its commit in :data:`SOURCE_COMMIT` (whether it was edited since: unknown, None)."""
+    top = _git(path, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != Path(path).resolve():
+        return exported_commit(source_commit), None
+    head, status = _git(path, "rev-parse", "HEAD"), _git(path, "status", "--porcelain")
+    return head, (bool(status) if status is not None else None)
 
 
 def gpu_info() -> dict:

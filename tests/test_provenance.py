@@ -1,0 +1,63 @@
+"""Provenance's commit: a checkout names its HEAD; a tree exported by `git archive` (a copy sent
+to a cluster or a device, often into another repository's folder) names the commit it came
+from, not the HEAD of whatever repository holds it."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+from offload_study import provenance
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def new_repo(path: Path) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q")
+    (path / "f").write_text("x\n")
+    git(path, "add", "f")
+    git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    return git(path, "rev-parse", "HEAD")
+
+
+def test_a_checkout_names_its_head_and_whether_it_is_dirty(tmp_path):
+    head = new_repo(tmp_path / "repo")
+    assert provenance.git_commit(tmp_path / "repo") == (head, False)
+    (tmp_path / "repo" / "f").write_text("y\n")
+    assert provenance.git_commit(tmp_path / "repo") == (head, True)
+
+
+def test_an_exported_tree_inside_another_repository_names_its_own_commit(tmp_path):
+    outer = new_repo(tmp_path / "outer")
+    tree = tmp_path / "outer" / "export" / "src"
+    tree.mkdir(parents=True)
+    stamp = tree / "SOURCE_COMMIT"
+    stamp.write_text("0123456789abcdef0123456789abcdef01234567\n")
+    commit, dirty = provenance.git_commit(tree, stamp)
+    assert (commit, dirty) == ("0123456789abcdef0123456789abcdef01234567", None)
+    assert commit != outer
+    stamp.write_text("$Format:%H$\n")  # a checkout's file: no commit to name
+    assert provenance.git_commit(tree, stamp) == (None, None)
+    assert provenance.git_commit(tmp_path / "nowhere", stamp) == (None, None)
+
+
+def test_git_archive_writes_the_commit_into_the_source_commit_file(tmp_path):
+    """.gitattributes (export-subst) makes `git archive` fill in the placeholder."""
+    path = provenance.SOURCE_COMMIT.relative_to(REPO_ROOT).as_posix()
+    data = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "HEAD", path],
+                          capture_output=True, check=True).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        text = tar.extractfile(path).read().decode()
+    (tmp_path / "SOURCE_COMMIT").write_text(text)
+    exported = provenance.exported_commit(tmp_path / "SOURCE_COMMIT")
+    assert exported == git(REPO_ROOT, "rev-parse", "HEAD")
+    assert provenance.exported_commit() is None  # this checkout's own file: the placeholder
