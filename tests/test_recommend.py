@@ -105,6 +105,72 @@ def test_a_candidate_predicted_over_its_budget_is_measured_after_those_under_it(
     assert recommend.select(space, preds)["measure"] == ["slow", "fast-over"]
 
 
+def _record(tmp_path: Path, scenario: str, outcome: str, tps: float | None = None) -> str:
+    path = tmp_path / scenario / "rep0" / "metrics.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"scenario": scenario, "repeat": 0, "outcome": outcome,
+                                "tokens_per_s": tps}))  # fmt: skip
+    return str(path)
+
+
+def _two_gpu_40g_space(top_n=2, rounds=2):
+    """The shape of recommend-h200-2gpu-40g (2026-11-30): predicted 38.8 and 38.4 GiB ran out
+    of 40 GiB, the next ones (32.8-33.9 GiB) fit."""
+    preds = {"r06-mb8": (9885, 38.8), "r05-mb4": (9755, 38.4), "r07-mb8": (9586, 32.8),
+             "r06-mb4": (9535, 33.9), "r08-mb8": (9373, 28.3), "r05-mb8": (10122, 43.4)}  # fmt: skip
+    space = {"top_n": top_n, "rounds": rounds, "references": ["ref"],
+             "candidates": {n: "opt-r0." + n[2] for n in preds}}  # fmt: skip
+    return space, {n: _prediction(n, tps, gpu_gib=gib) for n, (tps, gib) in preds.items()}
+
+
+def test_a_second_round_skips_candidates_at_least_as_large_as_one_that_ran_out(tmp_path):
+    space, preds = _two_gpu_40g_space()
+    round0 = recommend.select(space, preds)
+    assert round0["measure"] == ["r06-mb8", "r05-mb4", "ref"]
+    records = [_record(tmp_path, "r06-mb8", "gpu_oom"), _record(tmp_path, "r05-mb4", "gpu_oom"),
+               _record(tmp_path, "ref", "ok", 14966.0)]  # fmt: skip
+    round1 = recommend.next_round(space, round0, records)
+    # best of each mode first among those predicted below 38.4 GiB; the reference is not redone
+    assert round1["measure"] == ["r07-mb8", "r06-mb4"] and round1["ended"] is None
+    why = {r["scenario"]: r["why"] for r in round1["candidates"]}
+    assert why["r05-mb8"] == ("not measured: predicted 43.4 GiB, not below 38.4 GiB of a "
+                              "candidate that ran out of GPU memory")  # fmt: skip
+    assert why["r06-mb8"] == "measured in round 0 (predicted 9,885 tokens/s, rank 1)"
+    assert why["r07-mb8"] == "measured in round 1 (predicted 9,586 tokens/s, rank 3)"
+    records += [_record(tmp_path, "r07-mb8", "ok", 12329.0),
+                _record(tmp_path, "r06-mb4", "gpu_oom")]  # fmt: skip
+    round2 = recommend.next_round({**space, "rounds": 5}, round1, records)
+    assert round2["measure"] == [] and round2["ended"] == "a candidate ran ok: r07-mb8"
+
+
+def test_the_search_ends_when_its_rounds_are_spent_or_nothing_is_left(tmp_path):
+    space, preds = _two_gpu_40g_space(top_n=2, rounds=1)
+    round0 = recommend.select(space, preds)
+    failed = [_record(tmp_path, n, "gpu_oom") for n in ("r06-mb8", "r05-mb4")]
+    assert recommend.next_round(space, round0, failed)["ended"] == "recommend.rounds (1) spent"
+    space["top_n"] = 6  # round 0 measures every candidate: none is left for round 1
+    round0 = recommend.select(space, preds)
+    space["rounds"] = 3
+    ended = recommend.next_round(space, round0, failed)["ended"]
+    assert ended == "no candidate left to try"
+
+
+def test_the_rounds_are_read_up_to_the_first_that_measures_nothing(tmp_path):
+    measures = [["a", "ref"], ["b"], [], ["never asked"]]
+    asked = []
+
+    def get_round(r):
+        asked.append(r)
+        path = tmp_path / f"selected.round{r}.json"
+        path.write_text(json.dumps({"round": r, "measure": measures[r]}))
+        return str(path)
+
+    rounds = recommend.search_rounds(get_round)
+    assert asked == [0, 1, 2] and rounds[-1].endswith("selected.round2.json")
+    records = [rec for sel in rounds for rec in recommend.selected_records(sel, "R", [0])]
+    assert records == ["R/a/rep0/metrics.json", "R/ref/rep0/metrics.json", "R/b/rep0/metrics.json"]
+
+
 @pytest.mark.refuses_bad_input
 def test_recommend_on_a_study_without_the_block_says_so(tmp_path):
     path = tmp_path / "plain.yaml"
@@ -135,7 +201,7 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results/local-cpu/rec-test"
-    measured = read_json(out / "recommend/selected.json")["measure"]
+    measured = read_json(out / "recommend/selected.round0.json")["measure"]
     assert sorted(measured) == ["rec-opt__mb-1", "rec-opt__mb-8"]  # top_n 2 of 2 candidates
     speed = {name: read_json(out / name / "rep0/metrics.json")["tokens_per_s"]
              for name in ("rec-opt__mb-1", "rec-opt__mb-8")}  # fmt: skip
@@ -147,10 +213,41 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     (loser,) = result["others"]
     assert loser["why"].startswith("slower: ") and "beyond CI" in loser["why"]
     assert result["device_time"]["runs"] == 2 and result["device_time"]["device_minutes"] > 0
+    assert result["rounds"] == 1 and result["search_ended"].startswith("a candidate ran ok: ")
     assert json.loads((out / "recommend/recommended.ds_config.json").read_text()) == json.loads(
         (out / f"configs/{faster}.json").read_text()
     )
     assert faster in (tmp_path / "reports/rec-test/recommend.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_search_whose_first_round_fails_measures_a_second(tmp_path, cpu_calibration):
+    """ZenFlow and SuperOffload both fail on CPU with DeepSpeed 0.19.8 (ZenFlow at the first
+    forward of a model with an embedding, SuperOffload at init: it needs CUDA). With top_n 1,
+    round 0 measures the better predicted; it fails, so round 1 measures the other; it fails
+    too and the two rounds are spent: no winner, and the page says why each lost."""
+    path = tmp_path / "study.yaml"
+    block = {"top_n": 1, "rounds": 2, "grid": {"offload": ["zenflow", "super_offload"],
+                                               "micro_batch": [8]}}  # fmt: skip
+    path.write_text(yaml.safe_dump(study(**block)))
+    place_calibration(tmp_path, "local-cpu", cpu_calibration)
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
+           str(tmp_path), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results/local-cpu/rec-test"
+    rounds = [read_json(out / f"recommend/selected.round{r}.json") for r in range(3)]
+    first, second = rounds[0]["measure"], rounds[1]["measure"]
+    assert len(first) == len(second) == 1 and {*first, *second} == {
+        "rec-zenflow__mb-8", "rec-super__mb-8"}  # fmt: skip
+    assert rounds[2]["measure"] == [] and rounds[2]["ended"] == "recommend.rounds (2) spent"
+    rec = read_json(out / "recommend/recommendation.json")
+    assert rec["winner"] is None and rec["rounds"] == 2 and rec["device_time"]["runs"] == 2
+    whys = {o["scenario"]: o["why"] for o in rec["others"]}
+    assert all(whys[n].startswith("outcome ") for n in (*first, *second)), whys
+    assert (
+        "recommend.rounds (2) spent" in (tmp_path / "reports/rec-test/recommend.html").read_text()
+    )
 
 
 def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):

@@ -7,11 +7,15 @@ A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a 
    candidate scenarios named ``rec-...``, each capped at the budget; the study's own scenarios
    are the references (e.g. plain CPU optimizer offload, uncapped no offload).
 2. ``rule plan`` predicts every candidate (plan.csv: memory, tokens/s, feasible).
-3. ``checkpoint recommend_select`` (:func:`select`) keeps the feasible ones, ranks them by
-   predicted tokens/s and picks the top_n to measure: the best predicted of each offload mode
-   first (the prediction is coarse across modes: it states in its note what it cannot know, e.g.
-   ZenFlow's selection or SuperOffload's worker overhead), then the next best.
-4. The normal ``rule train`` measures them and the references.
+3. ``checkpoint recommend_select`` (:func:`select`), round 0, keeps the feasible ones, ranks
+   them by predicted tokens/s and picks the top_n to measure: the best predicted of each offload
+   mode first (the prediction is coarse across modes: it states in its note what it cannot know,
+   e.g. ZenFlow's selection or SuperOffload's worker overhead), then the next best.
+4. The normal ``rule train`` measures them and the references. When no candidate measured so far
+   ran ok (all ran out of GPU memory, say: the memory model predicts what PyTorch allocates, not
+   what its caching allocator reserves), round r+1 of the checkpoint (:func:`next_round`) picks
+   the next top_n the same way, skipping every candidate predicted to need at least as much GPU
+   memory as one that ran out of it; up to ``recommend.rounds`` rounds.
 5. ``rule recommend`` (:func:`decide`) collects those records (collect's statistics), picks the
    fastest measured candidate or reference within the budget and unflagged, and writes
    ``recommend/recommendation.json`` (its measured speed, its margin over the runner-up with a
@@ -123,6 +127,7 @@ def space(plan) -> dict:
         "cluster": plan.cluster["name"],
         "gpu_mem_gb": rec["gpu_mem_gb"],
         "top_n": rec["top_n"],
+        "rounds": rec["rounds"],
         "repeats": plan.study["repeats"],
         "candidates": mode_of,
         "references": [s for s in plan.scenarios if s not in mode_of],
@@ -130,9 +135,19 @@ def space(plan) -> dict:
 
 
 def selected_records(selected_json: str, results: str, repeats: Sequence[int]) -> list[str]:
-    """metrics.json paths of every run the checkpoint chose (rule recommend's input)."""
+    """metrics.json paths of every run one round of the checkpoint chose."""
     measure = read_json(selected_json)["measure"]
     return [f"{results}/{name}/rep{k}/metrics.json" for name in measure for k in repeats]
+
+
+def search_rounds(get_round) -> list[str]:
+    """selected.json of every round of the search, up to the first that measures nothing (the
+    last). ``get_round(r)``: round r's path; in the workflow it asks the checkpoint, which makes
+    Snakemake run round r (after the runs of the rounds before it) first."""
+    paths: list[str] = []
+    while not paths or read_json(paths[-1])["measure"]:
+        paths.append(get_round(len(paths)))
+    return paths
 
 
 # --------------------------------------------------------------------------- 3. the checkpoint
@@ -154,14 +169,57 @@ def select(space_: dict, predictions: dict) -> dict:
     feasible.sort(key=lambda r: (r["over_budget"], -(r["predicted_tokens_per_s"] or 0.0)))
     for rank, row in enumerate(feasible, 1):
         row["rank"] = rank
-    firsts = list({r["mode"]: r for r in reversed(feasible)}.values())[::-1]  # best per mode
-    firsts.sort(key=lambda r: r["rank"])
-    chosen = (firsts + [r for r in feasible if r not in firsts])[: space_["top_n"]]
+    chosen = _top(feasible, space_["top_n"])
     for row in rows:
-        row["measured"] = row in chosen
+        row["round"] = 0 if row in chosen else None
         row["why"] = _selection_why(row, space_["top_n"])
     measure = [r["scenario"] for r in chosen] + list(space_["references"])
-    return {"candidates": rows, "measure": measure}
+    return {"round": 0, "candidates": rows, "measure": measure, "ended": None}
+
+
+def _top(ranked: list[dict], top_n: int) -> list[dict]:
+    """The best of each offload mode first, then the next best: top_n of ``ranked``."""
+    ranked = sorted(ranked, key=lambda r: r["rank"])
+    firsts = list({r["mode"]: r for r in reversed(ranked)}.values())[::-1]  # best per mode
+    firsts.sort(key=lambda r: r["rank"])
+    return (firsts + [r for r in ranked if r not in firsts])[:top_n]
+
+
+def next_round(space_: dict, previous: dict, metrics: Sequence[str]) -> dict:
+    """Round r+1 of the checkpoint from round r's selected.json and the records of every run so
+    far: nothing to measure once a candidate ran ok (or the rounds are spent, or none is left);
+    else the next top_n, skipping candidates predicted to need at least as much GPU memory as
+    one that ran out of it (the prediction orders candidates by memory better than it sizes
+    them: 2 H200s at 40 GB, predicted 38.4 and 38.8 GiB ran out, 32.8 ran)."""
+    rnd = previous["round"] + 1
+    rows = [dict(r) for r in previous["candidates"]]
+    outcome = {rec["scenario"]: rec for rec in map(collect.read_record, metrics)}
+    ran = [r for r in rows if r["round"] is not None]
+    ok = [r["scenario"] for r in ran if _ran_ok(outcome.get(r["scenario"]))]
+    oom = [r for r in ran if (outcome.get(r["scenario"]) or {}).get("outcome") == "gpu_oom"]
+    floor = min((r["predicted_gpu_gib"] for r in oom if r["predicted_gpu_gib"]), default=None)
+    left = [r for r in rows if r["feasible"] and r["round"] is None]
+    for row in left:
+        if floor is not None and (row["predicted_gpu_gib"] or 0) >= floor:
+            row["skipped"] = (f"predicted {row['predicted_gpu_gib']:.1f} GiB, not below "
+                              f"{floor:.1f} GiB of a candidate that ran out of GPU memory")  # fmt: skip
+    tries = [r for r in left if not r.get("skipped")]
+    ended = ("a candidate ran ok: " + ", ".join(ok) if ok else
+             f"recommend.rounds ({space_['rounds']}) spent" if rnd >= space_["rounds"] else
+             "no candidate left to try" if not tries else None)  # fmt: skip
+    chosen = [] if ended else _top(tries, space_["top_n"])
+    for row in rows:
+        if row in chosen:
+            row["round"] = rnd
+        if row["round"] is None or row in chosen:
+            row["why"] = row.get("skipped") and f"not measured: {row['skipped']}"
+            row["why"] = row["why"] or _selection_why(row, space_["top_n"])
+    return {"round": rnd, "candidates": rows, "measure": [r["scenario"] for r in chosen],
+            "ended": ended}  # fmt: skip
+
+
+def _ran_ok(record: dict | None) -> bool:
+    return bool(record) and record.get("outcome") == "ok" and (record.get("tokens_per_s") or 0) > 0
 
 
 def _over_budget(p) -> bool:
@@ -176,8 +234,8 @@ def _selection_why(row: dict, top_n: int) -> str:
     said = f"predicted {tps:,.0f} tokens/s" if tps else "no speed predicted"
     if row["over_budget"]:
         said += f", {row['predicted_gpu_gib']:.1f} GiB: over the budget within the model's error"
-    if row["measured"]:
-        return f"measured ({said}, rank {row['rank']})"
+    if row["round"] is not None:
+        return f"measured in round {row['round']} ({said}, rank {row['rank']})"
     return f"not measured: {said}, rank {row['rank']}, below the top {top_n}"
 
 
@@ -225,7 +283,8 @@ def _failure(runs: pd.DataFrame, scenario: str) -> str:
 
 
 def decide(space_: dict, selected: dict, metrics: Sequence[str]) -> dict:
-    """recommendation.json from the measured records (see the module's docstring)."""
+    """recommendation.json from the measured records (see the module's docstring); ``selected``:
+    the last round's selected.json (its candidates say why each unmeasured one was not)."""
     runs, summary = collect.collect(metrics)
     steps = _steps(runs)
     rows = {r["scenario"]: r for _, r in summary.iterrows()}
@@ -245,6 +304,8 @@ def decide(space_: dict, selected: dict, metrics: Sequence[str]) -> dict:
                           if winner and ref in rows and ref != winner],
         "others": _others(space_, selected, runs, steps, rows, state, winner),
         "device_time": _device_time(runs),
+        "rounds": selected.get("round", 0) + (1 if selected.get("measure") else 0),
+        "search_ended": selected.get("ended"),
     }  # fmt: skip
     return _no_nan(out)
 
@@ -263,7 +324,9 @@ def _no_nan(value):
 def _others(space_, selected, runs, steps, rows, state, winner) -> list[dict]:
     """Why each scenario other than the winner lost (measured ones first)."""
     out = []
-    for i, name in enumerate(n for n in selected["measure"] if n != winner):
+    chosen = list(dict.fromkeys(runs["scenario"].dropna().astype(str)))  # records decide
+    made = set(runs.loc[runs["outcome"] != "missing", "scenario"])
+    for i, name in enumerate(n for n in chosen if n != winner):
         kind = "reference" if name in space_["references"] else "candidate"
         if name not in rows or (state[name] or "").startswith("no ok run"):
             why = _failure(runs, name) if name in rows else "no record"
@@ -274,9 +337,9 @@ def _others(space_, selected, runs, steps, rows, state, winner) -> list[dict]:
                 speed += (f" = {ratio['ratio']:.1%} of the winner (95% CI {ratio['ci_low']:.1%}"
                           f"–{ratio['ci_high']:.1%}, {ratio['verdict']})")  # fmt: skip
             why = f"{state[name]}: {speed}" if state[name] else f"slower: {speed}"
-        out.append({"scenario": name, "kind": kind, "measured": True, "why": why})
+        out.append({"scenario": name, "kind": kind, "measured": name in made, "why": why})
     for row in selected["candidates"]:
-        if not row["measured"]:
+        if row["scenario"] not in chosen:
             out.append({"scenario": row["scenario"], "kind": "candidate", "measured": False,
                         "why": row["why"]})  # fmt: skip
     return out
@@ -284,6 +347,7 @@ def _others(space_, selected, runs, steps, rows, state, winner) -> list[dict]:
 
 def _device_time(runs: pd.DataFrame) -> dict:
     """The search's device time: each run's wall time x its GPUs (ranks on a CPU cluster)."""
+    runs = runs[runs["outcome"] != "missing"]  # a run never made took no device time
     wall = pd.to_numeric(runs.get("wall_time_s"), errors="coerce").fillna(0)
     world = pd.to_numeric(runs.get("world_size"), errors="coerce").fillna(1)
     return {"runs": len(runs), "wall_s": float(wall.sum()),
@@ -300,7 +364,9 @@ def main(argv=None) -> int:
         p.add_argument("--space", required=True, help="recommend/space.json")
         p.add_argument("--out", required=True, help="JSON to write")
     sel.add_argument("--plan-csv", required=True, help="the plan's predictions")
-    dec.add_argument("--selected", required=True, help="recommend/selected.json")
+    sel.add_argument("--previous", help="the last round's selected.json (round 1 on)")
+    sel.add_argument("metrics", nargs="*", help="metrics.json of every run so far (round 1 on)")
+    dec.add_argument("--rounds", required=True, nargs="+", help="every round's selected.json")
     dec.add_argument("--configs", required=True, help="the study's configs/ folder")
     dec.add_argument("--ds-config-out", required=True, help="the winner's DeepSpeed JSON")
     dec.add_argument("--html", required=True, help="the recommendation page")
@@ -308,9 +374,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     space_ = read_json(a.space)
     if a.command == "select":
-        write_json(a.out, select(space_, read_predictions(a.plan_csv)))
+        if a.previous:
+            write_json(a.out, next_round(space_, read_json(a.previous), a.metrics))
+        else:
+            write_json(a.out, select(space_, read_predictions(a.plan_csv)))
         return 0
-    result = decide(space_, read_json(a.selected), a.metrics)
+    result = decide(space_, read_json(a.rounds[-1]), a.metrics)
     write_json(a.out, result)
     if result["winner"]:
         shutil.copyfile(Path(a.configs) / f"{result['winner']}.json", a.ds_config_out)

@@ -8,6 +8,7 @@ sys.path.insert(
     0, f"{workflow.basedir}/workflow"
 )  # the library, also without pip install -e
 
+from offload_study import recommend as recommend_search
 from offload_study.bundle import BundleError, compare_name
 from offload_study.plan import Plan
 from offload_study.resources import rule_resources, train_resources
@@ -90,3 +91,27 @@ def compare_bundles(wildcards):
             "--config compare='[bundles/a.tar.gz, bundles/b.tar.gz]'"
         )
     return COMPARE_BUNDLES
+
+
+# `snakemake recommend` (rules/recommend.smk): the checkpoint's rounds
+RECOMMEND_DIR = f"{RESULTS}/recommend"
+
+
+def recommend_round(r):
+    """Round r's selected.json: asking the checkpoint makes Snakemake run round r first."""
+    return checkpoints.recommend_select.get(round=r).output[0]
+
+
+def recommend_round_inputs(wc):
+    """Round r > 0 reads round r - 1's selection and the records of every run so far."""
+    r = int(wc.round)
+    if r == 0:
+        return {}
+    rounds = [recommend_round(k) for k in range(r)]
+    records = [rec for sel in rounds for rec in selected_records(sel)]
+    return {"previous": rounds[-1], "metrics": records}
+
+
+def selected_records(selected_json):
+    """metrics.json of the runs one round chose."""
+    return recommend_search.selected_records(selected_json, RESULTS, REPEATS)

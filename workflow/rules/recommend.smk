@@ -1,9 +1,8 @@
 # `snakemake recommend` for a study with a recommend block (offload_study.recommend): predict every
 # candidate (rule plan), measure the best few for real (the checkpoint decides which runs to make,
-# rule train makes them), write the fastest config within the GPU-memory budget.
-from offload_study import recommend as recommend_search
-
-RECOMMEND_DIR = f"{RESULTS}/recommend"
+# round by round while none ran ok; rule train makes them), write the fastest config within the
+# GPU-memory budget.
+# (its input functions and recommend_search: rules/common.smk)
 
 
 localrules:
@@ -25,30 +24,44 @@ rule recommend_space:
 
 
 checkpoint recommend_select:
-    """Rank the candidates by their prediction; the top ones and the references get measured."""
+    """Round 0: rank the candidates by their prediction; the top ones and the references get
+    measured. Round r > 0: the next ones, while no candidate measured so far ran ok."""
     input:
+        unpack(recommend_round_inputs),
         space=rules.recommend_space.output[0],
         plan_csv=rules.plan.output.csv,
     output:
-        f"{RECOMMEND_DIR}/selected.json",
+        f"{RECOMMEND_DIR}/selected.round{{round}}.json",
     log:
-        f"{RESULTS}/logs/recommend_select.log",
+        f"{RESULTS}/logs/recommend_select.round{{round}}.log",
+    wildcard_constraints:
+        round=r"\d+",
     conda:
         "../../envs/analysis.yaml"
+    params:
+        # round r > 0: --previous SELECTED and the records so far
+        previous_round=lambda wc, input: (
+            ["--previous", input.previous, *input.metrics]
+            if "previous" in input.keys()
+            else []
+        ),
     shell:
         "python -m offload_study.recommend select --space {input.space:q}"
-        " --plan-csv {input.plan_csv:q} --out {output:q} > {log:q} 2>&1"
+        " --plan-csv {input.plan_csv:q} --out {output:q} {params.previous_round:q}"
+        " > {log:q} 2>&1"
 
 
 rule recommend:
     """The fastest measured config within the budget: its DeepSpeed JSON, margin, reasons."""
     input:
         space=rules.recommend_space.output[0],
-        selected=f"{RECOMMEND_DIR}/selected.json",
-        # the records of the runs the checkpoint chose (made by rule train)
-        metrics=lambda wc: recommend_search.selected_records(
-            checkpoints.recommend_select.get().output[0], RESULTS, REPEATS
-        ),
+        # every round's selection (the last measured nothing) and its runs' records
+        rounds=lambda wc: recommend_search.search_rounds(recommend_round),
+        metrics=lambda wc: [
+            rec
+            for sel in recommend_search.search_rounds(recommend_round)
+            for rec in selected_records(sel)
+        ],
     output:
         json=f"{RECOMMEND_DIR}/recommendation.json",
         ds_config=f"{RECOMMEND_DIR}/recommended.ds_config.json",
@@ -61,6 +74,6 @@ rule recommend:
         configs=f"{RESULTS}/configs",
     shell:
         "python -m offload_study.recommend decide --space {input.space:q}"
-        " --selected {input.selected:q} --configs {params.configs:q}"
+        " --rounds {input.rounds:q} --configs {params.configs:q}"
         " --ds-config-out {output.ds_config:q} --html {output.html:q} --out {output.json:q}"
         " {input.metrics:q} > {log:q} 2>&1"
