@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,15 @@ def provenance(gpus: int, slurm_job_id: str | None) -> dict:
     return prov
 
 
+def set_provenance(metrics_path: Path, **fields) -> Path:
+    """Replace keys of the provenance.json beside ``metrics_path`` (say, the run's boot_id)."""
+    path = metrics_path.parent / contracts.PROVENANCE_FILE
+    prov = {**contracts.read_json(path), **fields}
+    assert not contracts.schema_problems(prov, contracts.provenance_schema())
+    contracts.write_json(path, prov)
+    return metrics_path
+
+
 def seed_like_records(root: Path) -> list[Path]:
     """Three scenarios shaped like the seed's table, 2 repeats each, plus one failed scenario."""
     paths = []
@@ -236,6 +246,24 @@ def test_missing_record_takes_setup_from_run_spec(tmp_path):
     )
     r = C.read_record(tmp_path / "results" / CLUSTER / STUDY / "scenX" / "rep0" / "metrics.json")
     assert r["outcome"] == "missing" and r["label"] == "X" and r["offload_optimizer"] == "cpu"
+
+
+def test_every_run_names_the_machine_it_ran_on(tmp_path):
+    booted = set_provenance(make_record(tmp_path, "a", 0), boot_id="1b2c-boot")
+    same, other = make_record(tmp_path, "a", 1), make_record(tmp_path, "a", 2)
+    set_provenance(other, platform="Linux-6.1.18.44-fc-v973-gpu-x86_64")  # another VM, name "vm"
+    runs = C.build_runs([C.read_record(p) for p in (booted, same, other)])
+    assert runs["machine"].iloc[0] == "boot:1b2c-boot"
+    old = C.read_record(make_record(tmp_path, "b", 1))["machine"]  # no boot_id: a fingerprint
+    assert runs["machine"].iloc[1] == old and re.fullmatch(r"fp:[0-9a-f]{12}", old)
+    assert runs["machine"].iloc[2] != old
+    # git_commit tells code apart, not machines: one machine runs several commits
+    assert C.read_record(set_provenance(same, git_commit="cafe"))["machine"] == old
+    (other.parent / contracts.PROVENANCE_FILE).unlink()
+    assert C.read_record(other)["machine"] is None
+    missing = C.read_record(tmp_path / "results" / "c" / "s" / "x" / "rep0" / "metrics.json")
+    assert missing["outcome"] == "missing" and missing["machine"] is None
+    assert set(C.MACHINE_FIELDS) <= set(contracts.PROVENANCE_FIELDS)
 
 
 def test_flatten_breakdown_and_sweep(tmp_path):

@@ -1,5 +1,5 @@
 """Paired relative speed: each scenario against the no-offload scenario with its settings, run
-for run (records written by test_collect's helper)."""
+for run on one machine (records written by test_collect's helper)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 import pytest
-from test_collect import make_record, run_collect_cli
+from test_collect import make_record, run_collect_cli, set_provenance
 
 from offload_study import collect as C
 
@@ -67,6 +67,59 @@ def test_no_repeat_in_common_gives_no_ratio_and_says_why(tmp_path):
     off = by_name(s).loc["off"]
     assert off["pair"] == "base" and math.isnan(off["paired_ratio"])
     assert "0 pair(s) by repeat" in off["pair_note"]
+
+
+def on_boots(paths: list, boots: dict) -> list:
+    """``paths`` with the boot_id of (scenario, repeat) records set from ``boots``."""
+    for p in paths:
+        key = (p.parents[1].name, int(p.parent.name.removeprefix("rep")))
+        if key in boots:
+            set_provenance(p, boot_id=boots[key])
+    return paths
+
+
+def test_repeats_run_on_different_machines_are_not_paired(tmp_path):
+    """Rep 2 of "off" ran in a later session on another machine, 35 % faster: dividing it by
+    rep 2 of "base" would carry the machines' difference into the ratio."""
+    paths = drifting_pair(tmp_path)
+    make_record(tmp_path, "off", 2, tokens_per_s=500 * DRIFT[2] * 1.35, offload_optimizer="cpu")
+    boots = {(scen, k): "machine-1" for scen in ("base", "off") for k in range(3)}
+    _, s = C.collect(on_boots(paths, {**boots, ("off", 2): "machine-2"}), n_boot=300)
+    off = by_name(s).loc["off"]
+    assert off["paired_repeats"] == 2
+    assert off["pair_note"].endswith("2 pair(s) by repeat; rep 2 on different machines")
+    assert off["paired_ratio"] == pytest.approx(0.5, rel=0.02)
+    assert off["paired_ratio_ci_high"] < 0.55  # the faster machine's run is not in the CI
+    _, s = C.collect(on_boots(paths, boots), n_boot=300)  # one machine: paired as before
+    off = by_name(s).loc["off"]
+    assert off["paired_repeats"] == 3 and off["pair_note"].endswith("3 pair(s) by repeat")
+    assert off["paired_ratio_ci_high"] == pytest.approx(0.5 * 1.35, rel=0.05)  # rep 2 counts
+
+
+def test_no_pair_left_on_one_machine_gives_no_ratio(tmp_path):
+    paths = [
+        make_record(tmp_path, "base", 0),
+        make_record(tmp_path, "off", 0, offload_optimizer="cpu"),
+    ]
+    _, s = C.collect(on_boots(paths, {("base", 0): "m1", ("off", 0): "m2"}), n_boot=100)
+    off = by_name(s).loc["off"]
+    assert math.isnan(off["paired_ratio"]) and off["paired_repeats"] == 0
+    assert "0 pair(s) by repeat; rep 0 on different machines" in off["pair_note"]
+
+
+def test_runs_without_provenance_pair_as_before(tmp_path):
+    paths = drifting_pair(tmp_path)
+    for p in paths:  # records of a runner that wrote none: no machine known
+        (p.parent / "provenance.json").unlink()
+    _, s = C.collect(paths, n_boot=300)
+    off = by_name(s).loc["off"]
+    assert off["paired_repeats"] == 3 and off["pair_note"].endswith("3 pair(s) by repeat")
+    set_provenance(make_record(tmp_path, "off", 1, tokens_per_s=350, offload_optimizer="cpu"),
+                   boot_id="m1")  # fmt: skip
+    _, s = C.collect(paths, n_boot=300)  # one side known: kept, and the note says so
+    off = by_name(s).loc["off"]
+    assert off["paired_repeats"] == 3
+    assert "rep 1 paired though the machine of one run is unknown" in off["pair_note"]
 
 
 def test_other_settings_fall_back_to_the_study_baseline_with_the_reason(tmp_path):

@@ -1,15 +1,22 @@
 """Provenance's commit: a checkout names its HEAD; a tree exported by `git archive` (a copy sent
 to a cluster or a device, often into another repository's folder) names the commit it came
-from, not the HEAD of whatever repository holds it."""
+from, not the HEAD of whatever repository holds it. Provenance's boot id: which machine boot a
+run ran on (collect pairs repeats only within one)."""
 
 from __future__ import annotations
 
 import io
+import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
-from offload_study import provenance
+import pytest
+from conftest import make_spec
+
+from offload_study import contracts, provenance
+from offload_study.supervise import Supervision
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,3 +68,22 @@ def test_git_archive_writes_the_commit_into_the_source_commit_file(tmp_path):
     exported = provenance.exported_commit(tmp_path / "SOURCE_COMMIT")
     assert exported == git(REPO_ROOT, "rev-parse", "HEAD")
     assert provenance.exported_commit() is None  # this checkout's own file: the placeholder
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="boot_id is Linux's")
+def test_the_record_names_the_boot_of_the_host_it_ran_on(tmp_path):
+    spec = make_spec("local-cpu").with_ds_config(str(tmp_path / "ds.json"))
+    record = provenance.provenance(spec, None, {}, 1, Supervision(rc=None), "run-1")
+    assert record["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert re.fullmatch(r"[0-9a-f-]{36}", record["boot_id"])
+    assert provenance.provenance_problems(record) == []
+    # optional: the records written before it (docs/results) still validate without it
+    assert "boot_id" not in contracts.PROVENANCE_FIELDS
+    del record["boot_id"]
+    assert provenance.provenance_problems(record) == []
+
+
+def test_an_unreadable_boot_id_is_null(tmp_path):
+    assert provenance.boot_id(tmp_path / "none") is None
+    (tmp_path / "empty").write_text("\n")
+    assert provenance.boot_id(tmp_path / "empty") is None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import re
@@ -24,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -48,7 +50,11 @@ FLOAT_COLUMNS = [
 BREAKDOWN_COLUMNS = [f"breakdown_ms.{k}" for k in contracts.BREAKDOWN_KEYS]
 #: Outcomes of the records plus "missing" (no metrics.json), which only collect assigns.
 OUTCOMES = [*contracts.OUTCOMES, "missing"]
-_TEXT_COLUMNS = ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt")
+#: Columns of every run that come from beside metrics.json: the machine it ran on
+#: (:func:`machine_of`, from provenance.json) and its record folder.
+RECORD_COLUMNS = ["machine", "record_dir"]
+_TEXT_COLUMNS = ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt",
+                 "machine")  # fmt: skip
 _LIST_COLUMNS = ("host_peak_rss_gib_per_node", "host_peak_rss_gib_per_rank")
 _REP_RE = re.compile(r"^rep(\d+)$")
 
@@ -91,12 +97,17 @@ def _failed_record(p: Path, ident: dict, outcome: str, excerpt: str) -> dict:
 
 
 def read_record(metrics_path: str | Path) -> dict:
-    """Read one metrics.json into a flat dict; never raises.
+    """Read one metrics.json into a flat dict, with the ``machine`` the run ran on (from the
+    provenance.json beside it: :func:`machine_of`); never raises.
 
     A missing file gives ``outcome="missing"``, unreadable JSON ``outcome="error"``; identity
     (scenario, repeat, ...) then comes from the path and the scenario's run spec when available.
     """
     p = Path(metrics_path)
+    return {**_read_metrics(p), "machine": machine_of(read_provenance(p.parent))}
+
+
+def _read_metrics(p: Path) -> dict:
     ident = _path_identity(p)
     try:
         data = contracts.read_json(p)
@@ -200,15 +211,35 @@ def read_provenance(record_dir: str | Path | None) -> dict | None:
     )
 
 
+#: provenance.json fields that tell machines apart in a record without a boot_id (one written
+#: before the runner recorded it): the host's name, kernel build, RAM, CPU and GPU. The name
+#: alone does not tell (a cloud lease is "vm" on every machine; the kernel build and RAM
+#: differ); versions and git_commit are left out: one machine runs several of them.
+MACHINE_FIELDS = (
+    "host", "platform", "ram_total_bytes", "cpu_model", "cpu_count", "gpu_model", "gpu_driver",
+)  # fmt: skip
+
+
+def machine_of(prov: Mapping | None) -> str | None:
+    """The machine a run ran on (runs column ``machine``): ``boot:<boot_id>``, else
+    ``fp:<12 hex of the sha256 of its MACHINE_FIELDS>``; None without provenance."""
+    if not prov:
+        return None
+    if prov.get("boot_id"):
+        return f"boot:{prov['boot_id']}"
+    facts = json.dumps([prov.get(k) for k in MACHINE_FIELDS], default=str)
+    return "fp:" + hashlib.sha256(facts.encode()).hexdigest()[:12]
+
+
 # --------------------------------------------------------------------------- runs table
 def build_runs(records: Iterable[dict]) -> pd.DataFrame:
     """One row per run (flat records from :func:`read_record`), contract columns always present."""
     df = pd.DataFrame(list(records))
-    extra = [c for c in df.columns if c not in RUN_COLUMNS + BREAKDOWN_COLUMNS + ["record_dir"]]
+    extra = [c for c in df.columns if c not in RUN_COLUMNS + BREAKDOWN_COLUMNS + RECORD_COLUMNS]
     sweep_cols = sorted(c for c in extra if c.startswith("sweep."))
     other_bd = sorted(c for c in extra if c.startswith("breakdown_ms."))
     rest = [c for c in extra if c not in sweep_cols and c not in other_bd]
-    cols = RUN_COLUMNS + sweep_cols + BREAKDOWN_COLUMNS + other_bd + rest + ["record_dir"]
+    cols = RUN_COLUMNS + sweep_cols + BREAKDOWN_COLUMNS + other_bd + rest + RECORD_COLUMNS
     df = df.reindex(columns=cols)
     df["sweep"] = df["sweep"].astype("object").where(df["sweep"].notna(), "{}")
     df["outcome"] = df["outcome"].fillna("missing").astype(str)
@@ -545,39 +576,68 @@ def paired_ratio(
 ) -> tuple[float, float, float, int, str]:
     """My tokens/s over my pair's, run for run: (ratio, CI low, CI high, pairs, how paired).
 
-    Repeat k of a scenario is paired with repeat k of its pair (on one machine they ran close
-    in time: plan.run_order); repeats ok in only one of the two are left out. The ratio is the
-    median over pairs of the runs' tokens/s ratio; the 95 % CI bootstraps pairs and, inside
-    each run, its measured steps. ``mine``/``theirs``: ok runs (repeat, tokens_per_s,
-    record_dir); ``steps``: record_dir -> measured steps' tokens/s.
+    Repeat k of a scenario is paired with repeat k of its pair when both ran on one machine
+    (there they ran close in time: plan.run_order; between machines the speed of one GPU kind
+    drifts 10-35 %); repeats ok in only one of the two, or run on different machines, are left
+    out (:func:`_pairable_repeats`). The ratio is the median over pairs of the runs' tokens/s
+    ratio; the 95 % CI bootstraps pairs and, inside each run, its measured steps.
+    ``mine``/``theirs``: ok runs (repeat, tokens_per_s, record_dir, machine when known);
+    ``steps``: record_dir -> measured steps' tokens/s.
     """
     a, b = _runs_by_repeat(mine), _runs_by_repeat(theirs)
-    common = sorted(set(a) & set(b))
-    left_out = sorted(set(a) ^ set(b))
-    how = f"{len(common)} pair(s) by repeat" + (
-        f"; rep {', '.join(map(str, left_out))} ok in only one of the two" if left_out else ""
-    )
+    common, how = _pairable_repeats(a, b)
     if not common:
         return math.nan, math.nan, math.nan, 0, how
     rng = np.random.default_rng(seed)
     per_pair = []
     for k in common:
-        (va, da), (vb, db) = a[k], b[k]
-        per_pair.append(_run_draws(va, steps.get(da), n_boot, rng)[0]
-                        / _run_draws(vb, steps.get(db), n_boot, rng)[0])  # fmt: skip
-    point = float(np.median([a[k][0] / b[k][0] for k in common]))
+        mine_k, theirs_k = (_run_draws(r.tokens_per_s, steps.get(r.record_dir), n_boot, rng)[0]
+                            for r in (a[k], b[k]))  # fmt: skip
+        per_pair.append(mine_k / theirs_k)
+    point = float(np.median([a[k].tokens_per_s / b[k].tokens_per_s for k in common]))
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _ci(_median_of_resampled(np.vstack(per_pair), rng))
     return point, lo, hi, len(common), how
 
 
-def _runs_by_repeat(ok: pd.DataFrame) -> dict[int, tuple[float, str]]:
-    """repeat -> (tokens_per_s, record_dir) of ok runs with a speed (first run of a repeat)."""
-    out: dict[int, tuple[float, str]] = {}
-    for rep, tps, rd in ok[["repeat", "tokens_per_s", "record_dir"]].itertuples(index=False):
+class RepeatRun(NamedTuple):
+    """The ok run of one repeat of a scenario, as :func:`paired_ratio` pairs it."""
+
+    tokens_per_s: float
+    record_dir: str
+    machine: str | None  # runs column ``machine``; None: unknown
+
+
+def _runs_by_repeat(ok: pd.DataFrame) -> dict[int, RepeatRun]:
+    """repeat -> its ok run with a speed (the first run of a repeat)."""
+    machines = ok["machine"] if "machine" in ok else pd.Series(None, index=ok.index)
+    out: dict[int, RepeatRun] = {}
+    for rep, tps, rd, machine in zip(ok["repeat"], ok["tokens_per_s"], ok["record_dir"], machines,
+                                     strict=True):  # fmt: skip
         if pd.notna(rep) and math.isfinite(_num(tps)) and _num(tps) > 0:
-            out.setdefault(int(rep), (float(tps), rd))
+            known = machine if isinstance(machine, str) else None
+            out.setdefault(int(rep), RepeatRun(float(tps), rd, known))
     return out
+
+
+def _pairable_repeats(a: dict[int, RepeatRun], b: dict[int, RepeatRun]) -> tuple[list[int], str]:
+    """The repeats to pair (ok in both, not known to have run on different machines) and how
+    they were paired, for the note. A pair with one machine unknown is kept (as before
+    machines were known) and named; one with both unknown (no provenance) is not."""
+    both = sorted(set(a) & set(b))
+    machines = {k: (a[k].machine, b[k].machine) for k in both}
+    apart = [k for k, (ma, mb) in machines.items() if None not in (ma, mb) and ma != mb]
+    common = [k for k in both if k not in apart]
+    unknown = [k for k in common if (machines[k][0] is None) != (machines[k][1] is None)]
+    notes = [
+        (sorted(set(a) ^ set(b)), "ok in only one of the two"),
+        (apart, "on different machines"),
+        (unknown, "paired though the machine of one run is unknown"),
+    ]
+    how = f"{len(common)} pair(s) by repeat" + "".join(
+        f"; rep {', '.join(map(str, reps))} {what}" for reps, what in notes if reps
+    )
+    return common, how
 
 
 def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
@@ -617,14 +677,15 @@ def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
 
 def same_allocation_runs(mine: pd.DataFrame) -> pd.DataFrame:
     """The ok same-allocation pair runs made in the jobs of ``mine`` (ok runs of one scenario),
-    as runs of their own: scenario, repeat (the run's), tokens_per_s and record_dir."""
+    as runs of their own: scenario, repeat (the run's), tokens_per_s, record_dir and machine
+    (the run's: one job ran both)."""
     if "same_allocation_pair_outcome" not in mine:
-        return pd.DataFrame(columns=["scenario", "repeat", "tokens_per_s", "record_dir"])
+        return pd.DataFrame(columns=["scenario", "repeat", "tokens_per_s", "record_dir", "machine"])
     made = mine[mine["same_allocation_pair_outcome"] == "ok"]
     return pd.DataFrame({
         "scenario": made["same_allocation_pair"], "repeat": made["repeat"],
         "tokens_per_s": made["same_allocation_pair_tokens_per_s"],
-        "record_dir": made["same_allocation_pair_dir"],
+        "record_dir": made["same_allocation_pair_dir"], "machine": made.get("machine"),
     })  # fmt: skip
 
 

@@ -150,6 +150,20 @@ def gpu_info() -> dict:
     return info
 
 
+#: Linux's id of the current boot: a new one at every boot, different on every machine.
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id(path: Path = BOOT_ID) -> str | None:
+    """The boot id of this host (None where unreadable: not Linux). Runs with the same boot id
+    ran on one machine, so collect pairs repeats only within one (hostnames do not tell: a
+    cloud lease is "vm" on every machine)."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _host_facts(cores: int) -> dict:
     import psutil
 
@@ -183,6 +197,7 @@ def provenance(
     return scrub(
         {
             "host": socket.gethostname(),
+            "boot_id": boot_id(),
             "hosts": sorted({s.host for s in stats.values() if s.host}),
             **gpu_info(),
             "cuda_version": rank0.cuda_version if rank0 else None,

@@ -367,16 +367,24 @@ def run_rows(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
     labels = {v["scenario"]: v["plot_label"] for v in views}
     records = [Row({k: _clean(x) for k, x in r.items()}) for r in runs.to_dict("records")]
     records.sort(key=lambda r: (str(r["started_at"] or "~"), str(r["scenario"]), _repeat(r)))
+    machine = _machine_letters([r["machine"] for r in records])
     return [
         {"scenario": str(r["scenario"] or "?"), "label": labels.get(r["scenario"], r["label"] or ""),
          "repeat": _repeat(r), "outcome": r["outcome"] or "?", "started": r["started_at"] or "—",
          "tokens_per_s": r["tokens_per_s"], "step_time_s": r["step_time_s"],
          "ci_pct": r["step_time_ci_pct"], "warmup": r["steps_warmup"],
          "settled": r["warmup_settled"], "measured": r["steps_measured"],
-         "stop": r["stop_reason"] or "—",
+         "stop": r["stop_reason"] or "—", "machine": machine.get(r["machine"]),
          "breakdown": [r[col] for _, col in RUN_BREAKDOWN]}
         for r in records
     ]  # fmt: skip
+
+
+def _machine_letters(machines: list) -> dict:
+    """Machine A, B, ... in the order runs started, where a study's runs came from more than
+    one machine (collect's ``machine`` column); none where they came from one."""
+    seen = list(dict.fromkeys(m for m in machines if m))
+    return {m: chr(ord("A") + i) for i, m in enumerate(seen)} if len(seen) > 1 else {}
 
 
 def _repeat(run: Row) -> str:
