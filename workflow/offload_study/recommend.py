@@ -366,7 +366,13 @@ def main(argv=None) -> int:
     sel.add_argument("--plan-csv", required=True, help="the plan's predictions")
     sel.add_argument("--previous", help="the last round's selected.json (round 1 on)")
     sel.add_argument("metrics", nargs="*", help="metrics.json of every run so far (round 1 on)")
-    dec.add_argument("--rounds", required=True, nargs="+", help="every round's selected.json")
+    dec.add_argument(
+        "--rounds",
+        required=True,
+        nargs="+",
+        help="every round's selected.json; the last says why each unmeasured "
+        "candidate was not measured",
+    )
     dec.add_argument("--configs", required=True, help="the study's configs/ folder")
     dec.add_argument("--ds-config-out", required=True, help="the winner's DeepSpeed JSON")
     dec.add_argument("--html", required=True, help="the recommendation page")

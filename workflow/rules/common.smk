@@ -108,10 +108,13 @@ def recommend_round_inputs(wc):
     if r == 0:
         return {}
     rounds = [recommend_round(k) for k in range(r)]
-    records = [rec for sel in rounds for rec in selected_records(sel)]
-    return {"previous": rounds[-1], "metrics": records}
+    return {"previous": rounds[-1], "metrics": rounds_records(rounds)}
 
 
-def selected_records(selected_json):
-    """metrics.json of the runs one round chose."""
-    return recommend_search.selected_records(selected_json, RESULTS, REPEATS)
+def rounds_records(rounds):
+    """metrics.json of the runs the given rounds chose."""
+    return [
+        rec
+        for sel in rounds
+        for rec in recommend_search.selected_records(sel, RESULTS, REPEATS)
+    ]

@@ -55,13 +55,12 @@ rule recommend:
     """The fastest measured config within the budget: its DeepSpeed JSON, margin, reasons."""
     input:
         space=rules.recommend_space.output[0],
-        # every round's selection (the last measured nothing) and its runs' records
+        # every round's selection (the last measured nothing) and its runs' records; named
+        # functions, so that a dry run shows them as still to be decided
         rounds=lambda wc: recommend_search.search_rounds(recommend_round),
-        metrics=lambda wc: [
-            rec
-            for sel in recommend_search.search_rounds(recommend_round)
-            for rec in selected_records(sel)
-        ],
+        metrics=lambda wc: rounds_records(
+            recommend_search.search_rounds(recommend_round)
+        ),
     output:
         json=f"{RECOMMEND_DIR}/recommendation.json",
         ds_config=f"{RECOMMEND_DIR}/recommended.ds_config.json",
