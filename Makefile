@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml | debian-study
 
 # Compiled into torch's extension cache (~/.cache/torch_extensions); `rm .venv/.ops` rebuilds.
 $(VENV)/.ops: $(VENV)/.installed | debian-study
-	DS_ACCELERATOR=cpu $(BIN)/python -m offload_study.ops $(OPS)
+	DS_ACCELERATOR=cpu $(BIN)/python -m offload_study.admission.ops $(OPS)
 	touch $@
 
 lint: $(VENV)/.installed

@@ -2,10 +2,10 @@
 #   snakemake -c 2                                           default study (config/config.yaml)
 #   snakemake -c 2 --config study_file=config/studies/X.yaml     another study (replaces it)
 #   snakemake --profile slurm --config study_file=... cluster=<name>   on a SLURM login node
-# --config study_file is read as data only (offload_study.yamlsafe). A --configfile is read by
+# --config study_file is read as data only (offload_study.core.yamlsafe). A --configfile is read by
 # Snakemake's own loader, which runs the file's Python when it sets `__use_yte__: true` (YAML
 # template engine) before this file starts, and no public interface lets a workflow see those
-# files again: --configfile is for trusted files only (offload_study/studyfile.py).
+# files again: --configfile is for trusted files only (offload_study/planning/studyfile.py).
 import gc
 import sys
 
@@ -17,8 +17,8 @@ min_version("9.0")
 # the library, also without pip install -e
 sys.path.insert(0, f"{workflow.basedir}/workflow")
 
-from offload_study.studyfile import study_config
-from offload_study.study import StudyError
+from offload_study.planning.studyfile import study_config
+from offload_study.core.study import StudyError
 
 # The study replaces `config` (the documented way: the config dict may be changed by Python
 # code here): a study file never merges with the default study (its scenarios, model, ...

@@ -1,7 +1,7 @@
 """The measurement method against a fixed step count, over real step-time series.
 
 Issue "numbers you can trust", item 5: how many device-seconds does a run need to reach the 2 %
-target of the adaptive method (offload_study.steady: settle rule for the warm-up, CI-of-the-median
+target of the adaptive method (offload_study.training.steady: settle rule for the warm-up, CI-of-the-median
 stop), against "fixed 20": warm-up 3 (the schema's fixed-mode default) + 20 measured steps; and do
 the two medians agree?
 
@@ -28,9 +28,15 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from offload_study.contracts import METRICS_FILE, STEPS_FILE, MeasureSpec, read_json, read_steps
-from offload_study.steady import Tracker, median_ci
-from offload_study.study import load_schema
+from offload_study.core.contracts import (
+    METRICS_FILE,
+    STEPS_FILE,
+    MeasureSpec,
+    read_json,
+    read_steps,
+)
+from offload_study.core.study import load_schema
+from offload_study.training.steady import Tracker, median_ci
 
 FIXED_WARMUP, FIXED_STEPS = 3, 20
 STEP_LINE = re.compile(r"\[runner [^\]]*\] step (\d+)/\d+ \w+ ([0-9.]+) s")

@@ -7,7 +7,7 @@ gradient accumulation x reduce_bucket_size) with the real planner, writes its De
 run specs and plan.json, and one record per scenario x repeat: metrics.json (validated against
 the metrics schema), steps.csv and provenance.json (the runner's keys), with plausible numbers
 and a few failed runs. Then times the real CLIs, each in its own process as the rules call them:
-``python -m offload_study.collect`` and ``python -m offload_study.report``. Target (issue
+``python -m offload_study.analysis.collect`` and ``python -m offload_study.analysis.report``. Target (issue
 "newcomer"): collect + report over 1,000 records <= 15 s on the 2-core development machine.
 """
 
@@ -24,9 +24,9 @@ import jsonschema
 import numpy as np
 import yaml
 
-from offload_study import contracts
-from offload_study.plan import Plan, write_scenario_files
-from offload_study.study import REPO_ROOT
+from offload_study.core import contracts
+from offload_study.core.study import REPO_ROOT
+from offload_study.planning.plan import Plan, write_scenario_files
 
 TARGET_S = 15.0
 FAILURES = ["gpu_oom", "host_oom", "timeout", "dist_error"]
@@ -207,12 +207,12 @@ def timed(argv: list[str]) -> float:
 def run_collect_and_report(plan_json: Path, paths: list[Path], out: Path) -> tuple[float, float]:
     """Seconds of the collect CLI and of the report CLI, outputs under out/."""
     collect_s = timed(
-        ["offload_study.collect", "--baseline", "", "--runs-csv", str(out / "runs.csv"),
+        ["offload_study.analysis.collect", "--baseline", "", "--runs-csv", str(out / "runs.csv"),
          "--runs-parquet", str(out / "runs.parquet"), "--summary-csv", str(out / "summary.csv"),
          *map(str, paths)]
     )  # fmt: skip
     report_s = timed(
-        ["offload_study.report", "--runs", str(out / "runs.csv"), "--summary",
+        ["offload_study.analysis.report", "--runs", str(out / "runs.csv"), "--summary",
          str(out / "summary.csv"), "--plan", str(plan_json), "--out", str(out / "report.html"),
          "--figures-dir", str(out / "figures")]
     )  # fmt: skip

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from offload_study.plan import Plan
-from offload_study.study import REPO_ROOT
+from offload_study.core.study import REPO_ROOT
+from offload_study.planning.plan import Plan
 
 TARGET_RATIO = 2.0
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-n", "--forceall"]

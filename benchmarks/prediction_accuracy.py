@@ -1,4 +1,4 @@
-"""How well the plan's predictions (offload_study.predict) match measured runs.
+"""How well the plan's predictions (offload_study.prediction.predict) match measured runs.
 
     python benchmarks/prediction_accuracy.py [--cpu-study-dir results/local-cpu/default-cpu \\
         --cpu-study config/config.yaml --cpu-calibration results/local-cpu/calibration.json]
@@ -19,10 +19,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from offload_study import collect, predict
-from offload_study.contracts import read_calibration, read_json
-from offload_study.plan import Plan
-from offload_study.study import REPO_ROOT
+from offload_study.analysis import collect
+from offload_study.core.contracts import read_calibration, read_json
+from offload_study.core.study import REPO_ROOT
+from offload_study.planning.plan import Plan
+from offload_study.prediction import predict
 
 TARGETS = {"gpu": 0.10, "step": 0.25}
 #: committed record folder -> the study that made it
@@ -132,7 +133,7 @@ def summary_lines(rows: list[dict], kind: str) -> list[str]:
 
 def calibration_lines(path: Path, label: str = "CPU") -> list[str]:
     """What a measured calibration says of itself: its rates and the spread of their samples
-    (offload_study.calibrate records the range of each measurement)."""
+    (offload_study.prediction.calibrate records the range of each measurement)."""
     cal = read_calibration(path)
     spread = cal.provenance.get("spread", {})
     lines = [f"{label} calibration {path}: {cal.source}, {cal.provenance.get('measured_at')}"]
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--gpu-calibration", action="append", default=[], metavar="CLUSTER=PATH",
         help="a GPU cluster's calibration instead of config/calibration/<cluster>.json (e.g. "
-        "one measured by `python -m offload_study.calibrate`); repeatable",
+        "one measured by `python -m offload_study.prediction.calibrate`); repeatable",
     )  # fmt: skip
     a = ap.parse_args(argv)
     chosen = dict(item.split("=", 1) for item in a.gpu_calibration)

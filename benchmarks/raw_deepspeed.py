@@ -4,7 +4,7 @@
         --spec results/<cluster>/<study>/configs/<scenario>.run.json --out raw.json
 
 Reads the run spec and the DeepSpeed config the workflow generated (``spec["ds_config"]``) and
-does what ``offload_study.harness`` does, with nothing of the workflow in the process (no
+does what ``offload_study.training.harness`` does, with nothing of the workflow in the process (no
 runner, no tee, no progress/stat files, no memory sampling): the transformers config from the
 spec, random init under ``deepspeed.zero.Init``, gradient checkpointing, ``deepspeed.initialize``
 with the same config, the same seeded synthetic tokens (``torch.Generator`` seeded
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     cfg = dict(m["config"])
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     config.use_cache = False
-    import torch._dynamo  # noqa: F401  (before zero.Init, see offload_study.harness.build_model)
+    import torch._dynamo  # noqa: F401  (before zero.Init, see offload_study.training.harness.build_model)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # resolve the class before zero.Init patches torch

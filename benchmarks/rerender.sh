@@ -18,8 +18,8 @@ for s in plan["scenarios"]:
 PY
 )
 baseline=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1])).get('baseline') or '')" "$study_dir/plan.json")
-"$py" -m offload_study.collect --baseline "$baseline" --runs-csv "$study_dir/runs.csv" \
+"$py" -m offload_study.analysis.collect --baseline "$baseline" --runs-csv "$study_dir/runs.csv" \
   --runs-parquet "$study_dir/runs.parquet" --summary-csv "$study_dir/summary.csv" "${metrics[@]}"
-"$py" -m offload_study.report --runs "$study_dir/runs.csv" --summary "$study_dir/summary.csv" \
+"$py" -m offload_study.analysis.report --runs "$study_dir/runs.csv" --summary "$study_dir/summary.csv" \
   --plan "$study_dir/plan.json" --out "$report_dir/report.html" --figures-dir "$report_dir/figures"
 echo "$report_dir/report.html"

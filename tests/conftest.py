@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from offload_study.contracts import RunSpec, read_calibration, write_calibration
-from offload_study.plan import expand_plan
-from offload_study.study import CLUSTER_DIR, load_cluster, load_study, validate
+from offload_study.core.contracts import RunSpec, read_calibration, write_calibration
+from offload_study.core.study import CLUSTER_DIR, load_cluster, load_study, validate
+from offload_study.planning.plan import expand_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,11 +100,11 @@ def place_calibration(workdir: Path, cluster: str, calibration: Path) -> None:
 
 @pytest.fixture(scope="session")
 def cpu_calibration(tmp_path_factory) -> Path:
-    """This machine's calibration.json, measured once per session (offload_study.calibrate, as
+    """This machine's calibration.json, measured once per session (offload_study.prediction.calibrate, as
     the workflow's calibrate rule runs it: ~1 min on 2 cores) for the workflow tests whose
     subject is not the calibration. Every test cluster is this machine (local or SLURM)."""
     out = tmp_path_factory.mktemp("calibration") / "calibration.json"
-    cmd = [sys.executable, "-m", "offload_study.calibrate", "--cluster", "local-cpu",
+    cmd = [sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "local-cpu",
            "--cores", str(os.cpu_count()), "--out", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

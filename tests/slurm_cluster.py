@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from offload_study.launch import free_port
+from offload_study.training.launch import free_port
 
 REQUIRED_BINARIES = (
     "munged",

@@ -21,9 +21,11 @@ import pytest
 import yaml
 from conftest import SMALL_LLAMA
 
-from offload_study import bundle, collect, compare, contracts
-from offload_study import report as R
-from offload_study.plan import Plan, write_scenario_files
+from offload_study.across import bundle, compare
+from offload_study.analysis import collect
+from offload_study.analysis import report as R
+from offload_study.core import contracts
+from offload_study.planning.plan import Plan, write_scenario_files
 
 STUDY = "xc"
 #: cluster -> cores granted to each of its runs (what makes the two clusters differ)
@@ -69,7 +71,7 @@ def run_study(root: Path, cluster: str, cluster_dir: Path) -> Path:
         spec, ds_config = (results / "configs" / f"{scenario}{s}" for s in (".run.json", ".json"))
         write_scenario_files(plan.run_spec(scenario), str(ds_config), str(spec))
         outdir = results / scenario / "rep0"
-        cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec), "--repeat", "0",
+        cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec), "--repeat", "0",
                "--outdir", str(outdir), "--cores", str(CORES[cluster])]  # fmt: skip
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -168,7 +170,7 @@ def test_extracted_bundle_reads_like_the_working_tree(cross_cluster, tmp_path):
     assert collect.read_record(rec / "metrics.json")["outcome"] == "ok"
     assert collect.read_provenance(rec)["cores_granted"] == 1
     assert b.report.read_text().startswith("<!DOCTYPE html>")
-    cli = subprocess.run([sys.executable, "-m", "offload_study.bundle", "verify",
+    cli = subprocess.run([sys.executable, "-m", "offload_study.across.bundle", "verify",
                           *map(str, cross_cluster.bundles.values())],
                          capture_output=True, text=True)  # fmt: skip
     assert cli.returncode == 0 and cli.stdout.count("bundle: ok") == 2, cli.stdout

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from offload_study import calibrate, contracts
-from offload_study.study import CLUSTER_DIR, REPO_ROOT, StudyError
+from offload_study.core import contracts
+from offload_study.core.study import CLUSTER_DIR, REPO_ROOT, StudyError
+from offload_study.prediction import calibrate
 
 SHIPPED = sorted((REPO_ROOT / "config/calibration").glob("*.json"))
 MIB = 2**20
@@ -68,7 +69,7 @@ def test_disk_probe_writes_reads_and_removes_its_files(tmp_path):
 @pytest.mark.slow
 def test_cli_calibrates_this_machine_with_the_zero3_probe(tmp_path):
     out = tmp_path / "results/local-cpu/calibration.json"
-    cmd = [sys.executable, "-m", "offload_study.calibrate", "--cluster", "local-cpu",
+    cmd = [sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "local-cpu",
            "--cores", "2", "--out", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
@@ -87,7 +88,7 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(tmp_path):
     # seconds per layer forward and backward, and of the rest, for 1 and 2 ranks
     assert len(layer_costs) == 6 and all(0 <= cost < 1 for cost in layer_costs)
     assert cal.h2d_gb_s is cal.d2h_gb_s is cal.pageable_h2d_gb_s is None  # no GPU here
-    assert cal.source.startswith("measured by offload_study.calibrate")
+    assert cal.source.startswith("measured by offload_study.prediction.calibrate")
     spread = cal.provenance["spread"]
     for key in ("matmul_tflops", "cpu_adam_params_per_s", "all-gather 2 KiB",
                 "1 rank(s), seq 32, 3 layer(s): forward",
@@ -120,7 +121,7 @@ def test_growth_with_size_is_per_element_of_a_layer_and_per_token_of_the_rest():
 
 
 def test_cli_needs_a_cluster_and_an_output():
-    res = subprocess.run([sys.executable, "-m", "offload_study.calibrate", "--cluster", "x"],
+    res = subprocess.run([sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "x"],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 2 and "--cluster and --out are required" in res.stderr
 

@@ -10,10 +10,12 @@ import pytest
 import yaml
 from test_bundle import STUDY, cross_cluster  # noqa: F401 - the session fixture
 
-from offload_study import bundle, check, collect, contracts
-from offload_study.plan import Plan
-from offload_study.report.views import Row
-from offload_study.study import REPO_ROOT, StudyError
+from offload_study.across import bundle, check
+from offload_study.analysis import collect
+from offload_study.analysis.report.views import Row
+from offload_study.core import contracts
+from offload_study.core.study import REPO_ROOT, StudyError
+from offload_study.planning.plan import Plan
 
 
 def study_files(cross_cluster, cluster: str = "cpu-a") -> tuple[Path, Path]:  # noqa: F811
@@ -35,7 +37,7 @@ def write_refs(folder: Path, refs: list[dict], name: str = "refs", study: str = 
 
 def run_check(cross_cluster, refs: Path, *extra: str) -> subprocess.CompletedProcess:  # noqa: F811
     summary, plan = study_files(cross_cluster)
-    cmd = [sys.executable, "-m", "offload_study.check", "--summary", str(summary),
+    cmd = [sys.executable, "-m", "offload_study.across.check", "--summary", str(summary),
            "--plan", str(plan), "--references", str(refs), *extra]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
@@ -102,7 +104,7 @@ def test_a_bundle_is_checked_like_the_local_study(cross_cluster, tmp_path):  # n
         {"scenario": "offload-opt", "value": rel, "cluster": "cpu-b"},
         {"scenario": "no-such-scenario", "value": 1.0},
     ])  # fmt: skip
-    cmd = [sys.executable, "-m", "offload_study.check", "--bundle",
+    cmd = [sys.executable, "-m", "offload_study.across.check", "--bundle",
            str(cross_cluster.bundles["cpu-b"]), "--references", str(refs)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr  # the reference nobody can meet
@@ -127,7 +129,7 @@ def test_a_bad_reference_file_is_one_clear_error(tmp_path):
     write_refs(twice, [{"scenario": "zero3", "value": 2.0}], name="again")
     with pytest.raises(StudyError, match="also given in"):
         check.load_references(twice)
-    res = subprocess.run([sys.executable, "-m", "offload_study.check", "--summary", "x.csv",
+    res = subprocess.run([sys.executable, "-m", "offload_study.across.check", "--summary", "x.csv",
                           "--plan", "p.json", "--references", str(refs)],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert res.returncode == 2 and "references[0].lower" in res.stdout

@@ -1,4 +1,4 @@
-"""Tests of offload_study.collect (records written by a helper that follows docs/design.md)."""
+"""Tests of offload_study.analysis.collect (records written by a helper that follows docs/design.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from offload_study import collect as C
-from offload_study import contracts
+from offload_study.analysis import collect as C
+from offload_study.core import contracts
 
 STUDY, CLUSTER = "unit-study", "unit-cluster"
 

@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 from test_bundle import STUDY, cross_cluster  # noqa: F401 - the session fixture
 
-from offload_study import bundle, collect, compare, contracts
+from offload_study.across import bundle, compare
+from offload_study.analysis import collect
+from offload_study.core import contracts
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 from test_collect import make_record
 
-from offload_study import collect, compare
+from offload_study.across import compare
+from offload_study.analysis import collect
 
 SCENARIOS = ("zero3", "offload-opt")
 

@@ -1,4 +1,4 @@
-"""The contracts between stages (offload_study.contracts): run spec, records, shared rules."""
+"""The contracts between stages (offload_study.core.contracts): run spec, records, shared rules."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import jsonschema
 import pytest
 from conftest import make_spec
 
-from offload_study import contracts, dsconfig
-from offload_study.contracts import RunSpec, StepRow, choose_baseline
-from offload_study.plan import Plan, write_scenario_files
-from offload_study.study import REPO_ROOT, StudyError
+from offload_study.core import contracts
+from offload_study.core.contracts import RunSpec, StepRow, choose_baseline
+from offload_study.core.study import REPO_ROOT, StudyError
+from offload_study.planning import dsconfig
+from offload_study.planning.plan import Plan, write_scenario_files
 
 # run.json as the plan wrote it before contracts.py, plus what the cluster now adds
 RUN_JSON_KEYS = set(

@@ -28,10 +28,10 @@ from conftest import SMALL_LLAMA, copy_repo_for_run, make_spec
 from slurm_cluster import slurm_fixture_gen
 from test_runner import NVME_AIO, load_record, run_runner
 
-from offload_study import outcome
-from offload_study.contracts import read_json, write_json
-from offload_study.plan import write_scenario_files
-from offload_study.supervise import Supervision
+from offload_study.core.contracts import read_json, write_json
+from offload_study.planning.plan import write_scenario_files
+from offload_study.training import outcome
+from offload_study.training.supervise import Supervision
 
 STUDY = "faults"
 
@@ -60,7 +60,7 @@ def plan_run(study: Path, name: str, world: int = 1, scenario=None, **keys) -> t
 
 
 def runner_argv(spec_path: Path, outdir: Path) -> list[str]:
-    return [sys.executable, "-m", "offload_study.runner", "--spec", str(spec_path),
+    return [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
             "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
 
 
@@ -85,7 +85,7 @@ def harness_rank(outdir: Path, rank: int) -> psutil.Process:
     """The training process of ``rank`` writing into outdir's temp record."""
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "offload_study.harness" in cmd and f"{outdir.name}.tmp-" in cmd:
+        if "offload_study.training.harness" in cmd and f"{outdir.name}.tmp-" in cmd:
             try:
                 if proc.environ().get("RANK") == str(rank):
                     return proc
@@ -105,7 +105,7 @@ def processes_of(path: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- runner-level faults
-ROOT_CAUSE = """offload_study.harness FAILED
+ROOT_CAUSE = """offload_study.training.harness FAILED
 Root Cause (first observed failure):
 [0]:
   host      : localhost
@@ -147,7 +147,7 @@ def test_a_launcher_dies_with_its_runner():
     """die_with_parent (the runner's preexec_fn for torchrun, each rank's first act): a process
     started so dies when its parent is SIGKILLed, instead of training on unsupervised."""
     code = (
-        "import subprocess, sys, time; from offload_study.supervise import die_with_parent; "
+        "import subprocess, sys, time; from offload_study.training.supervise import die_with_parent; "
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], "
         "stdout=subprocess.DEVNULL, preexec_fn=die_with_parent); print(p.pid, flush=True); "
         "time.sleep(30)"
@@ -261,10 +261,10 @@ def collect_and_report(study: Path, metrics_paths: list[Path]) -> pd.DataFrame:
     tables = {k: study / f"{k}" for k in ("runs.csv", "runs.parquet", "summary.csv")}
     write_json(study / "plan.json", {"study": STUDY, "cluster": "local-cpu"})
     steps = [
-        [sys.executable, "-m", "offload_study.collect", "--n-boot", "50",
+        [sys.executable, "-m", "offload_study.analysis.collect", "--n-boot", "50",
          "--runs-csv", str(tables["runs.csv"]), "--runs-parquet", str(tables["runs.parquet"]),
          "--summary-csv", str(tables["summary.csv"]), *map(str, metrics_paths)],
-        [sys.executable, "-m", "offload_study.report", "--runs", str(tables["runs.csv"]),
+        [sys.executable, "-m", "offload_study.analysis.report", "--runs", str(tables["runs.csv"]),
          "--summary", str(tables["summary.csv"]), "--plan", str(study / "plan.json"),
          "--out", str(study / "report" / "report.html"), "--figures-dir", str(study / "report")],
     ]  # fmt: skip

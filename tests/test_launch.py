@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from conftest import make_spec
 
-from offload_study import launch
+from offload_study.training import launch
 
 SPEC = make_spec("local-cpu", {"gpus_per_node": 2})
 GPU_CLUSTER = {"name": "gpus", "accelerator": "cuda", "gpus_per_node": 4, "nodes": 2}
@@ -26,7 +26,7 @@ def test_single_node_command_line():
     )  # fmt: skip
     assert lch.argv == shlex.split(
         "torchrun --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port 29555 "
-        "-m offload_study.harness --spec cfg/run.json --out out/rep0.tmp-1 --run-id r1"
+        "-m offload_study.training.harness --spec cfg/run.json --out out/rep0.tmp-1 --run-id r1"
     )
     assert lch.port == 29555 and lch.rdzv_host == "127.0.0.1"
     assert lch.env["OMP_NUM_THREADS"] == "4"  # 8 granted cores / 2 ranks
@@ -70,7 +70,7 @@ def test_multi_node_command_line():
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --overlap --kill-on-bad-exit=1 "
         "torchrun --nnodes 2 "
         f"--nproc_per_node 4 --rdzv-backend c10d --rdzv-endpoint gpu-a01:{port} --rdzv-id 4242 "
-        "-m offload_study.harness --spec run.json --out out --run-id r"
+        "-m offload_study.training.harness --spec run.json --out out --run-id r"
     )
     assert lch.port == port and lch.rdzv_host == "gpu-a01"
     # the runner's job step variables stay behind, the job's identity goes along
@@ -96,9 +96,9 @@ def test_seed_study_launch_lines_on_8_4_2_gpus():
     """The seed's 8/4/2-GPU scenarios as they would start on one 8-GPU host (issue: multi-GPU)."""
     import yaml
 
-    from offload_study.plan import Plan
-    from offload_study.resources import train_resources
-    from offload_study.study import REPO_ROOT
+    from offload_study.core.study import REPO_ROOT
+    from offload_study.planning.plan import Plan
+    from offload_study.planning.resources import train_resources
 
     plan = Plan(yaml.safe_load((REPO_ROOT / "config/studies/seed.yaml").read_text()))
     gpus = {

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from offload_study import devices, logparse
+from offload_study.core import devices
+from offload_study.training import logparse
 
 # lines copied from real runs (rank0.log of the runner tests)
 LOG = """\

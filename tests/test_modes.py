@@ -1,4 +1,4 @@
-"""The newer offload modes (offload_study.modes): planned, checked against the installed
+"""The newer offload modes (offload_study.planning.modes): planned, checked against the installed
 DeepSpeed's config classes, written into the DeepSpeed config, recorded; real runs on CPU (slow)."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 from conftest import make_spec
 
-from offload_study import dsconfig, modes, sanity
-from offload_study.contracts import read_json
-from offload_study.plan import write_scenario_files
-from offload_study.study import StudyError, load_schema
+from offload_study.analysis import sanity
+from offload_study.core.contracts import read_json
+from offload_study.core.study import StudyError, load_schema
+from offload_study.planning import dsconfig, modes
+from offload_study.planning.plan import write_scenario_files
 
 CPU_OPT = {"offload_optimizer": "cpu"}
 ZENFLOW = {"topk_ratio": 0.1, "update_interval": 2}
@@ -72,8 +73,8 @@ def test_a_study_without_modes_plans_as_before():
 def test_mode_knobs_sweep_with_readable_names():
     from conftest import make_cluster
 
-    from offload_study.plan import expand_plan
-    from offload_study.study import load_study
+    from offload_study.core.study import load_study
+    from offload_study.planning.plan import expand_plan
 
     study = {
         "study": "t", "cluster": "local-cpu", "model": {"preset": "tiny-llama"}, "global_batch": 4,
@@ -142,7 +143,7 @@ def test_a_deepspeed_without_a_mode_refuses_it_naming_key_and_version(tmp_path, 
 
 def test_bind_cores_gives_each_local_rank_its_own_slice():
     code = (
-        "import os, json; from offload_study import modes; "
+        "import os, json; from offload_study.planning import modes; "
         "allowed = sorted(os.sched_getaffinity(0)); "
         "got = [modes.bind_cores({'bind_cores': True}, r, 2) for r in (1,)]; "
         "print(json.dumps([allowed, got[0], sorted(os.sched_getaffinity(0)), "
@@ -184,7 +185,7 @@ def run_mode(tmp_path, name: str, scenario: dict) -> dict:
     spec_path, ds_path = tmp_path / f"{name}.run.json", tmp_path / f"{name}.json"
     write_scenario_files(spec, str(ds_path), str(spec_path))
     outdir = tmp_path / "results" / "local-cpu" / "test" / name / "rep0"
-    cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec_path),
+    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
            "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
     subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     return read_json(outdir / "metrics.json")

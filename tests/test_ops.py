@@ -1,4 +1,4 @@
-"""Stale torch build locks (offload_study.ops): a build killed mid-way leaves ``<op>/lock``, and
+"""Stale torch build locks (offload_study.admission.ops): a build killed mid-way leaves ``<op>/lock``, and
 every later load of that op would wait for it forever; a lock whose build still runs stays.
 
 The locks are made by torch's own FileBaton (what torch.utils.cpp_extension takes around a
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from torch.utils.file_baton import FileBaton
 
-from offload_study import ops
+from offload_study.admission import ops
 
 OP = "deepspeed_shm_comm"  # the smallest op (~1 MB built): cheap to copy, quickest to rebuild
 
@@ -108,7 +108,7 @@ def test_the_filesystem_of_a_path_is_its_deepest_mount(path, kind):
 
 @pytest.mark.slow
 def test_building_the_ops_ahead_gets_past_a_stale_lock(extensions):
-    """`python -m offload_study.ops` (make's step) with a killed build's lock in a copy of the
+    """`python -m offload_study.admission.ops` (make's step) with a killed build's lock in a copy of the
     built op: it says it removed the lock and loads the op (before: waited forever)."""
     with pytest.MonkeyPatch.context() as env:  # the machine's own build, if there is one
         env.delenv("TORCH_EXTENSIONS_DIR")
@@ -118,7 +118,7 @@ def test_building_the_ops_ahead_gets_past_a_stale_lock(extensions):
                         ignore=shutil.ignore_patterns("lock"))  # fmt: skip
     killed_build(extensions / OP)
     res = subprocess.run(
-        [sys.executable, "-m", "offload_study.ops", "--accelerator", "cpu", "shm_comm"],
+        [sys.executable, "-m", "offload_study.admission.ops", "--accelerator", "cpu", "shm_comm"],
         capture_output=True, text=True, timeout=480,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from test_workflow import snakemake
 
-from offload_study import plan as P
-from offload_study.study import REPO_ROOT, StudyError, load_schema
+from offload_study.core.study import REPO_ROOT, StudyError, load_schema
+from offload_study.planning import plan as P
 
 S, R = ["a", "b", "c"], [0, 1]
 

@@ -71,8 +71,8 @@ def test_installed_package_loads_its_schemas_and_plans_from_outside_the_repo(ins
     study = yaml.safe_load((REPO / "config/config.yaml").read_text())
     code = (
         "import offload_study\n"
-        "from offload_study.study import load_schema\n"
-        "from offload_study.plan import Plan\n"
+        "from offload_study.core.study import load_schema\n"
+        "from offload_study.planning.plan import Plan\n"
         f"assert offload_study.__file__.startswith({str(installed.site)!r})\n"
         f"for name in {schemas!r}: assert load_schema(name)['type'] == 'object', name\n"
         f"plan = Plan({study!r}, cluster_dir={str(REPO / 'config/clusters')!r})\n"
@@ -83,7 +83,7 @@ def test_installed_package_loads_its_schemas_and_plans_from_outside_the_repo(ins
     assert int(result.stdout) == len(study["scenarios"])
 
 
-@pytest.mark.parametrize("cli", [["plan", "--help"], ["schemadoc", "study"]])
+@pytest.mark.parametrize("cli", [["planning.plan", "--help"], ["schemadoc", "study"]])
 def test_installed_command_line_tools_run_from_outside_the_repo(installed, cli):
     result = run_installed(installed, ["-m", f"offload_study.{cli[0]}", *cli[1:]])
     assert result.returncode == 0, result.stderr

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from test_collect import make_record, run_collect_cli, set_provenance
 
-from offload_study import collect as C
+from offload_study.analysis import collect as C
 
 DRIFT = (1.0, 0.7, 1.3)  # the machine's speed at repeat k: both scenarios of a pair feel it
 

@@ -9,9 +9,9 @@ import re
 import pytest
 import yaml
 
-from offload_study import dsconfig
-from offload_study.plan import Plan, expand_plan, format_value
-from offload_study.study import REPO_ROOT, StudyError, load_cluster, load_study
+from offload_study.core.study import REPO_ROOT, StudyError, load_cluster, load_study
+from offload_study.planning import dsconfig
+from offload_study.planning.plan import Plan, expand_plan, format_value
 
 SHIPPED_STUDIES = ["config/config.yaml"] + sorted(
     str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "config" / "studies").glob("*.yaml")
@@ -265,14 +265,14 @@ def test_configfile_study_replaces_default(tmp_path):
 # Real DeepSpeed's own parser accepts every config both shipped studies produce (batch arithmetic too).
 @pytest.fixture(scope="module")
 def deepspeed_comm():
-    from offload_study.plan import check_with_deepspeed
+    from offload_study.planning.plan import check_with_deepspeed
 
     return check_with_deepspeed
 
 
 @pytest.mark.parametrize("study_path", SHIPPED_STUDIES)
 def test_shipped_configs_pass_deepspeeds_parser(study_path, tmp_path, deepspeed_comm):
-    from offload_study.plan import write_scenario_files
+    from offload_study.planning.plan import write_scenario_files
 
     plan = Plan(shipped(study_path))
     assert plan.runs, f"{study_path} plans no run"
@@ -299,7 +299,7 @@ def test_shipped_configs_pass_deepspeeds_parser(study_path, tmp_path, deepspeed_
 
 
 def test_deepspeed_parser_refusal_is_reported(tmp_path, deepspeed_comm):
-    from offload_study.plan import write_scenario_files
+    from offload_study.planning.plan import write_scenario_files
 
     run = Plan(shipped("config/config.yaml")).runs[0]
     spec_path = tmp_path / "x.run.json"

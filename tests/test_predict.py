@@ -16,12 +16,15 @@ import pandas as pd
 import pytest
 from conftest import make_spec
 
-from offload_study import collect, contracts, dsconfig, predict, presets
-from offload_study.contracts import Calibration, read_calibration, read_json
-from offload_study.plan import Plan, write_scenario_files
-from offload_study.plan import main as plan_main
-from offload_study.report.predicted import predicted_view
-from offload_study.study import REPO_ROOT, load_study
+from offload_study.analysis import collect
+from offload_study.analysis.report.predicted import predicted_view
+from offload_study.core import contracts
+from offload_study.core.contracts import Calibration, read_calibration, read_json
+from offload_study.core.study import REPO_ROOT, load_study
+from offload_study.planning import dsconfig, presets
+from offload_study.planning.plan import Plan, write_scenario_files
+from offload_study.planning.plan import main as plan_main
+from offload_study.prediction import predict
 
 GIB = 2**30
 H200 = {"name": "g", "accelerator": "cuda", "gpus_per_node": 8, "gpu_mem_gb": 141,
@@ -403,7 +406,7 @@ def impossible_run(tmp_path: Path, plan_csv: bool):
 @pytest.mark.parametrize("plan_csv", [True, False], ids=["plan.csv", "no-plan.csv"])
 def test_runner_records_infeasible_and_launches_nothing(tmp_path, plan_csv):
     spec_path, outdir = impossible_run(tmp_path, plan_csv)
-    cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec_path),
+    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
            "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -501,7 +504,7 @@ def test_report_section_puts_predicted_beside_measured(tmp_path):
 
 
 def test_report_partial_renders_predictions_and_labels_predict_only(tmp_path):
-    from offload_study.report.render import _environment
+    from offload_study.analysis.report.render import _environment
 
     config = load_study(REPO_ROOT / "config/studies/seed-2gpu.yaml")
     plan, _ = plan_study(tmp_path, config)

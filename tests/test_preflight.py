@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import SMALL_LLAMA, make_spec
 
-from offload_study import logparse, ops, outcome, preflight
-from offload_study.contracts import RecordDir, read_json
-from offload_study.plan import Plan, write_scenario_files
-from offload_study.study import CLUSTER_DIR
-from offload_study.supervise import Supervision
+from offload_study.admission import ops, preflight
+from offload_study.core.contracts import RecordDir, read_json
+from offload_study.core.study import CLUSTER_DIR
+from offload_study.planning.plan import Plan, write_scenario_files
+from offload_study.training import logparse, outcome
+from offload_study.training.supervise import Supervision
 
 FIXTURES = Path(__file__).parent / "fixtures" / "op_build"
 HOST = socket.gethostname()
@@ -73,7 +74,7 @@ def test_async_io_without_libaio_is_refused_in_one_line(tmp_path, monkeypatch):
     assert line == (
         f"scenario nvme-opt-param: DeepSpeed op async_io cannot be built on {HOST}: libaio not "
         f"found (a test program does not link with -laio) — fix: {ops.FIXES['libaio']}, then "
-        "python -m offload_study.ops --accelerator cpu async_io"
+        "python -m offload_study.admission.ops --accelerator cpu async_io"
     )
     assert "\n" not in line
 
@@ -106,7 +107,7 @@ def test_an_unbuilt_op_is_a_note_not_a_refusal(tmp_path, monkeypatch):
     assert result.refusals == {}
     assert result.notes == [
         f"DeepSpeed ops not built yet on {HOST}: shm_comm, cpu_adam; each compiles in the first "
-        "run that needs it (to build them now: python -m offload_study.ops --accelerator cpu "
+        "run that needs it (to build them now: python -m offload_study.admission.ops --accelerator cpu "
         "shm_comm cpu_adam)"
     ]
 
@@ -178,7 +179,7 @@ def run_module(tmp_path: Path, module: str, *args: str, **env: str):
 def test_plan_refuses_a_study_whose_op_cannot_be_built(tmp_path):
     summary, specs = write_study(tmp_path, "refuse")
     out = summary.with_name("plan.json")
-    res = run_module(tmp_path, "plan", "--plan-json", str(summary), "--out", str(out), *specs,
+    res = run_module(tmp_path, "planning.plan", "--plan-json", str(summary), "--out", str(out), *specs,
                      LDFLAGS=hide_libaio(tmp_path))  # fmt: skip
     assert res.returncode == 1, res.stderr
     refused = [ln for ln in res.stderr.splitlines() if ln.startswith("scenario ")]
@@ -194,14 +195,14 @@ def test_warn_plans_it_and_the_runner_records_op_build_error_unlaunched(tmp_path
     summary, specs = write_study(tmp_path, "warn")
     out = summary.with_name("plan.json")
     hidden = hide_libaio(tmp_path)
-    res = run_module(tmp_path, "plan", "--plan-json", str(summary), "--out", str(out), *specs,
+    res = run_module(tmp_path, "planning.plan", "--plan-json", str(summary), "--out", str(out), *specs,
                      LDFLAGS=hidden)  # fmt: skip
     assert res.returncode == 0, res.stderr
     checked = read_json(out)["preflight"]
     assert checked["mode"] == "warn" and list(checked["refusals"]) == ["nvme-opt-param"]
     outdir = tmp_path / "rep0"
     nvme_spec = next(s for s in specs if "nvme" in s)
-    res = run_module(tmp_path, "runner", "--spec", nvme_spec, "--repeat", "0", "--outdir",
+    res = run_module(tmp_path, "training.runner", "--spec", nvme_spec, "--repeat", "0", "--outdir",
                      str(outdir), LDFLAGS=hidden)  # fmt: skip
     assert res.returncode == 0, res.stderr
     metrics = read_json(outdir / "metrics.json")
@@ -212,7 +213,7 @@ def test_warn_plans_it_and_the_runner_records_op_build_error_unlaunched(tmp_path
 
 
 # --------------------------------------------------------------------------- outcome table
-OPS_CLI = "python -m offload_study.ops"
+OPS_CLI = "python -m offload_study.admission.ops"
 CAPTURED = [  # folder, ranks, the excerpt's first line
     ("async_io_libaio_hidden", 2, ops.remedy("libaio", "async_io")),
     ("ninja_missing", 1, f"fix: {ops.FIXES['ninja']}, then {OPS_CLI} deepspeed_shm_comm"),
@@ -246,7 +247,7 @@ def test_every_remedy_is_a_fix_line():
 
 def test_the_ops_cli_builds_the_op_a_remedy_names():
     """A remedy quotes DeepSpeed's op name (deepspeed_shm_comm): the ops command takes it."""
-    res = subprocess.run([sys.executable, "-m", "offload_study.ops", "--help"],
+    res = subprocess.run([sys.executable, "-m", "offload_study.admission.ops", "--help"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert res.returncode == 0 and "deepspeed_shm_comm" in res.stdout
     assert ops.our_name("deepspeed_shm_comm") == "shm_comm"

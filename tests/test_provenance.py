@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import make_spec
 
-from offload_study import contracts, provenance
-from offload_study.supervise import Supervision
+from offload_study.core import contracts
+from offload_study.training import provenance
+from offload_study.training.supervise import Supervision
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""`snakemake recommend` (offload_study.recommend): the candidate grid, the checkpoint's choice, and
+"""`snakemake recommend` (offload_study.prediction.recommend): the candidate grid, the checkpoint's choice, and
 a real search on CPU that must pick the faster of two runs whose difference is forced (slow)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 import yaml
 from conftest import SMALL_LLAMA, place_calibration
 
-from offload_study import recommend
-from offload_study.contracts import Prediction, read_json
-from offload_study.plan import Plan
-from offload_study.study import StudyError, load_schema, load_study
+from offload_study.core.contracts import Prediction, read_json
+from offload_study.core.study import StudyError, load_schema, load_study
+from offload_study.planning.plan import Plan
+from offload_study.prediction import recommend
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -253,8 +253,8 @@ def test_a_search_whose_first_round_fails_measures_a_second(tmp_path, cpu_calibr
 def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
     """report.html's section and the standalone page render recommendation.json (as decide
     writes it: NaN as null) with the winner, its margin's verdict and why the others lost."""
-    from offload_study.report import recommend as view
-    from offload_study.report.render import _read_plan
+    from offload_study.analysis.report import recommend as view
+    from offload_study.analysis.report.render import _read_plan
 
     rec = recommend._no_nan({
         "study": "s", "cluster": "c", "gpu_mem_gb": 16, "winner": "rec-opt__mb-4",

@@ -1,4 +1,4 @@
-"""Tests of offload_study.report on records written by test_collect's helper."""
+"""Tests of offload_study.analysis.report on records written by test_collect's helper."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from test_collect import CLUSTER, STUDY, make_record, run_collect_cli, seed_like_records
 
-from offload_study import collect as C
-from offload_study import report as R
-from offload_study.report import figures, views
+from offload_study.analysis import collect as C
+from offload_study.analysis import report as R
+from offload_study.analysis.report import figures, views
 
 SEED_REFS = {
     "zero3-8gpu": {"speed_pct": 100, "gpu_memory": "40GB × 8", "cpu_memory": "64GB"},
@@ -345,7 +345,7 @@ for name in ("torch", "deepspeed"):
         pass
     else:
         raise SystemExit(f"the blocker let {name} through")
-from offload_study import collect, report
+from offload_study.analysis import collect, report
 
 collect_args, report_args = sys.argv[1:3]
 assert collect.main(collect_args.split("\\x1f")) == 0

@@ -1,18 +1,18 @@
-"""Unit tests for offload_study.resources (run spec + cluster -> slurm plugin resources)."""
+"""Unit tests for offload_study.planning.resources (run spec + cluster -> slurm plugin resources)."""
 
 from dataclasses import replace
 
 import pytest
 from conftest import make_spec
 
-from offload_study.resources import (
+from offload_study.core.study import StudyError
+from offload_study.planning.resources import (
     MEM_HEADROOM_MB,
     check_fits,
     resource_keys,
     rule_resources,
     train_resources,
 )
-from offload_study.study import StudyError
 
 GPU_CLUSTER = {
     "name": "gpu-h200",

@@ -15,10 +15,11 @@ import jsonschema
 import pytest
 from conftest import SMALL_LLAMA, make_spec
 
-from offload_study import contracts, metrics, outcome, placement, probes, provenance
-from offload_study.contracts import RankStats, StepRow, read_run_spec
-from offload_study.plan import write_scenario_files
-from offload_study.supervise import Supervision
+from offload_study.core import contracts
+from offload_study.core.contracts import RankStats, StepRow, read_run_spec
+from offload_study.planning.plan import write_scenario_files
+from offload_study.training import metrics, outcome, placement, probes, provenance
+from offload_study.training.supervise import Supervision
 
 NVME_AIO = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
             "single_submit": False, "overlap_events": True}  # fmt: skip
@@ -58,7 +59,7 @@ def make_run(
 
 
 def run_runner(spec_path, outdir, timeout=300):
-    cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec_path),
+    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
            "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
@@ -174,7 +175,7 @@ def test_step_timeout(tmp_path):
 @pytest.mark.slow
 def test_sigterm_cancelled(tmp_path):
     spec_path, outdir, _ = make_run(tmp_path, steps=100000, world=2)
-    cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec_path),
+    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
            "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
@@ -274,7 +275,7 @@ def test_outcome_is_decided_by_the_rule_table(ev, expected, words):
 
 
 def test_every_outcome_a_rule_or_pattern_gives_is_in_the_schema():
-    from offload_study import logparse
+    from offload_study.training import logparse
 
     assert {o for o, _, _ in logparse.OUTCOME_PATTERNS} <= set(contracts.OUTCOMES)
     assert {"ok", "timeout", "host_oom", "cancelled", "error"} <= set(contracts.OUTCOMES)

@@ -17,11 +17,11 @@ from test_pairing import DRIFT, by_name
 from test_report import build_report
 from test_runner import run_runner
 
-from offload_study import collect as C
-from offload_study import contracts
-from offload_study.plan import expand_plan, write_scenario_files
-from offload_study.resources import train_resources
-from offload_study.study import load_study
+from offload_study.analysis import collect as C
+from offload_study.core import contracts
+from offload_study.core.study import load_study
+from offload_study.planning.plan import expand_plan, write_scenario_files
+from offload_study.planning.resources import train_resources
 
 PAIR_OPTION = {"enabled": True, "warmup_steps": 1, "steps": 2, "timeout_min": 4}
 
@@ -225,7 +225,7 @@ def cluster():
 @pytest.mark.slow
 def test_the_pair_run_is_made_inside_the_run_s_slurm_job(cluster, tmp_path):
     spec_path, outdir = write_configs(tmp_path, plan_study(PAIR_OPTION), "off")
-    runner = (f"{sys.executable} -m offload_study.runner --spec {spec_path} --repeat 0 "
+    runner = (f"{sys.executable} -m offload_study.training.runner --spec {spec_path} --repeat 0 "
               f"--outdir {outdir}")  # fmt: skip
     job = cluster.sbatch("--cpus-per-task=2", "--mem=4000", "-o", str(tmp_path / "job.out"),
                          "--chdir", str(tmp_path), "--wrap", runner)  # fmt: skip
@@ -242,8 +242,8 @@ def test_the_pair_run_is_made_inside_the_run_s_slurm_job(cluster, tmp_path):
 
 def test_the_plan_prices_the_pair_run_into_the_jobs_gpu_hours(tmp_path):
     """GPU-hours count what the job runs: the run and, with the option on, its pair run."""
-    from offload_study import predict
-    from offload_study.dsconfig import build_ds_config
+    from offload_study.planning.dsconfig import build_ds_config
+    from offload_study.prediction import predict
 
     cal = contracts.read_calibration(
         Path(__file__).resolve().parent.parent / "config" / "calibration" / "h200-1gpu.json"

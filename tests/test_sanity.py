@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 from test_collect import make_record, run_collect_cli
 
-from offload_study import collect as C
-from offload_study import contracts, sanity
+from offload_study.analysis import collect as C
+from offload_study.analysis import sanity
+from offload_study.core import contracts
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "h200-1gpu"
 #: The 1-repeat study of 2026-11-29 (1 warm-up + 6 steps), kept where the flag was first seen.

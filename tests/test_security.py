@@ -15,11 +15,14 @@ import pytest
 import yaml
 from conftest import make_spec
 
-from offload_study import bundle, provenance, resources, yamlsafe
-from offload_study.launch import Launch
-from offload_study.study import REPO_ROOT, StudyError, load_study, read_yaml
-from offload_study.studyfile import study_config
-from offload_study.supervise import Supervision
+from offload_study.across import bundle
+from offload_study.core import yamlsafe
+from offload_study.core.study import REPO_ROOT, StudyError, load_study, read_yaml
+from offload_study.planning import resources
+from offload_study.planning.studyfile import study_config
+from offload_study.training import provenance
+from offload_study.training.launch import Launch
+from offload_study.training.supervise import Supervision
 
 refuses = pytest.mark.refuses_bad_input
 DEFAULT_STUDY = REPO_ROOT / "config" / "config.yaml"

@@ -12,8 +12,9 @@ import pytest
 from test_bundle import STUDY, cross_cluster  # noqa: F401 - the session fixture
 from test_report_browser import chromium, page_requests
 
-from offload_study import bundle, contracts, site
-from offload_study.study import REPO_ROOT
+from offload_study.across import bundle, site
+from offload_study.core import contracts
+from offload_study.core.study import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 RULES = ["common", "plan", "train", "collect", "report", "bundle", "compare", "check", "publish"]

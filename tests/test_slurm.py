@@ -19,9 +19,9 @@ import yaml
 from conftest import REPO, copy_repo_for_run, make_cluster, make_spec
 from slurm_cluster import slurm_fixture_gen
 
-from offload_study.contracts import PROGRESS_FILE, read_json, write_json, write_run_spec
-from offload_study.resources import train_resources
-from offload_study.study import StudyError
+from offload_study.core.contracts import PROGRESS_FILE, read_json, write_json, write_run_spec
+from offload_study.core.study import StudyError
+from offload_study.planning.resources import train_resources
 
 pytestmark = pytest.mark.slurm
 
@@ -88,8 +88,8 @@ def planned(cluster_desc: dict, name: str, gpus: int, **scenario):
 SNAKEFILE = textwrap.dedent(
     """\
     from pathlib import Path
-    from offload_study.contracts import read_json, read_run_spec
-    from offload_study.resources import rule_resources, train_resources
+    from offload_study.core.contracts import read_json, read_run_spec
+    from offload_study.planning.resources import rule_resources, train_resources
     CLUSTER = read_json("cluster.json")
     SPECS = {p.name.removesuffix(".run.json"): read_run_spec(p)
              for p in Path("specs").glob("*.run.json")}

@@ -1,6 +1,6 @@
 """Numbers you can trust: steady-state detection, adaptive stop, skipped (fp16 overflow) steps.
 
-Unit tests of offload_study.steady on synthetic series, of the plan's measure keys, of metrics and
+Unit tests of offload_study.training.steady on synthetic series, of the plan's measure keys, of metrics and
 of DeepSpeed's skipped-step log lines (a real H200 log; overflow lines from DeepSpeed's own loss
 scaler); slow tests with real DeepSpeed on CPU (an engine whose step overflows, an adaptive run).
 """
@@ -19,11 +19,13 @@ import pytest
 from conftest import SMALL_LLAMA, make_cluster, make_spec
 from test_runner import load_record, make_run, run_runner
 
-from offload_study import contracts, dsconfig, logparse, metrics, steady
-from offload_study.contracts import STOP_REASONS, RankStats, StepRow
-from offload_study.plan import expand_plan
-from offload_study.study import StudyError, load_study
-from offload_study.supervise import Supervision
+from offload_study.core import contracts
+from offload_study.core.contracts import STOP_REASONS, RankStats, StepRow
+from offload_study.core.study import StudyError, load_study
+from offload_study.planning import dsconfig
+from offload_study.planning.plan import expand_plan
+from offload_study.training import logparse, metrics, steady
+from offload_study.training.supervise import Supervision
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -229,8 +231,8 @@ def test_contradicting_measure_keys_are_refused_naming_the_key(kwargs, words):
 
 
 def test_committed_studies_keep_their_fixed_steps():
-    from offload_study.plan import Plan
-    from offload_study.study import REPO_ROOT
+    from offload_study.core.study import REPO_ROOT
+    from offload_study.planning.plan import Plan
 
     fixed = [p for p in sorted((REPO_ROOT / "config" / "studies").glob("*.yaml"))
              if "steps" in load_study(p)]  # fmt: skip
@@ -357,7 +359,7 @@ def test_a_real_gpu_fp16_overflow_run_is_counted_from_its_log_and_its_steps():
     assert m["skipped_steps_measured"] == m["skipped_steps_ds_log"] == 6
     assert m["step_time_s"] is None  # no step did optimizer work: no speed to report
     # This record predates outcome.nothing_timed (it says "ok"); judged today, it is an error:
-    from offload_study import outcome
+    from offload_study.training import outcome
 
     stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1, finished=True)}
     logs = {"rank0.log": text}
@@ -374,8 +376,8 @@ def overflowing_engine(out: str) -> None:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from offload_study import harness, launch
-    from offload_study.tokens import Batches
+    from offload_study.training import harness, launch
+    from offload_study.training.tokens import Batches
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1")  # fmt: skip

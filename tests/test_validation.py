@@ -13,9 +13,9 @@ import yaml
 from conftest import SMALL_LLAMA, make_spec
 from test_plan import SHIPPED_STUDIES, shipped, with_change
 
-from offload_study import dsconfig, presets
-from offload_study.plan import Plan, write_scenario_files
-from offload_study.study import REPO_ROOT, SHOWN_CHARS, StudyError
+from offload_study.core.study import REPO_ROOT, SHOWN_CHARS, StudyError
+from offload_study.planning import dsconfig, presets
+from offload_study.planning.plan import Plan, write_scenario_files
 
 NAN, INF = float("nan"), float("inf")
 NVME = "scenarios[3]"  # the default study's NVMe scenario (config/config.yaml)
@@ -379,7 +379,7 @@ def test_the_run_checks_its_nvme_folder_first(tmp_path):
     spec_path, ds_path = tmp_path / "s.run.json", tmp_path / "s.json"
     write_scenario_files(spec, str(ds_path), str(spec_path))
     outdir = tmp_path / "results" / "local-cpu" / "test" / spec.scenario / "rep0"
-    cmd = [sys.executable, "-m", "offload_study.runner", "--spec", str(spec_path),
+    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
            "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     metrics = json.loads((outdir / "metrics.json").read_text())

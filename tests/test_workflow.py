@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from offload_study import readme_sync
-from offload_study.study import REPO_ROOT
+from offload_study.core.study import REPO_ROOT
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
@@ -155,8 +155,16 @@ def in_order(output: str, steps: list[str]) -> bool:
 @pytest.mark.parametrize(
     ("target", "steps"),
     [
-        ("test", ["scripts/setup.sh test", "-m venv", "offload_study.ops", "-m pytest"]),
-        ("study", ["scripts/setup.sh study", "-m venv", "offload_study.ops", "snakemake --cores"]),
+        ("test", ["scripts/setup.sh test", "-m venv", "offload_study.admission.ops", "-m pytest"]),
+        (
+            "study",
+            [
+                "scripts/setup.sh study",
+                "-m venv",
+                "offload_study.admission.ops",
+                "snakemake --cores",
+            ],
+        ),
     ],
 )
 def test_make_sets_up_everything_before_it_runs(target, steps):

@@ -102,7 +102,7 @@ build_ops() {
   # a build killed earlier leaves its lock file and every later load would wait on it forever
   find "$TORCH_EXTENSIONS_DIR" -name lock -delete 2>/dev/null
   for op in "$@"; do
-    python3 -m offload_study.ops "$op" >"$LOGS/ops_$op.log" 2>&1 &
+    python3 -m offload_study.admission.ops "$op" >"$LOGS/ops_$op.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
@@ -143,7 +143,7 @@ if isinstance(spec.get("measure"), dict):
     spec["measure"]["mode"] = "fixed"  # 6 steps, every one of them skipped
 json.dump(spec, open("/tmp/overflow.run.json", "w"), indent=1)
 PY
-  python3 -m offload_study.runner --spec /tmp/overflow.run.json --repeat 0 --outdir /tmp/overflow/rep0
+  python3 -m offload_study.training.runner --spec /tmp/overflow.run.json --repeat 0 --outdir /tmp/overflow/rep0
   grep -h "OVERFLOW\|loss scale" /tmp/overflow/rep0/logs/rank0.log | head -20
 }
 

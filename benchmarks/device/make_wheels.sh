@@ -33,7 +33,7 @@ mapfile -t SDIST < <(grep -v '^\s*#' "$LIST" | grep -iE '^(deepspeed|connection[
   -d "$OUT" "${BINARY[@]}"
 
 # sdist only on PyPI: build pure-Python wheels. DeepSpeed without its C++ ops (they are compiled
-# at run time on the GPU machine with its nvcc: python3 -m offload_study.ops ...).
+# at run time on the GPU machine with its nvcc: python3 -m offload_study.admission.ops ...).
 DS_BUILD_OPS=0 "$PY312" -m pip wheel -q --no-deps -w "$OUT" "${SDIST[@]}"
 
 # libaio for DeepSpeed's async_io op (NVMe offload); unpacked with dpkg -x on the GPU machine.

@@ -109,7 +109,7 @@ RES_C=results/h200-1gpu/default-gpu
 STUDY_M=config/studies/h200-1gpu-method.yaml RES_M=results/h200-1gpu/h200-1gpu-method
 setup
 timed versions 150 versions
-res=$(python3 -c "from offload_study.plan import Plan
+res=$(python3 -c "from offload_study.planning.plan import Plan
 print(Plan('$STUDY_A').results_dir, Plan('$STUDY_B').results_dir)") && read -r RES_A RES_B <<<"$res"
 say "studies: $STUDY_A -> $RES_A, $STUDY_B -> $RES_B"
 
@@ -123,7 +123,7 @@ import sys
 s = json.load(open(sys.argv[1] + "/configs/zero3__gas-1.run.json")); s.update(steps=1, warmup_steps=0, scenario="smoke")
 json.dump(s, open("/tmp/smoke.run.json", "w"), indent=1)
 EOF
-  timed smoke_run 180 python3 -m offload_study.runner --spec /tmp/smoke.run.json --repeat 0 \
+  timed smoke_run 180 python3 -m offload_study.training.runner --spec /tmp/smoke.run.json --repeat 0 \
     --outdir /tmp/smoke/rep0
   cat /tmp/smoke/rep0/metrics.json 2>/dev/null | head -60
   ;;
@@ -159,7 +159,7 @@ fid)
     python3 -c "import json,sys; s=json.load(open(sys.argv[1])); s.update(warmup_steps=3, steps=8); json.dump(s, open(sys.argv[2], 'w'))" $RES_A/configs/$s.run.json /tmp/fid/$s.run.json
     for k in 1 2; do
       timed "raw $s #$k" 120 raw /tmp/fid/$s.run.json /tmp/raw/fid/$s.$k.json
-      timed "workflow $s #$k" 120 python3 -m offload_study.runner --spec /tmp/fid/$s.run.json --repeat $k --outdir /tmp/fid/$s/rep$k
+      timed "workflow $s #$k" 120 python3 -m offload_study.training.runner --spec /tmp/fid/$s.run.json --repeat $k --outdir /tmp/fid/$s/rep$k
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); w=json.load(open(sys.argv[2])); print('FID', sys.argv[3], r['tokens_per_s'], w['tokens_per_s'], w['tokens_per_s']/r['tokens_per_s'])" /tmp/raw/fid/$s.$k.json /tmp/fid/$s/rep$k/metrics.json $s.$k
     done
   done

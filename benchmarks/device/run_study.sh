@@ -4,7 +4,7 @@
 #                bash benchmarks/device/run_study.sh", carry=[".whl"])
 # STUDIES   space-separated STUDY_YAML[:TARGETS] (TARGETS: comma-separated Snakemake targets, e.g.
 #           "recommend" or one repeat's metrics.json files; default: all of the study)
-# CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.calibrate,
+# CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.prediction.calibrate,
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
 # same warm machine continues what a call cut at its deadline left (--rerun-incomplete redoes a
@@ -36,7 +36,7 @@ snake() { # snake STUDY_YAML [targets...]
     --rerun-incomplete --config study_file="$study"
 }
 
-results_dir() { python3 -c "from offload_study.plan import Plan; print(Plan('$1').results_dir)"; }
+results_dir() { python3 -c "from offload_study.planning.plan import Plan; print(Plan('$1').results_dir)"; }
 
 keep_outside() { # results/, reports/ and .snakemake/ survive a re-carried tree
   local d
@@ -89,7 +89,7 @@ timed versions 60 versions
 timed ops 240 build_ops cpu_adam fused_adam
 if [ -n "${CALIBRATE:-}" ] && [ ! -f "results/$CALIBRATE/calibration.json" ]; then
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-  timed calibrate 180 python3 -m offload_study.calibrate --cluster "$CALIBRATE" \
+  timed calibrate 180 python3 -m offload_study.prediction.calibrate --cluster "$CALIBRATE" \
     --cores $((CORES / (gpus > 0 ? gpus : 1))) --out "results/$CALIBRATE/calibration.json"
   cat "results/$CALIBRATE/calibration.json"
 fi

@@ -9,7 +9,7 @@
 # machine between calls, and every call packs them into $OUT; after a lost machine, unpack the
 # last results.tar.gz into the tree and carry "results" along.
 #   REPS="0 1"  repeats to run; ONLY="scenario ..."  run only these scenarios.
-#   CALIBRATE=1 first measure the cluster's calibration (python -m offload_study.calibrate, CUDA
+#   CALIBRATE=1 first measure the cluster's calibration (python -m offload_study.prediction.calibrate, CUDA
 #               path, 16 cores = one rank's share) into results/h200-2gpu/calibration.json.
 #   OVERFLOW=1  also capture an fp16 overflow log (tiny model, initial loss scale 2^32) at the end.
 set -uo pipefail
@@ -100,7 +100,7 @@ setup
 timed versions 60 versions
 timed ops 240 build_ops cpu_adam fused_adam
 if [ "${CALIBRATE:-0}" = 1 ]; then
-  timed calibrate 150 python3 -m offload_study.calibrate --cluster h200-2gpu --cores 16 \
+  timed calibrate 150 python3 -m offload_study.prediction.calibrate --cluster h200-2gpu --cores 16 \
     --out results/h200-2gpu/calibration.json
   cat results/h200-2gpu/calibration.json
 fi

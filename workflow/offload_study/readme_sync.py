@@ -6,7 +6,7 @@ import re
 import sys
 
 from offload_study import schemadoc
-from offload_study.study import REPO_ROOT
+from offload_study.core.study import REPO_ROOT
 
 SECTIONS = ("study", "cluster", "metrics")
 

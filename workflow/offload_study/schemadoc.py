@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from offload_study.study import _resolve, load_schema
+from offload_study.core.study import _resolve, load_schema
 
 
 def _type_of(schema: dict) -> str:

@@ -1,4 +1,4 @@
-from offload_study.bundle import SUFFIX, bundle_name
+from offload_study.across.bundle import SUFFIX, bundle_name
 
 
 localrules:
@@ -28,5 +28,5 @@ rule bundle:
         cluster=PLAN.cluster["name"],
         study=PLAN.study["study"],
     shell:
-        "python -m offload_study.bundle create --cluster {params.cluster:q} --study {params.study:q}"
+        "python -m offload_study.across.bundle create --cluster {params.cluster:q} --study {params.study:q}"
         " --report {input.report:q} --out {output:q} > {log:q} 2>&1"

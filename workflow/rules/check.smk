@@ -26,5 +26,5 @@ rule check:
         ),
     shell:
         # tee: the verdicts on the console and in the log; pipefail keeps check's exit status
-        "python -m offload_study.check --summary {input.summary:q} --plan {input.plan:q}"
+        "python -m offload_study.across.check --summary {input.summary:q} --plan {input.plan:q}"
         " --references {params.references:q} --out {output:q} 2>&1 | tee {log:q}"

@@ -31,6 +31,6 @@ rule collect:
     params:
         baseline=PLAN.baseline or "",
     shell:
-        "python -m offload_study.collect --baseline {params.baseline:q} --runs-csv {output.runs:q}"
+        "python -m offload_study.analysis.collect --baseline {params.baseline:q} --runs-csv {output.runs:q}"
         " --runs-parquet {output.parquet:q} --summary-csv {output.summary:q} {input.metrics:q}"
         " > {log:q} 2>&1"

@@ -8,11 +8,11 @@ sys.path.insert(
     0, f"{workflow.basedir}/workflow"
 )  # the library, also without pip install -e
 
-from offload_study import recommend as recommend_search
-from offload_study.bundle import BundleError, compare_name
-from offload_study.plan import Plan
-from offload_study.resources import rule_resources, train_resources
-from offload_study.study import StudyError
+from offload_study.prediction import recommend as recommend_search
+from offload_study.across.bundle import BundleError, compare_name
+from offload_study.planning.plan import Plan
+from offload_study.planning.resources import rule_resources, train_resources
+from offload_study.core.study import StudyError
 
 try:
     PLAN = Plan(config, source=STUDY_SOURCE)  # STUDY_SOURCE: set by the Snakefile

@@ -13,4 +13,4 @@ rule compare:
     conda:
         "../../envs/analysis.yaml"
     shell:
-        "python -m offload_study.compare --out {output:q} {input:q} > {log:q} 2>&1"
+        "python -m offload_study.across.compare --out {output:q} {input:q} > {log:q} 2>&1"

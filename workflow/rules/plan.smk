@@ -15,7 +15,7 @@ rule deepspeed_config:
         # A changed scenario re-plans (and re-runs) that scenario alone.
         spec=lambda wc: PLAN.run_spec(scenario_of(wc)),
     run:
-        from offload_study.plan import write_scenario_files
+        from offload_study.planning.plan import write_scenario_files
 
         write_scenario_files(params.spec, output.ds_config, output.spec)
 
@@ -28,7 +28,7 @@ rule plan_summary:
     params:
         summary=PLAN.summary(),
     run:
-        from offload_study.plan import write_json
+        from offload_study.planning.plan import write_json
 
         write_json(output[0], params.summary)
 
@@ -68,7 +68,7 @@ rule calibrate:
     params:
         cluster=PLAN.cluster["name"],
     shell:
-        "python -m offload_study.calibrate --cluster {params.cluster:q} --cores {threads}"
+        "python -m offload_study.prediction.calibrate --cluster {params.cluster:q} --cores {threads}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -90,7 +90,7 @@ rule plan:
     shell:
         # A refusal (DeepSpeed's parser, the op preflight) ends the log: on failure its last
         # lines go to the terminal too, so the reason is not only in the log file.
-        "python -m offload_study.plan --plan-json {input.summary:q} --out {output.json:q}"
+        "python -m offload_study.planning.plan --plan-json {input.summary:q} --out {output.json:q}"
         " --plan-csv {output.csv:q} --calibration {input.calibration:q} {input.specs:q}"
         " > {log:q} 2>&1 || {{ status=$?; echo 'plan refused; the end of' {log:q} >&2;"
         " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"

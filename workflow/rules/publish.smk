@@ -22,5 +22,5 @@ rule publish:
     conda:
         "../../envs/analysis.yaml"
     shell:
-        "python -m offload_study.site --index {output.index:q} --site-dir {output.site:q} {input:q}"
+        "python -m offload_study.across.site --index {output.index:q} --site-dir {output.site:q} {input:q}"
         " > {log:q} 2>&1"

@@ -1,4 +1,4 @@
-# `snakemake recommend` for a study with a recommend block (offload_study.recommend): predict every
+# `snakemake recommend` for a study with a recommend block (offload_study.prediction.recommend): predict every
 # candidate (rule plan), measure the best few for real (the checkpoint decides which runs to make,
 # round by round while none ran ok; rule train makes them), write the fastest config within the
 # GPU-memory budget.
@@ -18,7 +18,7 @@ rule recommend_space:
         # a study without a recommend block fails here, naming the key
         space=lambda wc: recommend_search.space(PLAN),
     run:
-        from offload_study.contracts import write_json
+        from offload_study.core.contracts import write_json
 
         write_json(output[0], params.space)
 
@@ -46,7 +46,7 @@ checkpoint recommend_select:
             else []
         ),
     shell:
-        "python -m offload_study.recommend select --space {input.space:q}"
+        "python -m offload_study.prediction.recommend select --space {input.space:q}"
         " --plan-csv {input.plan_csv:q} --out {output:q} {params.previous_round:q}"
         " > {log:q} 2>&1"
 
@@ -72,7 +72,7 @@ rule recommend:
     params:
         configs=f"{RESULTS}/configs",
     shell:
-        "python -m offload_study.recommend decide --space {input.space:q}"
+        "python -m offload_study.prediction.recommend decide --space {input.space:q}"
         " --rounds {input.rounds:q} --configs {params.configs:q}"
         " --ds-config-out {output.ds_config:q} --html {output.html:q} --out {output.json:q}"
         " {input.metrics:q} > {log:q} 2>&1"

@@ -31,6 +31,6 @@ rule report:
             arg for p in input.others for arg in ("--other-cluster-summary", p)
         ],
     shell:
-        "python -m offload_study.report --runs {input.runs:q} --summary {input.summary:q}"
+        "python -m offload_study.analysis.report --runs {input.runs:q} --summary {input.summary:q}"
         " --plan {input.plan:q} --out {output.html:q} --figures-dir {params.figures:q}"
         " {params.others:q} > {log:q} 2>&1"

@@ -31,5 +31,5 @@ rule train:
     params:
         outdir=subpath(output.metrics, parent=True),
     shell:
-        "python -m offload_study.runner --spec {input.spec:q} --repeat {wildcards.rep:q}"
+        "python -m offload_study.training.runner --spec {input.spec:q} --repeat {wildcards.rep:q}"
         " --outdir {params.outdir:q} --cores {threads} > {log:q} 2>&1"

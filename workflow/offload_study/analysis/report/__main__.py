@@ -1,0 +1,3 @@
+from offload_study.analysis.report.render import main
+
+raise SystemExit(main())

@@ -1,0 +1,392 @@
+"""The report's figures: one function per plot, scenario views (report.views) in, a PNG out.
+
+Every plot function returns whether it had data; without data it still writes a "no data" PNG
+so that the figure files Snakemake expects always exist. Bar plots have one row per scenario up
+to MAX_BARS scenarios; a larger study (a sweep of hundreds of points) gets one row per base
+scenario, its fastest sweep point, with the other points drawn as dots on that row: hundreds of
+bars are unreadable, and drawing them was most of the report's time.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.ticker import MaxNLocator, StrMethodFormatter  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
+
+from offload_study.analysis.report.views import Row, isnum  # noqa: E402
+
+FIGURES = {
+    "relative_speed": "relative_speed.png",
+    "speed_vs_gpu_memory": "speed_vs_gpu_memory.png",
+    "step_breakdown": "step_breakdown.png",
+    "speed_vs_gas": "speed_vs_gas.png",
+}
+BREAKDOWN_PARTS = [  # (label, summary columns summed)
+    ("forward", ["breakdown_ms.forward"]),
+    ("backward", ["breakdown_ms.backward"]),
+    ("optimizer step", ["breakdown_ms.step"]),
+    ("swap in/out", ["breakdown_ms.optimizer_swap_in", "breakdown_ms.optimizer_swap_out"]),
+]
+PALETTE = {"none": "#4c72b0", "cpu": "#dd8452", "nvme": "#8172b3", "failed": "#c44e52"}
+MAX_BARS = 30  # rows of a bar plot before it shows one row per base scenario
+MAX_LABELS = 16  # labelled points of the speed/memory plot before only the front is labelled
+DPI = 110
+
+
+# --------------------------------------------------------------------------- shared
+def _no_data(path: Path, title: str, why: str) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.axis("off")
+    ax.text(0.5, 0.62, title, ha="center", va="center", fontsize=13, weight="bold")
+    ax.text(0.5, 0.4, f"no data: {why}", ha="center", va="center", fontsize=11, color="#555")
+    _save(fig, path)
+
+
+def _save(fig, path: Path) -> None:
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def _short(label: str, n: int = 40) -> str:
+    return label if len(label) <= n else label[: n - 1] + "…"
+
+
+def _tick_label(v: Row) -> str:
+    """Label, and the sweep point on a second line (where sweeps differ, so it must show)."""
+    label = _short(v["label"])
+    return f"{label}\n{_short(v['sweep_text'])}" if v["sweep_text"] else label
+
+
+def _speed(v: Row) -> float:
+    """Sort key: relative speed, else tokens/s (comparable within one study); -1 if failed."""
+    for key in ("relative_speed", "tokens_per_s"):
+        if v[key] is not None:
+            return v[key]
+    return -1.0
+
+
+def bar_rows(views: list[Row]) -> tuple[list[tuple[Row, list[Row]]], str | None]:
+    """(row scenario, the scenarios it stands for) per bar, and a note when condensed."""
+    if len(views) <= MAX_BARS:
+        return [(v, [v]) for v in views], None
+    groups: dict[str, list[Row]] = {}
+    for v in views:
+        groups.setdefault(v["base_scenario"] or v["scenario"], []).append(v)
+    rows = [(max(g, key=_speed), g) for g in groups.values()]
+    note = f"fastest sweep point of each configuration; {len(views)} scenarios"
+    if len(rows) > MAX_BARS:
+        rows = sorted(rows, key=lambda r: _speed(r[0]), reverse=True)[:MAX_BARS]
+        note = f"the {MAX_BARS} fastest of {len(groups)} configurations; {len(views)} scenarios"
+    return rows, note
+
+
+# --------------------------------------------------------------------------- relative speed
+def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> bool:
+    """Bars of % of baseline speed (tokens/s without a baseline), CI whiskers, seed diamonds."""
+    use_rel = any(v["relative_speed"] is not None for v in views)
+    key, scale = ("relative_speed", 100.0) if use_rel else ("tokens_per_s", 1.0)
+    rows, note = bar_rows(views)
+    if not any(v[key] is not None for v, _ in rows):
+        _no_data(path, "Training speed", "no successful run")
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(rows) + 1.4))
+    y = np.arange(len(rows))
+    vals = np.array([scale * (v[key] or 0.0) for v, _ in rows])
+    colors = [PALETTE["failed"] if v["n_ok"] == 0 else PALETTE[v["offload_kind"]] for v, _ in rows]
+    flagged = _hatch_flagged(ax, ax.barh(y, vals, color=colors, height=0.6), [v for v, _ in rows])
+    ends = _whiskers(ax, [v for v, _ in rows], y, scale) if use_rel else vals
+    if note:
+        _sweep_dots(ax, rows, key, scale)
+    for i, (v, _) in enumerate(rows):
+        if v["n_ok"] == 0:
+            ax.text(1, i, f" failed: {v['outcomes']}", va="center", color=PALETTE["failed"])
+        elif vals[i]:
+            txt = f" {vals[i]:.0f}%" if use_rel else f" {vals[i]:,.0f}"
+            ax.text(max(ends[i], vals[i]), i, txt, va="center", ha="left", fontsize=9)
+    refs = _seed_marks(ax, [v for v, _ in rows]) if use_rel else []
+    if note or refs or flagged:
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_yticks(y, [_tick_label(v) for v, _ in rows], fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"training speed, % of baseline\n(baseline: {_short(baseline or '?', 50)})"
+                  if use_rel else "tokens/s (no baseline measured)", fontsize=10)  # fmt: skip
+    top = max([*ends, *vals, *refs])
+    ax.set_xlim(0, top * 1.25)
+    ax.set_title("Training speed per scenario" + (f"\n{note}" if note else ""), fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+    return True
+
+
+def _hatch_flagged(ax, bars, views: list[Row]) -> bool:
+    """Hatch the bars of scenarios with a blocking sanity flag (implausible: not a finding); a
+    caution leaves the bar as it is (the number stands, its CI is the whisker)."""
+    flagged = [bool(v["blocking"]) for v in views]
+    for bar, is_flagged in zip(bars, flagged, strict=True):
+        if is_flagged:
+            bar.set(hatch="///", edgecolor="#c62828", alpha=0.6)
+    if any(flagged):
+        swatch = {"color": "white", "hatch": "///", "edgecolor": "#c62828"}
+        ax.barh([0], [0], label="flagged: not a finding", **swatch)  # zero width: legend only
+    return any(flagged)
+
+
+def _sweep_dots(ax, rows: list[tuple[Row, list[Row]]], key: str, scale: float) -> None:
+    """The other sweep points of each condensed row, as small dots on it."""
+    dots = [
+        (scale * g[key], i) for i, (_, grp) in enumerate(rows) for g in grp if g[key] is not None
+    ]
+    xs, ys = zip(*dots, strict=True)
+    ax.scatter(xs, ys, s=9, color="black", alpha=0.35, zorder=4, lw=0, label="other sweep points")
+
+
+def _seed_marks(ax, views: list[Row]) -> list[float]:
+    """White diamonds at the seed document's published speed (%); returns the speeds drawn."""
+    drawn = []
+    for i, v in enumerate(views):
+        if isnum(v["reference_speed_pct"]):
+            drawn.append(float(v["reference_speed_pct"]))
+            ax.plot(drawn[-1], i, marker="D", color="black", ms=6, mfc="white", zorder=5)
+    if drawn:
+        ax.plot([], [], marker="D", color="black", mfc="white", ls="", label="seed (published)")
+    return drawn
+
+
+def _whiskers(ax, views: list[Row], y: np.ndarray, scale: float) -> np.ndarray:
+    """95% CI whiskers of the relative speed (one errorbar call); returns each row's right end."""
+    mid, lo, hi = (_column(views, f"relative_speed{s}") for s in ("", "_ci_low", "_ci_high"))
+    has = np.isfinite(mid) & np.isfinite(lo) & np.isfinite(hi)
+    if has.any():
+        xerr = np.clip([scale * (mid - lo)[has], scale * (hi - mid)[has]], 0, None)
+        ax.errorbar(scale * mid[has], y[has], xerr=xerr, fmt="none", color="black", capsize=3, lw=1)
+    return np.nan_to_num(scale * np.where(has, hi, mid), nan=0.0)
+
+
+def _column(views: list[Row], key: str) -> np.ndarray:
+    return np.array([np.nan if v[key] is None else float(v[key]) for v in views])
+
+
+# --------------------------------------------------------------------------- speed vs memory
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated when minimising x (memory) and maximising y (speed)."""
+    idx = []
+    for i, (x, y) in enumerate(points):
+        dominated = any(
+            (x2 <= x and y2 >= y) and (x2 < x or y2 > y)
+            for j, (x2, y2) in enumerate(points)
+            if j != i
+        )
+        if not dominated:
+            idx.append(i)
+    return sorted(idx, key=lambda i: points[i][0])
+
+
+def plot_speed_vs_memory(views: list[Row], path: Path) -> bool:
+    """Speed against peak GPU memory per GPU (host memory per node when no GPU memory was
+    measured), the Pareto front ringed and joined; labels placed so that none overlap."""
+    use_rel = any(v["relative_speed"] is not None for v in views)
+    ykey, scale = ("relative_speed", 100.0) if use_rel else ("tokens_per_s", 1.0)
+    xkey, xlabel = "peak_gpu_allocated_gib", "peak GPU memory allocated per GPU (GiB)"
+    if not any(v[xkey] is not None and v[ykey] is not None for v in views):
+        xkey, xlabel = (
+            "host_peak_rss_gib",
+            "peak host memory per node (GiB) — no GPU memory measured",
+        )
+    pts = [v for v in views if v[xkey] is not None and v[ykey] is not None]
+    if not pts:
+        _no_data(path, "Speed vs memory", "no successful run with memory measured")
+        return False
+    xs, ys = [v[xkey] for v in pts], [scale * v[ykey] for v in pts]
+    front = pareto_front(list(zip(xs, ys, strict=True)))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    if len(front) > 1:
+        ax.step([xs[i] for i in front], [ys[i] for i in front], where="post", color="#999",
+                ls="--", lw=1.2, label="Pareto front")  # fmt: skip
+    on_front = np.isin(np.arange(len(pts)), front)
+    ax.scatter(xs, ys, s=np.where(on_front, 110, 60), c=[PALETTE[v["offload_kind"]] for v in pts],
+               edgecolors=np.where(on_front, "black", "none"), zorder=3)  # fmt: skip
+    for kind in dict.fromkeys(v["offload_kind"] for v in pts):
+        ax.scatter([], [], color=PALETTE[kind], label=f"offload: {kind}")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, frameon=False)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("training speed (% of baseline)" if use_rel else "tokens/s")
+    ax.set_xlim(0, max(xs) * 1.35)
+    ax.set_ylim(0, max(ys) * 1.18)
+    labelled = range(len(pts)) if len(pts) <= MAX_LABELS else front
+    ax.set_title("Speed vs memory (up-left is better; ringed = Pareto-optimal)"
+                 + ("" if len(pts) <= MAX_LABELS else "\nlabels: Pareto-optimal scenarios only"),
+                 fontsize=11)  # fmt: skip
+    fig.tight_layout()
+    points = list(zip(xs, ys, strict=True))
+    place_labels(ax, [points[i] for i in labelled], [_tick_label(pts[i]) for i in labelled], points)
+    _save(fig, path)
+    return True
+
+
+def place_labels(ax, points, texts, obstacles, fontsize: float = 8) -> None:
+    """Annotate points so that no label overlaps another label or any marker (``obstacles``).
+
+    Each label tries, in order, right of its point then left of it, at its own height, then one
+    line lower, one higher, two lower, ...; a label that had to move gets a thin leader line. A
+    label with no free place inside the axes keeps the first spot. Call once the layout is
+    final (after tight_layout): boxes are measured in display pixels.
+    """
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    taken = [_marker_box(ax, p) for p in obstacles]
+    shifts = [0, *(s * k for k in range(1, 9) for s in (-1, 1))]
+    for i in sorted(range(len(points)), key=lambda i: -points[i][1]):
+        sides = [
+            (dx, _label_box(ax, points[i], texts[i], dx, fontsize, renderer)) for dx in (7, -7)
+        ]
+        spots = [(dx, k, box.translated(0, k * box.height)) for k in shifts for dx, box in sides]
+        dx, k, box = next((s for s in spots if _is_free(s[2], frame, taken)), spots[0])
+        taken.append(box)
+        leader = {"arrowstyle": "-", "lw": 0.5, "color": "#888"} if k else None
+        dy = k * box.height * 72 / ax.figure.dpi  # pixels -> points
+        ax.annotate(texts[i], points[i], **_label_style(dx, dy, fontsize), arrowprops=leader)
+
+
+def _label_style(dx: float, dy: float, fontsize: float) -> dict:
+    """A label dx, dy points from its point, on a faint white ground (legible over grid lines)."""
+    ground = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
+    return {"xytext": (dx, dy), "textcoords": "offset points", "fontsize": fontsize,
+            "va": "center", "ha": "left" if dx > 0 else "right", "bbox": ground}  # fmt: skip
+
+
+def _label_box(ax, point, text, dx, fontsize, renderer) -> Bbox:
+    probe = ax.annotate(text, point, **_label_style(dx, 0, fontsize))
+    box = probe.get_window_extent(renderer)
+    probe.remove()
+    return box
+
+
+def _is_free(box: Bbox, frame: Bbox, taken: list[Bbox]) -> bool:
+    inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+    return inside and not any(box.overlaps(t) for t in taken)
+
+
+def _marker_box(ax, point, radius_px: float = 6) -> Bbox:
+    x, y = ax.transData.transform(point)
+    return Bbox.from_extents(x - radius_px, y - radius_px, x + radius_px, y + radius_px)
+
+
+# --------------------------------------------------------------------------- step breakdown
+def breakdown_parts(v: Row) -> dict[str, float] | None:
+    """Median ms per optimizer step by DeepSpeed timer, plus what no timer accounts for; None
+    when the scenario has neither a step time nor any timer."""
+    total = 1000 * v["step_time_s"] if v["step_time_s"] is not None else math.nan
+    parts = {}
+    for name, cols in BREAKDOWN_PARTS:
+        vals = [v[c] for c in cols if v[c] is not None]
+        if name == "backward" and not vals:  # older DeepSpeed: only the inner timers
+            vals = [v[c] for c in ("breakdown_ms.backward_inner", "breakdown_ms.backward_allreduce")
+                    if v[c] is not None]  # fmt: skip
+        parts[name] = float(sum(vals))
+    known = sum(parts.values())
+    if math.isnan(total) and known == 0:
+        return None
+    parts["other / unattributed"] = 0.0 if math.isnan(total) else max(total - known, 0.0)
+    return parts
+
+
+def plot_breakdown(views: list[Row], path: Path) -> bool:
+    rows, note = bar_rows(views)
+    bars = [(_tick_label(v), p) for v, _ in rows if (p := breakdown_parts(v)) is not None]
+    if not bars:
+        _no_data(path, "Step-time breakdown", "no step time or DeepSpeed timers recorded")
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(bars) + 1.6))
+    colors = [*sns.color_palette("Set2", len(BREAKDOWN_PARTS)), (0.8, 0.8, 0.8)]
+    left = np.zeros(len(bars))
+    for k, name in enumerate([n for n, _ in BREAKDOWN_PARTS] + ["other / unattributed"]):
+        vals = np.array([p[name] for _, p in bars])
+        ax.barh(range(len(bars)), vals, left=left, color=colors[k], label=name, height=0.6)
+        left += vals
+    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("median time per optimizer step (ms, rank 0)")
+    ax.xaxis.set_major_locator(MaxNLocator(6))
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.set_title("Where the step time goes" + (f"\n{note}" if note else ""), fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+    return True
+
+
+# --------------------------------------------------------------------------- speed vs gas
+def plot_speed_vs_gas(runs: pd.DataFrame, views: list[Row], path: Path) -> bool:
+    """tokens/s of every ok run against gradient accumulation, one line per configuration."""
+    title = "Speed vs gradient accumulation"
+    need = {"gradient_accumulation_steps", "tokens_per_s", "outcome", "scenario"}
+    if runs.empty or not need <= set(runs.columns):
+        _no_data(path, title, "no runs")
+        return False
+    ok = runs[runs["outcome"] == "ok"].copy()
+    ok["gas"] = pd.to_numeric(ok["gradient_accumulation_steps"], errors="coerce")
+    ok["tokens/s"] = pd.to_numeric(ok["tokens_per_s"], errors="coerce")
+    ok = ok.dropna(subset=["gas", "tokens/s"])
+    if ok["gas"].nunique() < 2:
+        _no_data(path, title, "gradient_accumulation_steps never varies")
+        return False
+    by_base = "base_scenario" in ok and ok["base_scenario"].notna().all()
+    labels = {v["base_scenario" if by_base else "scenario"]: v["label"] for v in views}
+    key = "base_scenario" if by_base else "scenario"
+    ok["configuration"] = ok[key].map(lambda n: _short(labels.get(n) or str(n), 34))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    sns.lineplot(
+        data=ok, x="gas", y="tokens/s", hue="configuration", marker="o", errorbar=None, ax=ax
+    )
+    sns.scatterplot(
+        data=ok, x="gas", y="tokens/s", hue="configuration", legend=False, alpha=0.5, ax=ax
+    )
+    gas = sorted(ok["gas"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gas, [f"{g:g}" for g in gas])
+    ax.set_xlabel("gradient accumulation steps")
+    ax.set_ylim(bottom=0)
+    within = ok.groupby("configuration")["gas"].nunique().max() > 1
+    why = (
+        "seed: ≥ 8 hides offload transfers" if within else "gas differs only between configurations"
+    )
+    ax.set_title(f"{title} ({why})", fontsize=10)
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    fig.tight_layout()
+    _save(fig, path)
+    return True
+
+
+# --------------------------------------------------------------------------- all figures
+def make_figures(runs: pd.DataFrame, views: list[Row], figdir: Path, baseline) -> list[dict]:
+    """Every figure as a PNG under figdir (fixed names, FIGURES) and as a data: URI."""
+    figdir.mkdir(parents=True, exist_ok=True)
+    sns.set_theme(style="whitegrid", context="notebook")
+    specs = [
+        ("relative_speed", "Relative training speed", plot_relative_speed, (views, baseline)),
+        ("speed_vs_gpu_memory", "Speed vs memory tradeoff", plot_speed_vs_memory, (views,)),
+        ("step_breakdown", "Step-time breakdown", plot_breakdown, (views,)),
+        ("speed_vs_gas", "Speed vs gradient accumulation", plot_speed_vs_gas, (runs, views)),
+    ]
+    out = []
+    for key, title, plot, args in specs:
+        path = figdir / FIGURES[key]
+        try:
+            has = plot(*args, path)
+        except Exception as e:  # a plotting bug must not lose the whole report
+            plt.close("all")
+            _no_data(path, title, f"plot failed ({type(e).__name__}: {e})"[:90])
+            has = False
+        uri = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+        out.append({"key": key, "title": title, "file": path.name, "uri": uri, "has": has})
+    return out

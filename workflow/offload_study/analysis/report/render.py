@@ -1,0 +1,168 @@
+"""Render the report: views and figures into templates/report.html.j2, and the CLI.
+
+CLI::
+
+    python -m offload_study.analysis.report --runs runs.csv --summary summary.csv --plan plan.json \
+        --out reports/<study>/report.html --figures-dir reports/<study>/figures \
+        [--other-cluster-summary other/summary.csv ...]
+
+The HTML has no external reference at all: CSS inline, figures as base64 PNG, DeepSpeed configs as
+data: URI downloads, and a Content-Security-Policy that forbids any fetch. Figures are also written
+to --figures-dir under fixed names (figures.FIGURES) so Snakemake outputs always exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from offload_study.analysis import collect
+from offload_study.analysis.report import figures, predicted, views
+from offload_study.analysis.report import recommend as recommend_view
+from offload_study.core import contracts
+
+
+def baseline_of(summary: pd.DataFrame, plan: dict) -> tuple[str | None, str | None]:
+    """(baseline scenario, why there is no relative speed or None). Collect chose the baseline
+    (contracts.choose_baseline); the plan's choice stands in when nothing was collected."""
+    baseline = note = None
+    if "baseline" in summary and summary["baseline"].notna().any():
+        baseline = str(summary["baseline"].dropna().iloc[0])
+    if "relative_speed_note" in summary:
+        notes = summary["relative_speed_note"].dropna().astype(str)
+        note = next((n for n in notes if n.startswith(("no baseline", "baseline '"))), None)
+    return baseline or plan.get("baseline") or None, note
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("offload_study", "templates"),
+        autoescape=select_autoescape(["html", "j2", "html.j2"], default=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(fmt=views.fmt, pct=views.fmt_pct, bytes=views.fmt_bytes)
+    return env
+
+
+def _versions() -> dict:
+    import jinja2
+    import matplotlib
+    import seaborn
+
+    from offload_study import __version__
+
+    return {
+        "offload-study": __version__,
+        "python": platform.python_version(),
+        "pandas": pd.__version__,
+        "seaborn": seaborn.__version__,
+        "matplotlib": matplotlib.__version__,
+        "jinja2": jinja2.__version__,
+    }
+
+
+def render(
+    runs: pd.DataFrame,
+    summary: pd.DataFrame,
+    plan: dict,
+    figures_dir: str | Path,
+    other_summaries: Sequence[str] = (),
+) -> str:
+    """Render the report HTML (writes the figures into figures_dir)."""
+    baseline, note = baseline_of(summary, plan)
+    scenarios = views.scenario_views(summary, plan, baseline)
+    if not scenarios:
+        note = "no scenario in the plan and no run collected"
+    head, lines = views.verdicts(scenarios, baseline, note)
+    cluster = plan.get("cluster") or (
+        str(summary["cluster"].dropna().iloc[0])
+        if "cluster" in summary and summary["cluster"].notna().any()
+        else "?"
+    )
+    base_view = next((v for v in scenarios if v["is_baseline"]), None)
+    template = _environment().get_template("report.html.j2")
+    return template.render(
+        study=plan.get("study") or "?",
+        cluster=cluster,
+        description=plan.get("description") or "",
+        setup_line=views.setup_line(plan, runs),
+        baseline=baseline,
+        baseline_label=base_view["plot_label"] if base_view else None,
+        baseline_note=note,
+        verdict_head=head,
+        verdict_lines=lines,
+        scenarios=scenarios,
+        figures=figures.make_figures(runs, scenarios, Path(figures_dir), baseline),
+        failures=views.failures(runs, scenarios),
+        run_rows=views.run_rows(runs, scenarios),
+        run_breakdown=[name for name, _ in views.RUN_BREAKDOWN],
+        checks=views.sanity_rows(scenarios),
+        predicted=predicted.predicted_view(plan, summary),
+        recommend=plan.get("recommendation"),
+        blocked_names={v["scenario"] for v in scenarios if v["blocking"]},
+        cautioned_names={v["scenario"] for v in scenarios if v["flag_list"] and not v["blocking"]},
+        any_skipped=any(views.isnum(v["skipped_steps_measured"]) for v in scenarios),
+        provenance=views.provenance_rows(runs),
+        configs=views.config_blocks(scenarios, runs),
+        others=views.other_clusters(cluster, scenarios, other_summaries),
+        n_runs=len(runs),
+        n_ok=int((runs["outcome"] == "ok").sum()) if "outcome" in runs else 0,
+        any_reference=any(v["reference"] for v in scenarios),
+        versions=_versions(),
+        generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+def _read_plan(path: str) -> dict:
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"report: cannot read the plan {path}: {e}") from e
+    if not isinstance(plan, dict):
+        raise SystemExit(f"report: {path} is not a plan (a JSON object)")
+    # plan.csv lies beside plan.json (contracts.PLAN_CSV): found there also when the study's
+    # folder was moved (committed records under docs/results, an unpacked bundle).
+    beside = Path(path).with_name(contracts.PLAN_CSV)
+    if isinstance(plan.get("prediction"), dict) and beside.is_file():
+        plan["prediction"]["plan_csv"] = str(beside)
+    # a search's result lies beside it too (rule recommend; report.recommend)
+    plan["recommendation"] = recommend_view.beside(path)
+    return plan
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.analysis.report", description=__doc__
+    )
+    ap.add_argument("--runs", required=True, help="runs.csv (or .parquet) from collect")
+    ap.add_argument("--summary", required=True, help="summary.csv from collect")
+    ap.add_argument("--plan", required=True, help="plan.json (study, scenarios, references)")
+    ap.add_argument("--out", required=True, help="report.html to write")
+    ap.add_argument("--figures-dir", required=True, help="folder for the PNG figures")
+    ap.add_argument(
+        "--other-cluster-summary",
+        action="append",
+        default=[],
+        help="summary.csv of the same study on another cluster (repeatable)",
+    )
+    a = ap.parse_args(argv)
+    text = render(
+        collect.read_table(a.runs),
+        collect.read_table(a.summary),
+        _read_plan(a.plan),
+        a.figures_dir,
+        a.other_cluster_summary,
+    )
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(f"report: wrote {out} ({len(text) // 1024} KiB) and figures in {a.figures_dir}")
+    return 0

@@ -1,0 +1,490 @@
+"""What the report shows, as plain data: one view per scenario and the report's sections.
+
+A scenario view is the scenario's summary row (collect's column names, unchanged) over which the
+plan's setup for it is laid (what was asked for wins over what the records say), plus a few
+display fields that no table has (``gpu_setup``, ``offload_kind``, ``plot_label``, ...).
+Missing numbers are None, never NaN, so templates and plots test them one way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from offload_study.analysis import collect, sanity
+from offload_study.core import contracts
+
+
+class Row(dict):
+    """A dict whose missing keys read as None: a scenario that never ran has no measured
+    columns, and the template and plots treat "absent" and "not measured" alike."""
+
+    def __missing__(self, key):
+        return None
+
+
+# --------------------------------------------------------------------------- formatting
+def isnum(v) -> bool:
+    try:
+        return v is not None and not isinstance(v, bool) and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt(v, digits: int = 1, suffix: str = "") -> str:
+    """Number for humans; '—' for None/NaN."""
+    if not isnum(v):
+        return "—"
+    x = float(v)
+    if abs(x) >= 10000:
+        return f"{x:,.0f}{suffix}"
+    if 0 < abs(x) < 0.1 and digits > 0:
+        return f"{x:.2g}{suffix}"
+    return f"{x:,.{digits}f}{suffix}"
+
+
+def fmt_pct(v, digits: int = 0) -> str:
+    return "—" if not isnum(v) else f"{100 * float(v):.{digits}f}%"
+
+
+def fmt_bytes(v) -> str:
+    if not isnum(v):
+        return "—"
+    x = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024:
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} TiB"
+
+
+def count_of(n, noun: str) -> str:
+    """'1 GPU', '8 GPUs', '? GPUs' (unknown count)."""
+    if not isnum(n):
+        return f"? {noun}s"
+    return f"{int(n)} {noun}" if int(n) == 1 else f"{int(n)} {noun}s"
+
+
+def short_count(n) -> str:
+    """1345423360 -> '1.35B', 134105856 -> '134M' (three significant digits)."""
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"
+
+
+def _clean(v):
+    """NaN/NA -> None; numpy scalars -> Python numbers (the template compares them)."""
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def _as_dict(v) -> dict:
+    if isinstance(v, dict):
+        return v
+    try:
+        d = json.loads(v) if isinstance(v, str) else None
+    except ValueError:
+        d = None
+    return d if isinstance(d, dict) else {}
+
+
+def model_name(model: dict | None, params) -> str:
+    """'llama2-7b (6.74B params)' for a preset or pretrained id, else a short architecture
+    string from the config like 'Llama 1.35B'."""
+    model = model or {}
+    size = short_count(float(params)) if isnum(params) else None
+    named = model.get("preset") or model.get("name_or_path")
+    if named:
+        return f"{named} ({size} params)" if size else str(named)
+    kind = str((model.get("config") or {}).get("model_type") or "").capitalize()
+    if not kind:
+        return f"of {size} parameters" if size else "unknown"
+    return f"{kind} {size}" if size else kind
+
+
+# --------------------------------------------------------------------------- scenarios
+def scenario_views(summary: pd.DataFrame, plan: dict, baseline: str | None) -> list[Row]:
+    """Plan scenarios (in plan order) joined with their summary rows; unplanned rows appended."""
+    rows = {}
+    if not summary.empty and "scenario" in summary:
+        rows = {str(r["scenario"]): r for r in summary.to_dict("records")}
+    planned = [sc for sc in plan.get("scenarios") or [] if sc.get("name")]
+    views = [scenario_view(sc, rows.get(str(sc["name"])), baseline) for sc in planned]
+    seen = {v["scenario"] for v in views}
+    views += [scenario_view({"name": n}, r, baseline) for n, r in rows.items() if n not in seen]
+    return views
+
+
+def scenario_view(planned: dict, row: dict | None, baseline: str | None) -> Row:
+    """One scenario: its summary row, the plan's setup laid over it, and display fields."""
+    v = Row({k: _clean(x) for k, x in (row or {}).items()})
+    v.update({k: x for k, x in planned.items() if x not in (None, "") and k != "name"})
+    v["scenario"] = str(planned["name"])
+    v["label"] = str(v["label"] or v["scenario"])
+    v["sweep"] = _as_dict(v["sweep"])
+    v["reference"] = v["reference"] if isinstance(v["reference"], dict) else None
+    for k in ("nodes", "gpus_per_node", "world_size", "runs", "n_ok"):
+        v[k] = int(v[k]) if isnum(v[k]) else None
+    if v["world_size"] is None and v["nodes"] and v["gpus_per_node"]:
+        v["world_size"] = v["nodes"] * v["gpus_per_node"]
+    v["runs"], v["n_ok"] = v["runs"] or 0, v["n_ok"] or 0
+    v["status"] = v["status"] or "not run"
+    v["outcomes"] = v["outcomes"] or "no record"
+    v["offload_optimizer"] = str(v["offload_optimizer"] or "?")
+    v["offload_param"] = str(v["offload_param"] or "?")
+    v["is_baseline"] = v["scenario"] == baseline
+    v.update(_display_fields(v))
+    return v
+
+
+def _display_fields(v: Row) -> dict:
+    unit = "rank" if v["accelerator"] == "cpu" else "GPU"
+    if not isnum(v["gpu_mem_gb"]):
+        gpu_setup = count_of(v["world_size"], unit)
+    else:
+        gpu_setup = f"{float(v['gpu_mem_gb']):g}GB" + (
+            f" × {v['world_size']}" if v["world_size"] else ""
+        )
+    offloads = (v["offload_optimizer"], v["offload_param"])
+    kind = "nvme" if "nvme" in offloads else "cpu" if "cpu" in offloads else "none"
+    moved = [
+        f"{what}→{where}"
+        for what, where in zip(("optimizer", "params"), offloads, strict=True)
+        if where not in ("none", "?")
+    ]
+    sweep_text = _sweep_text(v)
+    return {
+        "flag_list": sanity.parse_flags(v["flags"], v["flag_details"]),
+        "blocking": sanity.blocking(v["flags"]),  # implausible: its numbers are no finding
+        "pair_text": _pair_text(v),
+        "pair_within_noise": within_noise(v["paired_ratio_ci_low"], v["paired_ratio_ci_high"]),
+        "within_noise": within_noise(v["relative_speed_ci_low"], v["relative_speed_ci_high"]),
+        "unit": unit,
+        "gpu_setup": gpu_setup,
+        "offload_kind": kind,
+        "offload_text": ", ".join(moved) or "no offload",
+        "sweep_text": sweep_text,
+        "plot_label": f"{v['label']} [{sweep_text}]" if sweep_text else v["label"],
+        "reference_speed_pct": (v["reference"] or {}).get("speed_pct"),
+    }
+
+
+def _pair_text(v: Row) -> str:
+    """Which pair the paired ratio uses, in a few words (``pair_note`` says why and how), and
+    whose runs of it: the short ones made in each run's own job, when ``pairing`` says so."""
+    text = {
+        "self": "itself (no offload)",
+        "same-settings": f"'{v['pair']}', same settings",
+        "study baseline": f"study baseline '{v['pair']}'",
+    }.get(v["pair_kind"], "none")
+    return text + (", same allocation" if v["pairing"] == "same allocation" else "")
+
+
+def within_noise(lo, hi) -> bool:
+    """Whether a ratio's 95 % CI includes 1: the two speeds differ by less than the noise."""
+    return isnum(lo) and isnum(hi) and float(lo) <= 1.0 <= float(hi)
+
+
+def _ratio_text(ratio, lo, hi) -> str:
+    ci = f" [{fmt_pct(lo)}–{fmt_pct(hi)}]" if isnum(lo) and isnum(hi) else ""
+    return f"{fmt_pct(ratio)}{ci}"
+
+
+def _sweep_text(v: Row) -> str:
+    """The planner's short form of the sweep point ('gas-8 rbs-1e8'): the expanded scenario
+    name after its base name; 'knob=value' pairs when the name does not carry it."""
+    base = v["base_scenario"]
+    if base and v["scenario"].startswith(f"{base}__"):
+        return v["scenario"][len(base) + 2 :].replace("__", " ")
+    return ", ".join(f"{k}={x}" for k, x in v["sweep"].items())
+
+
+def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[str, list[str]]:
+    """(headline sentence, one sentence per other scenario). A number with a blocking sanity
+    flag (implausible) is never stated as a finding, nor anything relative to it; a caution
+    leaves it standing with its CI and the caution named; a ratio whose CI includes 100 % is
+    "within noise"."""
+    base = next((v for v in views if v["scenario"] == baseline), None)
+    blocked = {v["scenario"] for v in views if v["blocking"]}
+    if base is None or base["tokens_per_s"] is None:
+        return f"No relative speed: {note or 'no baseline scenario'}.", [
+            _blocked_line(v) or _absolute_line(v, blocked) for v in views
+        ]
+    mem, mem_name = ("peak_gpu_allocated_gib", "GPU memory per GPU")
+    if base[mem] is None:
+        mem, mem_name = ("host_peak_rss_gib", "host memory per node")
+    head = f"Baseline {base['plot_label']}: {fmt(base['tokens_per_s'], 0)} tokens/s on " + (
+        count_of(base["world_size"], base["unit"])
+        + (f", {fmt(base[mem])} GiB {mem_name}" if base[mem] is not None else "")
+    )
+    if base["blocking"]:
+        head += ". Flagged, so no ratio to it is stated: " + _flag_text(base) + "."
+    else:
+        head += _caution_clause(base) + "."
+    lines = [_blocked_line(v) or _relative_line(v, base, mem, mem_name, blocked) for v in views]
+    return head, [line for v, line in zip(views, lines, strict=True) if v is not base]
+
+
+def _flag_text(v: Row) -> str:
+    return "; ".join(
+        f"{f['name']} ({f['detail']})" if f["detail"] else f["name"] for f in v["flag_list"]
+    )
+
+
+def _blocked_line(v: Row) -> str | None:
+    if not v["blocking"] or v["tokens_per_s"] is None:
+        return None
+    return f"{v['plot_label']}: flagged, not a finding: {_flag_text(v)}."
+
+
+def _caution_clause(v: Row) -> str:
+    """'; caution: ci-target-missed' for the cautions of a number that stands."""
+    names = [f["name"] for f in v["flag_list"] if not f["blocks"]]
+    return f"; caution: {', '.join(names)}" if names else ""
+
+
+def _absolute_line(v: Row, blocked: set[str]) -> str:
+    if v["tokens_per_s"] is None:
+        return f"{v['plot_label']}: no successful run ({v['outcomes']})."
+    peak = v["peak_gpu_allocated_gib"]
+    return (
+        f"{v['plot_label']}: {fmt(v['tokens_per_s'], 0)} tokens/s on "
+        f"{count_of(v['world_size'], v['unit'])}"
+        + (f", peak {fmt(peak)} GiB/GPU" if peak is not None else "")
+        + _pair_clause(v, blocked)
+        + _caution_clause(v)
+        + "."
+    )
+
+
+def _relative_line(v: Row, base: Row, mem: str, mem_name: str, blocked: set[str]) -> str:
+    if v["relative_speed"] is None:
+        return f"{v['plot_label']}: no successful run ({v['outcomes']})."
+    rel = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
+    if base["scenario"] in blocked:
+        t = f"{v['plot_label']}: {fmt(v['tokens_per_s'], 0)} tokens/s (the baseline is flagged)"
+    elif within_noise(*rel[1:]):
+        t = f"{v['plot_label']}: within noise of baseline speed ({_ratio_text(*rel)})"
+    else:
+        t = f"{v['plot_label']}: {_ratio_text(*rel)} of baseline speed"
+    if v[mem] is not None and isnum(base[mem]) and base[mem] > 0:
+        t += f" at {v[mem] / base[mem]:#.2g}× the {mem_name}"
+    if v["world_size"] and base["world_size"] and v["world_size"] != base["world_size"]:
+        t += f", on {v['world_size']} instead of {count_of(base['world_size'], base['unit'])}"
+    if isnum(v["reference_speed_pct"]):
+        t += f" (seed: ~{v['reference_speed_pct']:g}%)"
+    return t + _pair_clause(v, blocked) + _caution_clause(v) + "."
+
+
+def _pair_clause(v: Row, blocked: set[str]) -> str:
+    """'; 76% [70%–82%] of its no-offload pair 'x' (same settings)', or within noise of it;
+    nothing stated against a pair whose number is blocked (a caution on it does not block)."""
+    if v["pair_kind"] != "same-settings" or not isnum(v["paired_ratio"]):
+        return ""
+    if v["pair"] in blocked:
+        return f"; its no-offload pair '{v['pair']}' is flagged, so no paired ratio is stated"
+    ratio = (v["paired_ratio"], v["paired_ratio_ci_low"], v["paired_ratio_ci_high"])
+    if within_noise(*ratio[1:]):
+        return f"; within noise of its no-offload pair '{v['pair']}' ({_ratio_text(*ratio)})"
+    where = ", same allocation" if v["pairing"] == "same allocation" else ""
+    return f"; {_ratio_text(*ratio)} of its no-offload pair '{v['pair']}' (same settings{where})"
+
+
+# --------------------------------------------------------------------------- sections
+def setup_line(plan: dict, runs: pd.DataFrame) -> str:
+    """Model, sequence length, precision, repeats and cluster, from the plan (the run spec's
+    model) and the records (model_params as the runs measured it)."""
+    params = plan.get("model_params")
+    if not isnum(params) and "model_params" in runs:
+        params = (
+            runs["model_params"].dropna().median() if runs["model_params"].notna().any() else None
+        )
+    repeats = plan.get("repeats")
+    parts = [
+        f"model {model_name(plan.get('model'), params)}" if plan.get("model") or params else None,
+        f"seq_len {plan['seq_len']}" if plan.get("seq_len") else None,
+        plan.get("dtype"),
+        (count_of(repeats, "repeat") if repeats else None),
+        plan.get("cluster_description"),
+    ]
+    return " · ".join(str(x) for x in parts if x)
+
+
+def failures(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
+    """Every run that is not ok, then every planned scenario without any record."""
+    labels = {v["scenario"]: v["plot_label"] for v in views}
+    out = []
+    if "outcome" in runs:
+        for r in runs[runs["outcome"].astype(str) != "ok"].to_dict("records"):
+            r = Row({k: _clean(x) for k, x in r.items()})
+            out.append({
+                "scenario": str(r["scenario"] or "?"),
+                "label": labels.get(r["scenario"], r["label"] or ""),
+                "repeat": _repeat(r),
+                "outcome": r["outcome"],
+                "excerpt": r["error_excerpt"] or "(no error excerpt)",
+                "record_dir": r["record_dir"] or "",
+            })  # fmt: skip
+    recorded = set(runs["scenario"].astype(str)) if "scenario" in runs else set()
+    out += [
+        {"scenario": v["scenario"], "label": v["plot_label"], "repeat": "—", "outcome": "not run",
+         "excerpt": "no run record was collected for this scenario", "record_dir": ""}
+        for v in views
+        if v["scenario"] not in recorded
+    ]  # fmt: skip
+    return out
+
+
+def sanity_rows(views: list[Row]) -> list[dict]:
+    """The sanity table (sanity.CHECKS), each check with its severity (whether it blocks the
+    finding) and the scenarios it flagged and why."""
+    return [
+        {"name": c.name, "meaning": c.meaning, "tolerance": c.tolerance_text,
+         "severity": c.severity, "blocks": bool(sanity.blocking(c.name)),
+         "flagged": [{"scenario": v["scenario"], "label": v["plot_label"], "detail": f["detail"]}
+                     for v in views for f in v["flag_list"] if f["name"] == c.name]}
+        for c in sanity.CHECKS
+    ]  # fmt: skip
+
+
+#: The step-breakdown columns of a run (DeepSpeed's wall-clock timers, medians over the measured
+#: steps): which part of the step moved between repeats or machines, beside its speed.
+RUN_BREAKDOWN = (("forward", "breakdown_ms.forward"), ("backward", "breakdown_ms.backward"),
+                 ("optimizer step", "breakdown_ms.step"))  # fmt: skip
+
+
+def run_rows(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
+    """One row per run record, in the order the runs started: its speed, the CI of its own
+    median, how its warm-up and measurement ended, and its step breakdown. Repeat beside repeat,
+    this shows what moved (the GPU side: forward and backward; the host side: an offloaded
+    optimizer step), which the medians of the summary hide."""
+    labels = {v["scenario"]: v["plot_label"] for v in views}
+    records = [Row({k: _clean(x) for k, x in r.items()}) for r in runs.to_dict("records")]
+    records.sort(key=lambda r: (str(r["started_at"] or "~"), str(r["scenario"]), _repeat(r)))
+    machine = _machine_letters([r["machine"] for r in records])
+    return [
+        {"scenario": str(r["scenario"] or "?"), "label": labels.get(r["scenario"], r["label"] or ""),
+         "repeat": _repeat(r), "outcome": r["outcome"] or "?", "started": r["started_at"] or "—",
+         "tokens_per_s": r["tokens_per_s"], "step_time_s": r["step_time_s"],
+         "ci_pct": r["step_time_ci_pct"], "warmup": r["steps_warmup"],
+         "settled": r["warmup_settled"], "measured": r["steps_measured"],
+         "stop": r["stop_reason"] or "—", "machine": machine.get(r["machine"]),
+         "breakdown": [r[col] for _, col in RUN_BREAKDOWN]}
+        for r in records
+    ]  # fmt: skip
+
+
+def _machine_letters(machines: list) -> dict:
+    """Machine A, B, ... in the order runs started, where a study's runs came from more than
+    one machine (collect's ``machine`` column); none where they came from one."""
+    seen = list(dict.fromkeys(m for m in machines if m))
+    return {m: chr(ord("A") + i) for i, m in enumerate(seen)} if len(seen) > 1 else {}
+
+
+def _repeat(run: Row) -> str:
+    return str(int(run["repeat"])) if isnum(run["repeat"]) else "?"
+
+
+def provenance_rows(runs: pd.DataFrame) -> list[dict]:
+    """One row per run: where and with what it ran. Host and git commit come from the run's
+    provenance.json (its exact keys), the rest from metrics.json (the runs table)."""
+    out = []
+    for r in runs.to_dict("records"):
+        r = Row({k: _clean(x) for k, x in r.items()})
+        prov = Row(collect.read_provenance(r["record_dir"]) or {})
+        git = (prov["git_commit"] or "—")[:12] + ("+dirty" if prov["git_dirty"] else "")
+        out.append({
+            "scenario": str(r["scenario"] or "?"),
+            "repeat": _repeat(r),
+            "outcome": r["outcome"] or "?",
+            "host": prov["host"] or "—",
+            "slurm": r["slurm_job_id"] or "—",
+            "device": r["device_name"] or prov["gpu_model"] or "—",
+            "torch": r["torch_version"] or "—",
+            "deepspeed": r["deepspeed_version"] or "—",
+            "git": git,
+            "sha": (r["ds_config_sha256"] or "—")[:12],
+            "started": r["started_at"] or "—",
+            "json": json.dumps(prov, indent=2, default=str) if prov else None,
+        })  # fmt: skip
+    return out
+
+
+def config_blocks(views: list[Row], runs: pd.DataFrame) -> list[dict]:
+    """Each scenario's DeepSpeed config and run spec (text, download link, sha256), and whether
+    the config's sha256 is the one the run records name."""
+    shas: dict[str, set[str]] = {}
+    if {"scenario", "ds_config_sha256"} <= set(runs.columns):
+        for scen, sha in runs[["scenario", "ds_config_sha256"]].dropna().itertuples(index=False):
+            shas.setdefault(str(scen), set()).add(str(sha))
+    out = []
+    for v in views:
+        files = []
+        for kind, path in (("DeepSpeed config", v["ds_config"]), ("run spec", v["run_spec"])):
+            if path:
+                suffix = ".run.json" if kind == "run spec" else ".json"
+                files.append(_config_file(kind, path, f"{v['scenario']}{suffix}"))
+        for f in files:
+            if f["kind"] == "DeepSpeed config" and f.get("sha") and v["scenario"] in shas:
+                f["match"] = f["sha"] in shas[v["scenario"]]
+        out.append({"name": v["scenario"], "label": v["plot_label"], "files": files})
+    return out
+
+
+def _config_file(kind: str, path: str, download: str) -> dict:
+    try:
+        raw = Path(path).read_text()
+    except OSError:
+        return {"kind": kind, "path": path, "text": None, "match": None}
+    try:
+        text = json.dumps(json.loads(raw), indent=2)
+    except ValueError:
+        text = raw
+    uri = "data:application/json;base64," + base64.b64encode(raw.encode()).decode()
+    sha = contracts.sha256_file(path, missing_ok=True)
+    return {"kind": kind, "path": path, "text": text, "download": download, "match": None,
+            "sha": sha, "uri": uri}  # fmt: skip
+
+
+def other_clusters(cluster: str, views: list[Row], paths: Sequence[str]) -> dict | None:
+    """The same study's summary on other clusters beside this one, scenario by scenario."""
+    if not paths:
+        return None
+    tables = {cluster: {v["scenario"]: v for v in views}}
+    for p in paths:
+        df = collect.read_table(p)
+        name = (
+            str(df["cluster"].dropna().iloc[0])
+            if "cluster" in df and df["cluster"].notna().any()
+            else None
+        )
+        name = name or Path(p).parent.parent.name or str(p)
+        while name in tables:
+            name += "'"
+        tables[name] = {v["scenario"]: v for v in scenario_views(df, {}, None)}
+    names = list(dict.fromkeys(n for t in tables.values() for n in t))
+    rows = []
+    for n in names:
+        label = next(t[n]["plot_label"] for t in tables.values() if n in t)
+        cells = [_cluster_cell(t.get(n)) for t in tables.values()]
+        rows.append({"name": n, "label": label, "cells": cells})
+    return {"clusters": list(tables), "rows": rows}
+
+
+def _cluster_cell(v: Row | None) -> dict:
+    if v is None:
+        return {"relative_speed": "—", "tokens_per_s": "—", "peak_gpu_allocated_gib": "—",
+                "status": "absent"}  # fmt: skip
+    return {
+        "relative_speed": fmt_pct(v["relative_speed"]),
+        "tokens_per_s": fmt(v["tokens_per_s"], 0),
+        "peak_gpu_allocated_gib": fmt(v["peak_gpu_allocated_gib"]),
+        "status": v["status"],
+    }

@@ -1,0 +1,698 @@
+"""The contracts between the stages, defined once: shapes, file names, writers and readers.
+
+=========================  ===============  =================  =====================================
+file                       written by       read by            shape
+=========================  ===============  =================  =====================================
+configs/<s>.run.json       plan             runner, harness    :class:`RunSpec`
+<record>/progress.json     harness rank 0   runner             :class:`Progress`
+<record>/rank<r>.stats.json  harness        runner             :class:`RankStats`
+<record>/steps.csv         harness rank 0   runner, collect    :class:`StepRow` (``STEPS_COLUMNS``)
+<record>/metrics.json      runner           collect            ``schemas/metrics.schema.json``
+<record>/provenance.json   runner           report             ``schemas/provenance.schema.json``
+<record>/logs/rank<r>.log  harness (tee)    runner             raw text
+<record>/pair/             runner           collect            a whole record (:attr:`RecordDir.pair`)
+calibration.json           calibrate        plan               :class:`Calibration`
+plan.csv                   plan             runner, report     :class:`Prediction`
+=========================  ===============  =================  =====================================
+
+Key lists that the schemas already define (``METRICS_FIELDS``, ``OUTCOMES``, ``BREAKDOWN_KEYS``,
+``PROVENANCE_FIELDS``) are read from them, never retyped. JSON is always written atomically
+(:func:`write_json`), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from offload_study.core.study import StudyError, load_schema
+
+# --------------------------------------------------------------------------- file names
+METRICS_FILE = "metrics.json"
+STEPS_FILE = "steps.csv"
+PROVENANCE_FILE = "provenance.json"
+PROGRESS_FILE = "progress.json"
+LOGS_DIR = "logs"
+LAUNCHER_LOG = "launcher.log"
+RANK_STATS_GLOB = "rank*.stats.json"
+NVME_DIR_PREFIX = "offload-study-"
+#: How a rank's log announces its GPU memory cap, followed by "<GiB> GiB of <GiB> GiB" (read back
+#: only for a rank that died before writing its stats).
+GPU_CAP_LOG_PREFIX = "[harness] GPU memory capped to "
+#: The record of the short no-offload run made in the same job as the run (study key
+#: ``same_allocation_baseline``), inside the run's record: rep<k>/pair/{metrics.json,...}.
+PAIR_DIR = "pair"
+#: The run spec and DeepSpeed config the nested pair record ran with (inside that record).
+PAIR_SPEC_FILE = "run.json"
+PAIR_DS_CONFIG_FILE = "ds_config.json"
+
+
+def rank_stats_name(rank: int) -> str:
+    return f"rank{rank}.stats.json"
+
+
+def rank_log_name(rank: int) -> str:
+    return f"rank{rank}.log"
+
+
+def nvme_run_dir(nvme_path: str, run_id: str) -> str:
+    """The run-private NVMe swap folder: the harness makes and removes it, the runner removes
+    what a killed run left there."""
+    return os.path.join(nvme_path, f"{NVME_DIR_PREFIX}{run_id}")
+
+
+@dataclass(frozen=True)
+class RecordDir:
+    """The files of one run record: the runner's temp folder while the run goes, then rep<k>/."""
+
+    root: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def steps(self) -> Path:
+        return self.root / STEPS_FILE
+
+    @property
+    def provenance(self) -> Path:
+        return self.root / PROVENANCE_FILE
+
+    @property
+    def progress(self) -> Path:
+        return self.root / PROGRESS_FILE
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS_DIR
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.logs / LAUNCHER_LOG
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / rank_log_name(rank)
+
+    def rank_stats(self, rank: int) -> Path:
+        return self.root / rank_stats_name(rank)
+
+    @property
+    def pair(self) -> RecordDir:
+        """The nested record of the same-allocation pair run (absent when none ran)."""
+        return RecordDir(self.root / PAIR_DIR)
+
+
+# --------------------------------------------------------------------------- schemas
+@functools.cache
+def metrics_schema() -> dict:
+    return load_schema("metrics")
+
+
+@functools.cache
+def provenance_schema() -> dict:
+    return load_schema("provenance")
+
+
+_METRICS_PROPERTIES = metrics_schema()["properties"]
+#: metrics.json keys, in the schema's order.
+METRICS_FIELDS: list[str] = list(_METRICS_PROPERTIES)
+#: Every outcome a run can have (the schema's enum).
+OUTCOMES: list[str] = list(_METRICS_PROPERTIES["outcome"]["enum"])
+#: Why a run stopped measuring (the schema's ``stop_reason`` enum, null left out; :mod:`offload_study.training.steady`).
+STOP_REASONS: list[str] = [r for r in _METRICS_PROPERTIES["stop_reason"]["enum"] if r is not None]
+#: breakdown_ms key -> DeepSpeed timer name (the schema's x-deepspeed-timer annotation).
+BREAKDOWN_TIMERS: dict[str, str] = {
+    key: prop["x-deepspeed-timer"]
+    for key, prop in _METRICS_PROPERTIES["breakdown_ms"]["properties"].items()
+}
+BREAKDOWN_KEYS: list[str] = list(BREAKDOWN_TIMERS)
+#: provenance.json keys every record has (nvml_error only appears when NVML failed).
+PROVENANCE_FIELDS: list[str] = list(provenance_schema()["required"])
+
+
+def schema_problems(record: Mapping, schema: dict) -> list[str]:
+    """One line per way ``record`` breaks ``schema`` (empty when it is valid)."""
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(record)]
+
+
+# --------------------------------------------------------------------------- plain files
+def write_json(path: str | Path, obj: Any) -> None:
+    """JSON written atomically: a temp file beside it, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def sha256_file(path: str | Path, missing_ok: bool = False) -> str | None:
+    """sha256 of a file's bytes; None for a missing/unreadable file only when ``missing_ok``."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        if missing_ok:
+            return None
+        raise
+
+
+def _from_mapping(cls, data: Mapping, source: str):
+    """A dataclass from a dict with exactly its keys (those with defaults may be left out)."""
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    unknown = sorted(set(data) - names)
+    missing = [
+        f.name
+        for f in fields
+        if f.name not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if unknown or missing:
+        raise StudyError(
+            f"{source}: not a {cls.__name__}: "
+            + "; ".join(
+                [f"unknown key {k!r}" for k in unknown] + [f"missing key {k!r}" for k in missing]
+            )
+        )
+    return cls(**data)
+
+
+# --------------------------------------------------------------------------- run spec
+RUN_SPEC_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str  # "config" (random init from a transformers config) | "pretrained"
+    preset: str | None
+    config: dict  # full transformers config dict (source=config), overrides (pretrained)
+    name_or_path: str | None  # HF id or local path (source=pretrained)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: str  # "synthetic" | "token_file"
+    token_file: str | None
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    type: str
+    lr: float
+    weight_decay: float
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """How long a run warms up and measures (study key ``measure``; :mod:`offload_study.training.steady`)."""
+
+    mode: str  # adaptive | fixed (fixed: exactly RunSpec.warmup_steps + RunSpec.steps)
+    target_ci_pct: float  # stop once the median step time's 95 % CI half-width is within this
+    min_warmup_steps: int
+    max_warmup_steps: int
+    settle_window: int  # k: the median of the last k steps is compared with the k before
+    settle_tol_pct: float
+    min_steps: int
+    max_steps: int
+    max_measure_s: float  # the measured steps' times summed
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """One planned run: ``configs/<scenario>.run.json`` (docs/design.md explains each key)."""
+
+    schema_version: int = RUN_SPEC_VERSION
+    study: str
+    cluster: str
+    scenario: str  # expanded name (sweep values appended)
+    base_scenario: str  # name as written in the study
+    label: str
+    sweep: dict  # knob -> value of this expansion ({} when not swept)
+    model: ModelSpec
+    model_params: int | None
+    seq_len: int
+    dtype: str
+    micro_batch: int
+    gradient_accumulation_steps: int
+    global_batch: int
+    gradient_checkpointing: bool
+    steps: int | None  # fixed mode: measured steps (None in adaptive mode)
+    warmup_steps: int | None  # fixed mode: warm-up steps (None in adaptive mode)
+    measure: MeasureSpec
+    seed: int
+    data: DataSpec
+    optimizer: OptimizerSpec
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    accelerator: str  # the cluster's: cpu | cuda
+    gpu_mem_gb: float | None  # the card the scenario stands for
+    cluster_gpu_mem_gb: float | None  # the cluster's real card
+    gpu_model: str | None  # the cluster's GPU model (peak-TFLOPS lookup when torch names none)
+    peak_tflops: float | None  # the cluster's override of the peak-TFLOPS table (MFU)
+    cpu_mem_gb: float | None
+    offload_optimizer: str  # none | cpu | nvme
+    offload_param: str
+    nvme_path: str | None  # set only when the run offloads to NVMe
+    nvme_capacity_gb: float | None  # space at the cluster's nvme_path
+    pin_memory: bool | None  # None: DeepSpeed's default (left out of the offload blocks)
+    zero: dict  # zero_optimization overrides (study, scenario, sweep)
+    aio: dict
+    timeout_s: float
+    step_timeout_s: float | None
+    strict: bool
+    reference: dict | None
+    force: bool = False  # launched even when predicted not to fit (predict.refusal)
+    predict_only: bool = False  # planned and predicted, never trained (e.g. more GPUs than exist)
+    ds_config: str | None = None  # path of its DeepSpeed config (set when the files are written)
+    # newer offload modes and host knobs away from their defaults (offload_study.planning.modes.MODE_KEYS)
+    modes: dict = dataclasses.field(default_factory=dict)
+    # study key same_allocation_baseline: the run spec (dict) of the short no-offload run made
+    # right after this one in the same job, into <record>/pair/ (None: no such run)
+    same_allocation_pair: dict | None = None
+
+    @property
+    def uses_nvme(self) -> bool:
+        return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    def pair_spec(self) -> RunSpec | None:
+        """The run spec of :attr:`same_allocation_pair` (None when there is none)."""
+        if self.same_allocation_pair is None:
+            return None
+        return RunSpec.from_dict(
+            self.same_allocation_pair, f"{self.scenario}: same_allocation_pair"
+        )
+
+    @property
+    def job_timeout_s(self) -> float:
+        """Wall-clock limit of everything the run's job does: the run, then its pair run."""
+        pair = self.same_allocation_pair
+        return float(self.timeout_s) + (float(pair["timeout_s"]) if pair else 0.0)
+
+    def with_ds_config(self, path: str | Path) -> RunSpec:
+        return dataclasses.replace(self, ds_config=str(path))
+
+    def to_dict(self) -> dict:
+        """The spec as JSON-ready dict; without a pair run the ``same_allocation_pair`` key is
+        left out, so a study that leaves the option off writes the run specs it wrote before
+        (Snakemake sees no changed params and re-runs nothing)."""
+        out = dataclasses.asdict(self)
+        if out["same_allocation_pair"] is None:
+            del out["same_allocation_pair"]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping, source: str = "run spec") -> RunSpec:
+        if data.get("schema_version") != RUN_SPEC_VERSION:
+            raise StudyError(
+                f"{source}: schema_version {data.get('schema_version')!r} is not "
+                f"{RUN_SPEC_VERSION}; re-plan the study"
+            )
+        nested = {
+            "model": ModelSpec, "data": DataSpec, "optimizer": OptimizerSpec, "measure": MeasureSpec
+        }  # fmt: skip
+        values = {
+            key: _from_mapping(nested[key], value, f"{source}: {key}") if key in nested else value
+            for key, value in data.items()
+        }
+        return _from_mapping(cls, values, source)
+
+
+def write_run_spec(path: str | Path, spec: RunSpec) -> None:
+    write_json(path, spec.to_dict())
+
+
+def read_run_spec(path: str | Path) -> RunSpec:
+    return RunSpec.from_dict(read_json(path), source=str(path))
+
+
+# --------------------------------------------------------------------------- harness -> runner
+@dataclass(frozen=True, kw_only=True)
+class RankStats:
+    """rank<r>.stats.json: written once the device is set up (GPU cap known), again at the end."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    pid: int
+    finished: bool = False
+    device_name: str | None = None
+    gpu_total_bytes: int | None = None
+    gpu_mem_cap_gib: float | None = None  # per-process cap applied (None: uncapped)
+    cuda_version: str | None = None
+    torch_version: str | None = None
+    deepspeed_version: str | None = None
+    nvme_dir: str | None = None
+    model_params: int | None = None
+    peak_gpu_allocated_bytes: int | None = None
+    peak_gpu_reserved_bytes: int | None = None
+    nvml_used_bytes: int | None = None
+    host_peak_rss_bytes: int | None = None
+    steps_done: int | None = None
+    train_time_s: float | None = None
+    stop_reason: str | None = None  # one of STOP_REASONS (rank 0's decision, shared by all)
+    warmup_settled: bool | None = None  # rank 0: step times settled (False: cut at the budget)
+    nvme_bytes_used: int | None = None
+    nvme_cleaned: bool | None = None
+    wall_time_s: float | None = None
+    modes: dict | None = None  # what the engine used (offload_study.planning.modes.effective)
+    bound_cores: list | None = None  # cores this rank was bound to (bind_cores), None: not bound
+
+
+def write_rank_stats(record: RecordDir, stats: RankStats) -> None:
+    write_json(record.rank_stats(stats.rank), dataclasses.asdict(stats))
+
+
+def read_rank_stats(record: RecordDir) -> dict[int, RankStats]:
+    """rank -> stats of every rank that wrote them (unreadable files are left out)."""
+    out = {}
+    for path in record.root.glob(RANK_STATS_GLOB):
+        try:
+            stats = _from_mapping(RankStats, read_json(path), str(path))
+        except (OSError, ValueError, TypeError):
+            continue
+        out[stats.rank] = stats
+    return out
+
+
+@dataclass(frozen=True)
+class Progress:
+    """progress.json: rank 0's heartbeat, rewritten after every optimizer step."""
+
+    step: int
+    total: int
+    time: float
+    phase: str  # start | warmup | measured
+    step_time_s: float | None = None
+
+
+def write_progress(record: RecordDir, progress: Progress) -> None:
+    write_json(record.progress, dataclasses.asdict(progress))
+
+
+def read_progress(record: RecordDir) -> Progress | None:
+    try:
+        return _from_mapping(Progress, read_json(record.progress), str(record.progress))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One optimizer step of steps.csv (phase: warmup | measured).
+
+    ``skipped``: 1 when DeepSpeed skipped the optimizer step (fp16 overflow: non-finite gradients,
+    the loss scale is lowered); ``loss_scale``: the optimizer's loss scale after the step (None
+    when it has none). Files written before these columns existed read back with 0 and None.
+    """
+
+    step: int
+    phase: str
+    step_time_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    loss: float
+    skipped: int = 0
+    loss_scale: float | None = None
+
+    @property
+    def timed(self) -> bool:
+        """Counts towards the speed: measured, and its optimizer step was applied."""
+        return self.phase == "measured" and not self.skipped
+
+    def cells(self) -> list[str]:
+        return [
+            str(self.step),
+            self.phase,
+            f"{self.step_time_s:.6f}",
+            f"{self.tokens_per_s:.3f}",
+            f"{self.samples_per_s:.4f}",
+            f"{self.loss:.6f}",
+            str(int(self.skipped)),
+            "" if self.loss_scale is None else f"{self.loss_scale:g}",
+        ]
+
+
+STEPS_COLUMNS: list[str] = [f.name for f in dataclasses.fields(StepRow)]
+
+
+def _optional_float(cell: str) -> float | None:
+    return None if cell == "" else float(cell)  # None (a row cut short) raises TypeError
+
+
+_STEP_TYPES = (int, str, float, float, float, float, int, _optional_float)
+#: Columns a steps.csv may lack (written before they existed): their defaults stand in.
+_STEP_DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(StepRow) if f.default is not dataclasses.MISSING
+}
+
+
+class StepsWriter:
+    """steps.csv, one row per step, flushed at once (the runner reads it while the run goes)."""
+
+    def __init__(self, path: str | Path):
+        self._file = open(path, "w", newline="")  # noqa: SIM115 - closed by close()/__exit__
+        self._csv = csv.writer(self._file)
+        self._csv.writerow(STEPS_COLUMNS)
+        self._file.flush()
+
+    def write(self, row: StepRow) -> None:
+        self._csv.writerow(row.cells())
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> StepsWriter:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+
+def write_steps(path: str | Path, rows: Iterable[StepRow | Sequence]) -> None:
+    """A whole steps.csv (rows as StepRow or as sequences in STEPS_COLUMNS order)."""
+    with StepsWriter(path) as writer:
+        for row in rows:
+            writer.write(row if isinstance(row, StepRow) else StepRow(*row))
+
+
+def read_steps(path: str | Path) -> list[StepRow]:
+    """The rows of a steps.csv; rows cut short (a killed run) are left out."""
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error):  # absent, or not a CSV text at all
+        return []
+    out = []
+    for row in rows:
+        try:
+            cells = zip(_STEP_TYPES, STEPS_COLUMNS, strict=True)
+            out.append(StepRow(*(_cell(row, kind, column) for kind, column in cells)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _cell(row: Mapping[str, str | None], kind, column: str):
+    """One typed cell; a column the file lacks gives its default (a row cut short raises)."""
+    if column not in row and column in _STEP_DEFAULTS:
+        return _STEP_DEFAULTS[column]
+    return kind(row[column])
+
+
+# --------------------------------------------------------------------------- predictions
+CALIBRATION_FILE = "calibration.json"
+PLAN_CSV = "plan.csv"
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """calibration.json of a cluster: rates measured there (offload_study.prediction.calibrate) or shipped in
+    config/calibration/ (``source`` says which); read by the plan's predictions."""
+
+    schema_version: int = CALIBRATION_VERSION
+    cluster: str
+    accelerator: str  # cpu | cuda
+    source: str  # how the numbers were obtained
+    matmul_tflops: float  # dense matmul in the training dtype, one device
+    matmul_dtype: str
+    cpu_adam_params_per_s: float  # DeepSpeedCPUAdam with all the node's cores
+    cpu_adam_threads: int
+    h2d_gb_s: float | None = None  # pinned host -> device copies (cuda only)
+    d2h_gb_s: float | None = None  # pinned device -> host
+    pageable_h2d_gb_s: float | None = None  # from ordinary (unpinned) host memory
+    disk_read_gb_s: float | None = None  # at the cluster's nvme_path
+    disk_write_gb_s: float | None = None
+    interconnect_gb_s: float | None = None  # collective bus bandwidth between GPUs of a node
+    # CPU clusters (calibrate's gloo probe): one small all-gather between two ranks, and per
+    # ranks on the node ("1", "2") the host seconds of a tiny Llama decoder layer under ZeRO-3
+    # per forward and backward, and of the rest of a micro-step: {"2": {"forward": s,
+    # "backward": s, "rest": s}} and how they grow with the size (calibrate._size_costs)
+    collective_latency_s: float | None = None
+    zero3_layer_s: dict | None = None
+    provenance: dict = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def write_calibration(path: str | Path, calibration: Calibration) -> None:
+    write_json(path, calibration.to_dict())
+
+
+def read_calibration(path: str | Path) -> Calibration:
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("schema_version") != CALIBRATION_VERSION:
+        raise StudyError(f"{path}: not a calibration file of schema_version {CALIBRATION_VERSION}")
+    return _from_mapping(Calibration, data, str(path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """One row of plan.csv: what the plan predicts for one scenario before anything runs.
+
+    Memory in GiB (2**30 B) per GPU and per node, NVMe in GB (1e9 B) per node, times in seconds
+    per optimizer step; ``ds_*`` are DeepSpeed's own estimator (model states only).
+    """
+
+    scenario: str
+    predict_only: bool
+    force: bool
+    world_size: int
+    gpu_gib: float | None  # peak allocated per GPU (None: model shape unknown)
+    gpu_budget_gib: float | None
+    host_gib: float | None  # peak RSS per node
+    host_budget_gib: float | None
+    nvme_gb: float | None  # swap files per node
+    nvme_budget_gb: float | None
+    ds_gpu_gib: float | None
+    ds_host_gib: float | None
+    step_time_s: float | None
+    tokens_per_s: float | None
+    compute_s: float | None  # the parts of step_time_s
+    pcie_s: float | None
+    optimizer_s: float | None  # CPU Adam when offloaded
+    nvme_s: float | None
+    comm_s: float | None
+    bound: str | None  # the part that takes longest
+    gpu_hours: float | None  # GPU-hours of all its repeats: start-up, and pair runs, included
+    feasible: bool
+    reason: str | None  # why it does not fit (None when it does)
+    note: str | None = None  # what the model assumes or leaves out for this run's offload mode
+
+
+PREDICTION_COLUMNS: list[str] = [f.name for f in dataclasses.fields(Prediction)]
+
+
+def _prediction_cell(text: str, kind: str):
+    """A plan.csv cell back to its field's type (``kind`` is the annotation text)."""
+    if text == "":
+        return None
+    if kind.startswith("bool"):
+        return text == "True"
+    if kind.startswith("int"):
+        return int(text)
+    return float(text) if kind.startswith("float") else text
+
+
+def plan_csv_of(record_outdir: Path) -> Path:
+    """results/<cluster>/<study>/<scenario>/rep<k> -> results/<cluster>/<study>/plan.csv"""
+    return record_outdir.parent.parent / PLAN_CSV
+
+
+def write_predictions(path: str | Path, rows: Iterable[Prediction]) -> None:
+    """plan.csv, atomically (a temp file beside it, then os.replace)."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(PREDICTION_COLUMNS)
+        for row in rows:
+            out.writerow(["" if v is None else v for v in dataclasses.astuple(row)])
+    os.replace(tmp, path)
+
+
+def read_predictions(path: str | Path) -> dict[str, Prediction]:
+    """scenario -> its row of plan.csv."""
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(Prediction)}
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    out = {}
+    for row in rows:
+        values = {k: _prediction_cell(row.get(k, ""), kinds[k]) for k in PREDICTION_COLUMNS}
+        out[values["scenario"]] = Prediction(**values)
+    return out
+
+
+# --------------------------------------------------------------------------- shared rules
+def no_offload_pairs(row: Mapping, rows: Sequence[Mapping]) -> list[Mapping]:
+    """The no-offload partners of ``row`` among ``rows`` (run specs or summary rows, in study
+    order): the scenarios that offload nothing and share its :data:`SAME_SETTINGS_KEYS`, those
+    with its ``gpu_mem_gb`` first. One rule for collect's pairs and the plan's same-allocation
+    pair runs."""
+    settings = settings_of(row)
+    if settings is None:
+        return []
+    same = [
+        r for r in rows
+        if offloads_nothing(r["offload_optimizer"], r["offload_param"])
+        and settings_of(r) == settings
+    ]  # fmt: skip
+    return sorted(same, key=lambda r: r["gpu_mem_gb"] != row["gpu_mem_gb"])
+
+
+def choose_baseline(
+    scenarios: Sequence[str], requested: str | None, offloads: Mapping[str, tuple[str, str]]
+) -> str | None:
+    """The study's baseline scenario (its speed is 100 %): one rule for plan, collect and report.
+
+    ``requested`` (the study's ``baseline``) wins when it is set (not None or ""), whether or not
+    it is among ``scenarios`` (the plan refuses an unknown one; collect notes it has no run).
+    Otherwise the first of ``scenarios`` in their order whose ``offloads[name]`` is
+    ``("none", "none")`` (offload_optimizer, offload_param: nothing offloaded); None if none is.
+    """
+    if requested:
+        return requested
+    return next((s for s in scenarios if offloads_nothing(*offloads.get(s, (None, None)))), None)
+
+
+def offloads_nothing(offload_optimizer: str | None, offload_param: str | None) -> bool:
+    """Whether a scenario moves nothing off the GPU: the one notion of "no offload" behind the
+    study baseline and each scenario's no-offload pair (collect) and the sanity checks."""
+    return (offload_optimizer, offload_param) == ("none", "none")
+
+
+#: Settings two scenarios share to be compared run for run (collect's same-settings pair, the
+#: sanity checks): the same GPUs and the same tokens per optimizer step. Model, sequence length,
+#: precision and checkpointing are the study's, shared by all its scenarios already.
+SAME_SETTINGS_KEYS: tuple[str, ...] = (
+    "nodes", "world_size", "micro_batch", "gradient_accumulation_steps",
+)  # fmt: skip
+
+
+def settings_of(row: Mapping, keys: Sequence[str] = SAME_SETTINGS_KEYS) -> tuple | None:
+    """The values of ``keys`` in a run or summary row, as floats; None when one is unknown."""
+    try:
+        values = tuple(float(row[k]) for k in keys)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return values if all(v == v for v in values) else None  # v != v: NaN

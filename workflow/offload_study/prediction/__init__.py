@@ -1,0 +1,4 @@
+"""Predict before you spend: memory and step time of a run from its spec, its DeepSpeed config
+and the cluster's calibration (``predict``), the calibration itself (``calibrate``), and the
+search for the fastest config under a budget (``recommend``).
+"""

@@ -1,0 +1,523 @@
+"""Calibrate a cluster: small real measurements of the rates the step-time model needs.
+
+    python -m offload_study.prediction.calibrate --cluster NAME [--cluster-dir config/clusters] \\
+        [--cores N] --out results/<cluster>/calibration.json
+
+Measures, on the machine it runs on (a compute node of the cluster), each in bounded time:
+
+- dense matmul TFLOP/s in bf16 on the accelerator (torch; on a CPU cluster, the CPU),
+- CPU Adam parameters/s: DeepSpeed's ``DeepSpeedCPUAdam`` over one flat fp32 tensor with
+  ``--cores`` threads (the cores a run gets),
+- pinned host->device and device->host copy GB/s, and host->device from unpinned memory
+  (cuda only),
+- disk read and write GB/s at the cluster's ``nvme_path`` (O_DIRECT where the file system allows
+  it, so the page cache does not stand in for the disk; a few small files),
+- on a CPU cluster, what a tiny model's step time is made of beyond its FLOPs: the host seconds
+  of one Llama decoder layer under ZeRO-3 (eager ops, autograd and ZeRO-3's hooks; a real
+  DeepSpeed engine on a Llama of 1 and of 3 layers, hidden size 64) per forward and backward,
+  and of the rest of a micro-step, at two sequence lengths (the host time of a layer grows with its activations), with 1
+  rank and with 2 ranks (a lone rank has nothing to reduce) of one thread each, and in the
+  2-rank gloo group the latency and bandwidth of an all-gather.
+
+Rates are stable on a shared machine because every working set is at least
+:data:`SIZE_OVER_CACHE` times the last-level cache (read from sysfs: a cache-resident size
+measured 30x faster than the same call on a training-sized tensor), the op runs once to warm up
+(first-touch pages, thread pools, kernels) and then :data:`REPEATS` timed samples give the median;
+their range is recorded (``provenance["spread"]``) so that a noisy calibration shows.
+
+The result is a :class:`~offload_study.core.contracts.Calibration`, written atomically, with its
+provenance (host, versions, sizes, seconds, spreads). Collective bandwidth between GPUs is not
+measured (it would need every GPU of a node); it stays null unless a shipped calibration
+(config/calibration/<cluster>.json) gives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import mmap
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from offload_study.core.contracts import Calibration, write_calibration
+from offload_study.core.study import CLUSTER_DIR, load_cluster
+from offload_study.training.provenance import pkg_version
+
+#: Every working set (matmul operands, Adam's four fp32 arrays, copy buffers) is at least this
+#: many times the last-level cache, so that the rate is the one of memory, not of the cache.
+SIZE_OVER_CACHE = 4
+#: Timed samples per measurement (after one warm-up call); the median is the rate.
+REPEATS = 5
+#: Each sample repeats its op for at least this long (one call when a call takes longer).
+MIN_SAMPLE_S = 0.05
+#: Disk probe: bytes per file per accelerator kind, files.
+DISK_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
+DISK_FILES = 2
+#: ZeRO-3 probe: a Llama small enough that its FLOPs do not count, built with 1 and 3 layers;
+#: micro-batch, sequence, micro-steps per timed sample.
+PROBE_LLAMA = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4,
+               "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 128,
+               "tie_word_embeddings": False}  # fmt: skip
+PROBE_LAYERS = (1, 3)
+PROBE_BATCH, PROBE_CALLS, PROBE_REPEATS = 2, 5, 7
+#: Sequence lengths the probe runs each engine at: a layer's host time grows with the elements
+#: its eager ops touch (measured, one rank: forward + backward 4.6-5.3 ms at 2 x 32 tokens of
+#: hidden 64, 7.7-11.8 ms at 2 x 128, 10.6-21 ms at 2 x 128 of hidden 128), the FLOPs still
+#: negligible (0.1 ms at the larger one).
+PROBE_SEQS = (32, 128)
+PROBE_TIMEOUT_S = 300
+#: Ranks per node the probe runs with: one (nothing to reduce), two (gloo between them).
+PROBE_RANKS = (1, 2)
+
+
+def _cache_bytes(text: str) -> int:
+    unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * unit
+
+
+def last_level_cache_bytes() -> int:
+    """The last-level cache of the whole machine (sysfs): the largest level's size times its
+    instances (an EPYC has one L3 per chiplet, a threaded op spans them); 32 MiB when sysfs
+    does not say."""
+    instances: dict[int, dict[str, int]] = {}  # level -> cpus sharing one instance -> bytes
+    for index in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            level = int((index / "level").read_text())
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = _cache_bytes((index / "size").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        instances.setdefault(level, {})[shared] = size
+    if not instances:
+        return 32 * 2**20
+    return sum(instances[max(instances)].values())
+
+
+def sizes(accelerator: str, cache_bytes: int) -> dict[str, int]:
+    """Matmul side, CPU Adam parameters and copy bytes, each past SIZE_OVER_CACHE x the cache
+    (a GPU's matmul and copies at least the sizes that reach its peak)."""
+    floor = SIZE_OVER_CACHE * cache_bytes
+    side = 256 * math.ceil(math.sqrt(floor / (3 * 2)) / 256)  # three bf16 operands
+    return {
+        "matmul": max(side, 8192) if accelerator == "cuda" else side,
+        "adam": math.ceil(floor / 16),  # parameter, gradient, two moments: 16 B in fp32
+        "copy": max(floor, 512 * 2**20) if accelerator == "cuda" else 0,
+        "disk": DISK_BYTES[accelerator],
+    }
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: the median of the samples, the fastest and the slowest."""
+
+    median: float
+    fastest: float
+    slowest: float
+    samples: int
+    calls_per_sample: int
+
+    @classmethod
+    def of(cls, per_call: list[float], calls: int) -> Timing:
+        """From the seconds per call of each sample."""
+        return cls(statistics.median(per_call), min(per_call), max(per_call), len(per_call), calls)
+
+    def summary(self) -> dict:
+        """Seconds per call at the median, with the range of the samples."""
+        return {
+            "median": self.median, "low": self.fastest, "high": self.slowest,
+            "spread_pct": round(100 * (self.slowest - self.fastest) / self.median, 1),
+            "samples": self.samples, "calls_per_sample": self.calls_per_sample,
+        }  # fmt: skip
+
+    def rate(self, work: float) -> dict:
+        """``work`` per second at the median, with the range of the samples."""
+        return {
+            "median": work / self.median, "low": work / self.slowest, "high": work / self.fastest,
+            "spread_pct": round(100 * (self.slowest - self.fastest) / self.median, 1),
+            "samples": self.samples, "calls_per_sample": self.calls_per_sample,
+        }  # fmt: skip
+
+
+def measure(
+    op: Callable[[], object], sync: Callable[[], None] = lambda: None, repeats: int = REPEATS,
+    min_sample_s: float = MIN_SAMPLE_S, calls: int | None = None,
+) -> Timing:  # fmt: skip
+    """Time ``op``: one warm-up call, one call to size the samples, then ``repeats`` samples
+    of as many calls as last ``min_sample_s``, or of ``calls`` calls (collectives: every rank
+    must make the same number)."""
+    op()
+    sync()
+    start = time.perf_counter()
+    op()
+    sync()
+    if calls is None:
+        calls = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-9)))
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            op()
+        sync()
+        per_call.append((time.perf_counter() - start) / calls)
+    return Timing.of(per_call, calls)
+
+
+def _sync(device: str) -> Callable[[], None]:
+    import torch
+
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def matmul_tflops(device: str, n: int) -> dict:
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return measure(lambda: torch.mm(a, b), _sync(device)).rate(2 * n**3 / 1e12)
+
+
+def cpu_adam_params_per_s(n_params: int, threads: int) -> dict:
+    """DeepSpeedCPUAdam (the optimizer of CPU offload) on one flat fp32 tensor."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    torch.set_num_threads(threads)
+    param = torch.nn.Parameter(torch.randn(n_params))
+    param.grad = torch.randn(n_params)
+    optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
+    return measure(optimizer.step).rate(n_params)
+
+
+def copy_gb_s(nbytes: int) -> dict[str, dict]:
+    """Host<->device copies: pinned both ways, and host->device from unpinned memory."""
+    import torch
+
+    sync = _sync("cuda")
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    pageable = torch.empty(nbytes, dtype=torch.uint8)
+    pageable.fill_(1)  # touch the pages: the first copy must not time page faults
+    timings = {
+        "h2d_gb_s": measure(lambda: device.copy_(pinned, non_blocking=True), sync),
+        "d2h_gb_s": measure(lambda: pinned.copy_(device, non_blocking=True), sync),
+        "pageable_h2d_gb_s": measure(lambda: device.copy_(pageable), sync),
+    }
+    return {key: timing.rate(nbytes / 1e9) for key, timing in timings.items()}
+
+
+def _open(path: Path, flags: int) -> tuple[int, bool]:
+    """A file descriptor with O_DIRECT when the file system takes it (tmpfs does not)."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, flags | direct, 0o600), True
+        except OSError:
+            pass
+    return os.open(path, flags, 0o600), False
+
+
+def disk_gb_s(folder: str, nbytes: int) -> dict:
+    """Write DISK_FILES files of ``nbytes`` (synced) and read them back, in a private temp
+    folder under ``folder`` that is removed afterwards."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    block = mmap.mmap(-1, 4 * 2**20)  # page-aligned, as O_DIRECT needs
+    block.write(os.urandom(len(block)))
+    with tempfile.TemporaryDirectory(prefix="offload-study-calibrate-", dir=folder) as tmp:
+        files = [Path(tmp) / f"probe{i}" for i in range(DISK_FILES)]
+        start = time.perf_counter()
+        for path in files:
+            fd, direct = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            for _ in range(nbytes // len(block)):
+                os.write(fd, block)
+            os.fsync(fd)
+            os.close(fd)
+        write_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for path in files:
+            fd, _ = _open(path, os.O_RDONLY)
+            while os.readv(fd, [block]) > 0:
+                pass
+            os.close(fd)
+        read_s = time.perf_counter() - start
+    total = DISK_FILES * (nbytes // len(block)) * len(block)
+    return {
+        "disk_write_gb_s": total / write_s / 1e9,
+        "disk_read_gb_s": total / read_s / 1e9,
+        "direct_io": direct,
+        "disk_bytes": total,
+    }
+
+
+# --------------------------------------------------------------------------- ZeRO-3 probe
+def _micro_step(engine, tokens) -> Callable[[], float]:
+    """One micro-step of a DeepSpeed engine: forward, backward and step (which keeps ZeRO-3's
+    fetch trace valid); it returns the seconds of its forward."""
+
+    def run() -> float:
+        start = time.perf_counter()
+        loss = engine(input_ids=tokens, labels=tokens).loss
+        forward = time.perf_counter() - start
+        engine.backward(loss)
+        engine.step()
+        return forward
+
+    return run
+
+
+def _interleaved(steps: dict[tuple, Callable[[], float]]) -> dict[tuple, tuple[Timing, Timing]]:
+    """(forward, micro-step) of each engine: two warm-up micro-steps each (ZeRO-3 records its
+    trace), then samples of PROBE_CALLS taken in turn, so that a change in the machine's load
+    falls on every engine alike."""
+    forward = {key: [] for key in steps}
+    whole = {key: [] for key in steps}
+    for step in [*steps.values(), *steps.values()]:
+        step()
+    for _ in range(PROBE_REPEATS):
+        for key, step in steps.items():
+            start = time.perf_counter()
+            forward_s = sum(step() for _ in range(PROBE_CALLS))
+            whole[key].append((time.perf_counter() - start) / PROBE_CALLS)
+            forward[key].append(forward_s / PROBE_CALLS)
+    return {
+        key: (Timing.of(forward[key], PROBE_CALLS), Timing.of(whole[key], PROBE_CALLS))
+        for key in steps
+    }
+
+
+def _probe_config() -> dict:
+    """The probe engine's DeepSpeed config: ZeRO-3, no offload. Offloading the optimizer, or it
+    and the parameters, changed nothing the probe could tell at its size (one rank: forward /
+    backward 2.1 / 2.8 ms per layer plain, 2.1 / 2.8 and 2.2 / 3.1 offloaded; two ranks: 2.4 /
+    10.1, 2.3 / 11.7 and 2.5 / 11.1): the optimizer's own time is CPU Adam's, counted apart."""
+    return {
+        "train_micro_batch_size_per_gpu": PROBE_BATCH, "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+    }  # fmt: skip
+
+
+def _slope_costs(few: tuple[int, tuple], many: tuple[int, tuple]) -> dict[str, float]:
+    """A layer's forward and backward (with the step) and the rest of a micro-step, from the
+    (layers, (forward, micro-step)) timings of two engines: the slope and the intercept."""
+    (n_few, (fwd_few, step_few)), (n_many, (fwd_many, step_many)) = few, many
+    forward = (fwd_many.median - fwd_few.median) / (n_many - n_few)
+    whole = (step_many.median - step_few.median) / (n_many - n_few)
+    costs = {
+        "forward": forward,
+        "backward": whole - forward,
+        "rest": step_few.median - n_few * whole,
+    }
+    return {k: max(v, 0.0) for k, v in costs.items()}
+
+
+def _size_costs(small: dict[str, float], large: dict[str, float]) -> dict[str, float]:
+    """The costs at the smaller probe size with how they grow (never shrink) with the size: a
+    layer's per element of its activations (tokens x hidden), the rest per token."""
+    tokens = [PROBE_BATCH * seq for seq in PROBE_SEQS]
+    elements = [t * PROBE_LLAMA["hidden_size"] for t in tokens]
+    grow = {
+        "forward_per_element": (large["forward"] - small["forward"]) / (elements[1] - elements[0]),
+        "backward_per_element": (large["backward"] - small["backward"])
+        / (elements[1] - elements[0]),
+        "rest_per_token": (large["rest"] - small["rest"]) / (tokens[1] - tokens[0]),
+    }
+    return {**small, "layer_elements": elements[0], "tokens": tokens[0],
+            **{k: max(v, 0.0) for k, v in grow.items()}}  # fmt: skip
+
+
+def _zero3_costs(torch, deepspeed, dist) -> dict:
+    """Host seconds of one Llama decoder layer under ZeRO-3 at sizes where its FLOPs do not
+    count (eager ops, autograd, ZeRO-3's hooks): a forward, a backward (with the step), and the
+    rest of a micro-step (embeddings, norm, head, loss): engines of 1 and 3 layers, the slope
+    and the intercept, at each of :data:`PROBE_SEQS` (:func:`_size_costs`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    steps = {}
+    torch.manual_seed(0)
+    for layers in PROBE_LAYERS:
+        model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=layers))
+        engine, *_ = deepspeed.initialize(model=model, config=_probe_config())
+        for seq in PROBE_SEQS:
+            tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, seq))
+            steps[seq, layers] = _micro_step(engine, tokens)
+    timings = _interleaved(steps)
+    sized = [
+        _slope_costs(*sorted((n, t) for (q, n), t in timings.items() if q == seq))
+        for seq in PROBE_SEQS
+    ]
+    ranks = dist.get_world_size()
+    return {
+        "values": {"zero3_layer_s": {str(ranks): _size_costs(*sized)}},
+        "spread": {f"{ranks} rank(s), seq {q}, {n} layer(s): {name}": timing.summary()
+                   for (q, n), (fwd, step) in timings.items()
+                   for name, timing in (("forward", fwd), ("micro-step", step))},
+    }  # fmt: skip
+
+
+def _allgather_costs(torch, dist) -> dict:
+    """Latency of a small all-gather and the bandwidth of a large one (bf16, like ZeRO-3's)."""
+    world = dist.get_world_size()
+    timings = {}
+    for numel, calls in ((1024, 50), (2**21, 5)):
+        part = torch.ones(numel, dtype=torch.bfloat16)
+        out = torch.empty(world * numel, dtype=torch.bfloat16)
+        timings[numel] = measure(
+            lambda out=out, part=part: dist.all_gather_into_tensor(out, part), calls=calls
+        )  # fmt: skip
+    small, large = timings[1024], timings[2**21]
+    received = 2 * 2**21 * (world - 1)  # what each rank receives of the large one
+    return {
+        "values": {"collective_latency_s": small.median,
+                   "interconnect_gb_s": received / max(large.median - small.median, 1e-9) / 1e9},
+        "spread": {"all-gather 2 KiB": small.summary(), "all-gather 4 MiB": large.summary()},
+    }  # fmt: skip
+
+
+def probe_rank(out: str) -> None:
+    """One rank of the probe (run by torchrun, see :func:`zero3_probe`); rank 0 writes ``out``."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    deepspeed.init_distributed(dist_backend="gloo")
+    zero3 = _zero3_costs(torch, deepspeed, dist)
+    gather = _allgather_costs(torch, dist) if dist.get_world_size() > 1 else {}
+    if dist.get_rank() == 0:
+        result = {key: {**zero3[key], **gather.get(key, {})} for key in ("values", "spread")}
+        Path(out).write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def zero3_probe(ranks: int) -> dict:
+    """Run :func:`probe_rank` in a gloo group of ``ranks`` processes of one thread each; its
+    ``values`` and ``spread``. One thread, though a one-rank run gets two on 2 cores: a second
+    OpenMP thread makes every small op a parallel region that waits for a descheduled peer on a
+    busy machine, by amounts no calibration made minutes before a run can know (measured on the
+    2 shared cores, tiny Llama without DeepSpeed: 45 ms per forward and backward with one thread,
+    median 0.3-1.6 s with two at load 3-4; a 2-thread one-rank probe gave 0.002 and 0.034 s per
+    layer forward in runs minutes apart, the 1-thread one 0.002-0.004). The FLOPs that a
+    second thread would split are counted at the calibrated matmul rate."""
+    from offload_study.training.launch import default_torchrun, free_port
+
+    with tempfile.TemporaryDirectory(prefix="offload-study-probe-") as tmp:
+        out = Path(tmp) / "probe.json"
+        cmd = [*default_torchrun(), "--nnodes", "1", "--nproc_per_node", str(ranks),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+               "-m", "offload_study.prediction.calibrate", "--probe", str(out)]  # fmt: skip
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+        res = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        )  # fmt: skip
+        # Rank 0 writes its result before the group is torn down; a crash in the teardown
+        # (seen once: "terminate called without an active exception") leaves a whole result.
+        if not out.is_file():
+            raise RuntimeError(f"ZeRO-3 probe failed ({' '.join(cmd)}):\n{res.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def probe_costs(ranks: int, attempts: int = 2) -> tuple[dict | None, str | None]:
+    """(zero3_probe's result, None), or (None, why) when every attempt failed: the probe feeds
+    predictions, which must not stop a study (predict then uses its pre-probe constant)."""
+    why = None
+    for _ in range(attempts):
+        try:
+            return zero3_probe(ranks), None
+        except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as err:
+            why = str(err)[-2000:]
+            print(f"calibrate: {why}", file=sys.stderr)
+    return None, why
+
+
+# --------------------------------------------------------------------------- calibration
+def calibrate(cluster: dict, cores: int) -> Calibration:
+    """Measure this machine for ``cluster`` (a validated cluster description)."""
+    import torch
+
+    accelerator = cluster["accelerator"]
+    device = "cuda" if accelerator == "cuda" else "cpu"
+    if accelerator == "cpu":  # DeepSpeed's ops as a CPU run builds them (launch.build_env)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    cache = last_level_cache_bytes()
+    size = sizes(accelerator, cache)
+    started = time.perf_counter()
+    torch.set_num_threads(cores)
+    spread = {"matmul_tflops": matmul_tflops(device, size["matmul"]),
+              "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores)}  # fmt: skip
+    if accelerator == "cuda":
+        spread.update(copy_gb_s(size["copy"]))
+    rates = {key: summary["median"] for key, summary in spread.items()}
+    probe_errors = {}
+    if accelerator == "cpu":  # the ranks of a CPU run talk over gloo; hooks run on its cores
+        rates["zero3_layer_s"] = {}
+        for ranks in PROBE_RANKS:
+            probe, why = probe_costs(ranks)
+            if probe is None:
+                probe_errors[ranks] = why
+                continue
+            rates["zero3_layer_s"].update(probe["values"].pop("zero3_layer_s"))
+            rates.update(probe["values"])
+            spread.update(probe["spread"])
+        rates["zero3_layer_s"] = rates["zero3_layer_s"] or None
+    disk = disk_gb_s(cluster["nvme_path"], size["disk"]) if cluster.get("nvme_path") else {}
+    provenance = {
+        "host": platform.node(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
+        "torch_version": torch.__version__,
+        "deepspeed_version": pkg_version("deepspeed"),
+        "cores": cores,
+        "last_level_cache_bytes": cache,
+        "sizes": size,
+        "spread": spread,
+        "probe_errors": probe_errors,
+        "direct_io": disk.get("direct_io"),
+        "disk_path": cluster.get("nvme_path"),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    return Calibration(
+        cluster=cluster["name"],
+        accelerator=accelerator,
+        source=f"measured by offload_study.prediction.calibrate on {platform.node()}",
+        matmul_dtype="bf16",
+        cpu_adam_threads=cores,
+        disk_read_gb_s=disk.get("disk_read_gb_s"),
+        disk_write_gb_s=disk.get("disk_write_gb_s"),
+        provenance=provenance,
+        **rates,
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cluster", help="cluster name (config/clusters/<name>.yaml)")
+    p.add_argument("--cluster-dir", default=str(CLUSTER_DIR))
+    p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--out", help="calibration.json to write")
+    p.add_argument("--probe", help=argparse.SUPPRESS)  # one rank of zero3_probe (torchrun)
+    a = p.parse_args(argv)
+    if a.probe:
+        probe_rank(a.probe)
+        return 0
+    if not (a.cluster and a.out):
+        p.error("--cluster and --out are required")
+    calibration = calibrate(load_cluster(a.cluster, a.cluster_dir), max(1, a.cores))
+    write_calibration(a.out, calibration)
+    print(f"calibrate: {a.out}: " + ", ".join(
+        f"{k}={v:.4g}" for k, v in calibration.to_dict().items() if isinstance(v, float)
+    ))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

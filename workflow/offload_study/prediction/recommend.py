@@ -1,0 +1,404 @@
+"""The fastest config for a model on given hardware under a GPU-memory budget (`snakemake recommend`).
+
+A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a search:
+
+1. :func:`with_candidates` (called by :class:`offload_study.planning.plan.Plan`) turns the grid (offload
+   mode x partial-offload ratio x micro-batch x ZeRO knobs such as the bucket sizes) into
+   candidate scenarios named ``rec-...``, each capped at the budget; the study's own scenarios
+   are the references (e.g. plain CPU optimizer offload, uncapped no offload).
+2. ``rule plan`` predicts every candidate (plan.csv: memory, tokens/s, feasible).
+3. ``checkpoint recommend_select`` (:func:`select`), round 0, keeps the feasible ones, ranks
+   them by predicted tokens/s and picks the top_n to measure: the best predicted of each offload
+   mode first (the prediction is coarse across modes: it states in its note what it cannot know,
+   e.g. ZenFlow's selection or SuperOffload's worker overhead), then the next best.
+4. The normal ``rule train`` measures them and the references. When no candidate measured so far
+   ran ok (all ran out of GPU memory, say: the memory model predicts what PyTorch allocates, not
+   what its caching allocator reserves), round r+1 of the checkpoint (:func:`next_round`) picks
+   the next top_n the same way, skipping every candidate predicted to need at least as much GPU
+   memory as one that ran out of it; up to ``recommend.rounds`` rounds.
+5. ``rule recommend`` (:func:`decide`) collects those records (collect's statistics), picks the
+   fastest measured candidate or reference within the budget and unflagged, and writes
+   ``recommend/recommendation.json`` (its measured speed, its margin over the runner-up with a
+   paired 95 % CI, "beyond CI" or "within noise", the ratio to every reference, why each other
+   candidate lost, the search's device time), the DeepSpeed JSON to use, and an HTML page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from offload_study.analysis import collect, sanity
+from offload_study.core.contracts import read_json, read_predictions, write_json
+from offload_study.core.study import StudyError, load_schema, load_study
+from offload_study.planning.dsconfig import normalize_number
+from offload_study.planning.plan import expanded_name
+
+_GRID = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]
+#: grid offload mode -> (name slug, scenario keys); its keys are the schema's enum (a test checks).
+OFFLOAD_MODES: dict[str, tuple[str, dict]] = {
+    "none": ("none", {}),
+    "optimizer": ("opt", {"offload_optimizer": "cpu"}),
+    "optimizer+param": ("optparam", {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+    "zenflow": ("zenflow", {"offload_optimizer": "cpu", "zenflow": {}}),
+    "super_offload": ("super", {"offload_optimizer": "cpu", "super_offload": True}),
+}
+PREFIX = "rec-"
+
+
+# --------------------------------------------------------------------------- 1. the grid
+def _modes(grid: dict) -> list[tuple[str, dict]]:
+    """(mode label, scenario keys) per offload mode and ratio of the grid."""
+    out = []
+    for mode in grid["offload"]:
+        slug, keys = OFFLOAD_MODES[mode]
+        out.append((slug, dict(keys)))
+        if mode == "optimizer":
+            for ratio in grid["offload_optimizer_ratio"]:
+                if ratio != 1:
+                    out.append((f"opt-r{ratio:g}", {**keys, "offload_optimizer_ratio": ratio}))
+    return out
+
+
+def candidates(study: dict) -> list[dict]:
+    """The candidate scenarios of a study's recommend block (empty without one)."""
+    rec = study.get("recommend")
+    if not rec:
+        return []
+    grid = {k: v.get("default") for k, v in _GRID.items()} | rec["grid"]
+    micro = grid.get("micro_batch") or [study["micro_batch"]]
+    knobs = {"micro_batch": micro, **grid["zero"]}
+    combos = [
+        dict(zip(knobs, values, strict=True)) for values in itertools.product(*knobs.values())
+    ]
+    base = {"gpus_per_node": rec["gpus_per_node"], "nodes": rec["nodes"],
+            "gpu_mem_gb": rec["gpu_mem_gb"], "cpu_mem_gb": rec["cpu_mem_gb"]}  # fmt: skip
+    out = []
+    for (slug, keys), combo in itertools.product(_modes(grid), combos):
+        zero = {k: normalize_number(v) for k, v in combo.items() if k != "micro_batch"}
+        out.append({
+            "name": expanded_name(PREFIX + slug, combo), "label": f"candidate {slug}", **base,
+            **keys, "micro_batch": combo["micro_batch"], **({"zero": zero} if zero else {}),
+        })  # fmt: skip
+    return out
+
+
+def with_candidates(study: dict, source: str | None = None) -> dict:
+    """The study with its candidate scenarios after its own (validated again, defaults filled);
+    the study itself when it has no recommend block."""
+    found = candidates(study)
+    if not found:
+        return study
+    limit = study["recommend"]["max_candidates"]
+    if len(found) > limit:
+        raise StudyError(
+            f"recommend.grid: {len(found)} candidates, more than recommend.max_candidates "
+            f"({limit}); shrink the grid or raise the limit"
+        )
+    clash = {s["name"] for s in study["scenarios"]} & {c["name"] for c in found}
+    if clash:
+        raise StudyError(f"scenarios: {sorted(clash)[0]!r}: the prefix {PREFIX!r} is recommend's")
+    return load_study({**study, "scenarios": study["scenarios"] + found}, source=source)
+
+
+def space(plan) -> dict:
+    """recommend/space.json: the search's budget, candidates (with their offload mode) and
+    references, from a :class:`~offload_study.planning.plan.Plan` of a recommend study."""
+    rec = plan.study["recommend"]
+    if not rec:
+        raise StudyError(
+            f"recommend: study {plan.study['study']!r} has no recommend block (recommend: "
+            "{gpu_mem_gb: ..., gpus_per_node: ..., grid: ...})"
+        )
+    mode_of = {}
+    for run in plan.runs:
+        if run.base_scenario.startswith(PREFIX):
+            mode_of[run.scenario] = run.base_scenario[len(PREFIX) :].split("__")[0]
+    return {
+        "study": plan.study["study"],
+        "cluster": plan.cluster["name"],
+        "gpu_mem_gb": rec["gpu_mem_gb"],
+        "top_n": rec["top_n"],
+        "rounds": rec["rounds"],
+        "repeats": plan.study["repeats"],
+        "candidates": mode_of,
+        "references": [s for s in plan.scenarios if s not in mode_of],
+    }
+
+
+def selected_records(selected_json: str, results: str, repeats: Sequence[int]) -> list[str]:
+    """metrics.json paths of every run one round of the checkpoint chose."""
+    measure = read_json(selected_json)["measure"]
+    return [f"{results}/{name}/rep{k}/metrics.json" for name in measure for k in repeats]
+
+
+def search_rounds(get_round) -> list[str]:
+    """selected.json of every round of the search, up to the first that measures nothing (the
+    last). ``get_round(r)``: round r's path; in the workflow it asks the checkpoint, which makes
+    Snakemake run round r (after the runs of the rounds before it) first."""
+    paths: list[str] = []
+    while not paths or read_json(paths[-1])["measure"]:
+        paths.append(get_round(len(paths)))
+    return paths
+
+
+# --------------------------------------------------------------------------- 3. the checkpoint
+def select(space_: dict, predictions: dict) -> dict:
+    """recommend/selected.json: every candidate's rank and why it is (not) measured, and the
+    scenarios to train (the top_n candidates and every reference)."""
+    rows = []
+    for name, mode in space_["candidates"].items():
+        p = predictions.get(name)
+        tps = p.tokens_per_s if p else None
+        rows.append({"scenario": name, "mode": mode, "predicted_tokens_per_s": tps,
+                     "predicted_gpu_gib": p.gpu_gib if p else None,
+                     "over_budget": _over_budget(p),
+                     "feasible": bool(p.feasible) if p else True,
+                     "reason": p.reason if p else "no prediction"})  # fmt: skip
+    feasible = [r for r in rows if r["feasible"]]
+    # Feasible allows the model's own error over the budget (predict.MARGINS); a run predicted
+    # over it is likelier to OOM than one predicted under it, so it ranks after all of those.
+    feasible.sort(key=lambda r: (r["over_budget"], -(r["predicted_tokens_per_s"] or 0.0)))
+    for rank, row in enumerate(feasible, 1):
+        row["rank"] = rank
+    chosen = _top(feasible, space_["top_n"])
+    for row in rows:
+        row["round"] = 0 if row in chosen else None
+        row["why"] = _selection_why(row, space_["top_n"])
+    measure = [r["scenario"] for r in chosen] + list(space_["references"])
+    return {"round": 0, "candidates": rows, "measure": measure, "ended": None}
+
+
+def _top(ranked: list[dict], top_n: int) -> list[dict]:
+    """The best of each offload mode first, then the next best: top_n of ``ranked``."""
+    ranked = sorted(ranked, key=lambda r: r["rank"])
+    firsts = list({r["mode"]: r for r in reversed(ranked)}.values())[::-1]  # best per mode
+    firsts.sort(key=lambda r: r["rank"])
+    return (firsts + [r for r in ranked if r not in firsts])[:top_n]
+
+
+def next_round(space_: dict, previous: dict, metrics: Sequence[str]) -> dict:
+    """Round r+1 of the checkpoint from round r's selected.json and the records of every run so
+    far: nothing to measure once a candidate ran ok (or the rounds are spent, or none is left);
+    else the next top_n, skipping candidates predicted to need at least as much GPU memory as
+    one that ran out of it (the prediction orders candidates by memory better than it sizes
+    them: 2 H200s at 40 GB, predicted 38.4 and 38.8 GiB ran out, 32.8 ran)."""
+    rnd = previous["round"] + 1
+    rows = [dict(r) for r in previous["candidates"]]
+    outcome = {rec["scenario"]: rec for rec in map(collect.read_record, metrics)}
+    ran = [r for r in rows if r["round"] is not None]
+    ok = [r["scenario"] for r in ran if _ran_ok(outcome.get(r["scenario"]))]
+    oom = [r for r in ran if (outcome.get(r["scenario"]) or {}).get("outcome") == "gpu_oom"]
+    floor = min((r["predicted_gpu_gib"] for r in oom if r["predicted_gpu_gib"]), default=None)
+    left = [r for r in rows if r["feasible"] and r["round"] is None]
+    for row in left:
+        if floor is not None and (row["predicted_gpu_gib"] or 0) >= floor:
+            row["skipped"] = (f"predicted {row['predicted_gpu_gib']:.1f} GiB, not below "
+                              f"{floor:.1f} GiB of a candidate that ran out of GPU memory")  # fmt: skip
+    tries = [r for r in left if not r.get("skipped")]
+    ended = ("a candidate ran ok: " + ", ".join(ok) if ok else
+             f"recommend.rounds ({space_['rounds']}) spent" if rnd >= space_["rounds"] else
+             "no candidate left to try" if not tries else None)  # fmt: skip
+    chosen = [] if ended else _top(tries, space_["top_n"])
+    for row in rows:
+        if row in chosen:
+            row["round"] = rnd
+        if row["round"] is None or row in chosen:
+            row["why"] = row.get("skipped") and f"not measured: {row['skipped']}"
+            row["why"] = row["why"] or _selection_why(row, space_["top_n"])
+    return {"round": rnd, "candidates": rows, "measure": [r["scenario"] for r in chosen],
+            "ended": ended}  # fmt: skip
+
+
+def _ran_ok(record: dict | None) -> bool:
+    return bool(record) and record.get("outcome") == "ok" and (record.get("tokens_per_s") or 0) > 0
+
+
+def _over_budget(p) -> bool:
+    """Predicted above its GPU budget, though within the model's error (so still feasible)."""
+    return bool(p and p.gpu_gib and p.gpu_budget_gib and p.gpu_gib > p.gpu_budget_gib)
+
+
+def _selection_why(row: dict, top_n: int) -> str:
+    if not row["feasible"]:
+        return f"predicted not to fit: {row['reason']}"
+    tps = row["predicted_tokens_per_s"]
+    said = f"predicted {tps:,.0f} tokens/s" if tps else "no speed predicted"
+    if row["over_budget"]:
+        said += f", {row['predicted_gpu_gib']:.1f} GiB: over the budget within the model's error"
+    if row["round"] is not None:
+        return f"measured in round {row['round']} ({said}, rank {row['rank']})"
+    return f"not measured: {said}, rank {row['rank']}, below the top {top_n}"
+
+
+# --------------------------------------------------------------------------- 5. the decision
+def _steps(runs: pd.DataFrame) -> dict:
+    ok = runs[runs["outcome"] == "ok"]
+    return {rd: np.array([r.tokens_per_s for r in collect.read_timed_steps(rd)])
+            for rd in ok["record_dir"].dropna()}  # fmt: skip
+
+
+def _ratio(runs, steps, a: str, b: str, seed: int) -> dict:
+    """a's tokens/s over b's, run for run (collect.paired_ratio), with its verdict."""
+    ok = runs[runs["outcome"] == "ok"]
+    r, lo, hi, n, how = collect.paired_ratio(ok[ok["scenario"] == a], ok[ok["scenario"] == b],
+                                             steps, 2000, seed)  # fmt: skip
+    if math.isnan(r):
+        verdict = "no pair"
+    elif lo > 1 or hi < 1:
+        verdict = "beyond CI"
+    else:
+        verdict = "within noise"
+    return {"of": b, "ratio": r, "ci_low": lo, "ci_high": hi, "pairs": n, "verdict": verdict,
+            "note": how}  # fmt: skip
+
+
+def _row_state(row: pd.Series, budget: float) -> str | None:
+    """Why a measured scenario cannot be recommended, or None when it can."""
+    if not pd.to_numeric(row.get("tokens_per_s"), errors="coerce") > 0:
+        return "no ok run"
+    cap = row.get("gpu_mem_gb")
+    if cap is None or pd.isna(cap) or float(cap) > budget:
+        return "above the GPU-memory budget (a reference)"
+    # an implausible result (sanity.blocking) is not recommended; a caution (a missed CI
+    # target) is not a reason: its CI decides the ranking
+    flags = sanity.blocking(row.get("flags"))
+    return f"flagged {', '.join(flags)}" if flags else None
+
+
+def _failure(runs: pd.DataFrame, scenario: str) -> str:
+    mine = runs[runs["scenario"] == scenario]
+    outcomes = ", ".join(sorted(set(mine["outcome"].astype(str))))
+    excerpt = next((str(e) for e in mine.get("error_excerpt", []) if isinstance(e, str) and e), "")
+    line = excerpt.strip().splitlines()[-1] if excerpt.strip() else ""
+    return f"outcome {outcomes}" + (f": {line[:300]}" if line else "")
+
+
+def decide(space_: dict, selected: dict, metrics: Sequence[str]) -> dict:
+    """recommendation.json from the measured records (see the module's docstring); ``selected``:
+    the last round's selected.json (its candidates say why each unmeasured one was not)."""
+    runs, summary = collect.collect(metrics)
+    steps = _steps(runs)
+    rows = {r["scenario"]: r for _, r in summary.iterrows()}
+    state = {name: _row_state(row, space_["gpu_mem_gb"]) for name, row in rows.items()}
+    eligible = sorted((n for n in rows if state[n] is None),
+                      key=lambda n: -float(rows[n]["tokens_per_s"]))  # fmt: skip
+    winner = eligible[0] if eligible else None
+    out = {
+        "study": space_["study"], "cluster": space_["cluster"], "gpu_mem_gb": space_["gpu_mem_gb"],
+        "winner": winner, "tokens_per_s": float(rows[winner]["tokens_per_s"]) if winner else None,
+        "tokens_per_s_ci": [float(rows[winner].get(f"tokens_per_s_ci_{s}", math.nan))
+                            for s in ("low", "high")] if winner else None,
+        "runner_up": eligible[1] if len(eligible) > 1 else None,
+        "margin": _ratio(runs, steps, winner, eligible[1], 0) if len(eligible) > 1 else None,
+        "vs_references": [_ratio(runs, steps, winner, ref, i + 1)
+                          for i, ref in enumerate(space_["references"])
+                          if winner and ref in rows and ref != winner],
+        "others": _others(space_, selected, runs, steps, rows, state, winner),
+        "device_time": _device_time(runs),
+        "rounds": selected.get("round", 0) + (1 if selected.get("measure") else 0),
+        "search_ended": selected.get("ended"),
+    }  # fmt: skip
+    return _no_nan(out)
+
+
+def _no_nan(value):
+    """NaN (no pair, no CI) as null: recommendation.json stays standard JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _others(space_, selected, runs, steps, rows, state, winner) -> list[dict]:
+    """Why each scenario other than the winner lost (measured ones first)."""
+    out = []
+    chosen = list(dict.fromkeys(runs["scenario"].dropna().astype(str)))  # records decide
+    made = set(runs.loc[runs["outcome"] != "missing", "scenario"])
+    for i, name in enumerate(n for n in chosen if n != winner):
+        kind = "reference" if name in space_["references"] else "candidate"
+        if name not in rows or (state[name] or "").startswith("no ok run"):
+            why = _failure(runs, name) if name in rows else "no record"
+        else:
+            ratio = _ratio(runs, steps, name, winner, 100 + i) if winner else None
+            speed = f"{float(rows[name]['tokens_per_s']):,.0f} tokens/s"
+            if ratio and not math.isnan(ratio["ratio"]):
+                speed += (f" = {ratio['ratio']:.1%} of the winner (95% CI {ratio['ci_low']:.1%}"
+                          f"–{ratio['ci_high']:.1%}, {ratio['verdict']})")  # fmt: skip
+            why = f"{state[name]}: {speed}" if state[name] else f"slower: {speed}"
+        out.append({"scenario": name, "kind": kind, "measured": name in made, "why": why})
+    for row in selected["candidates"]:
+        if row["scenario"] not in chosen:
+            out.append({"scenario": row["scenario"], "kind": "candidate", "measured": False,
+                        "why": row["why"]})  # fmt: skip
+    return out
+
+
+def _device_time(runs: pd.DataFrame) -> dict:
+    """The search's device time: each run's wall time x its GPUs (ranks on a CPU cluster)."""
+    runs = runs[runs["outcome"] != "missing"]  # a run never made took no device time
+    wall = pd.to_numeric(runs.get("wall_time_s"), errors="coerce").fillna(0)
+    world = pd.to_numeric(runs.get("world_size"), errors="coerce").fillna(1)
+    return {"runs": len(runs), "wall_s": float(wall.sum()),
+            "device_minutes": float((wall * world).sum() / 60)}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- CLI
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.prediction.recommend", description=__doc__
+    )
+    sub = ap.add_subparsers(dest="command", required=True)
+    sel = sub.add_parser("select", help="rank the predicted candidates, pick those to measure")
+    dec = sub.add_parser("decide", help="the fastest measured config within the budget")
+    for p in (sel, dec):
+        p.add_argument("--space", required=True, help="recommend/space.json")
+        p.add_argument("--out", required=True, help="JSON to write")
+    sel.add_argument("--plan-csv", required=True, help="the plan's predictions")
+    sel.add_argument("--previous", help="the last round's selected.json (round 1 on)")
+    sel.add_argument("metrics", nargs="*", help="metrics.json of every run so far (round 1 on)")
+    dec.add_argument(
+        "--rounds",
+        required=True,
+        nargs="+",
+        help="every round's selected.json; the last says why each unmeasured "
+        "candidate was not measured",
+    )
+    dec.add_argument("--configs", required=True, help="the study's configs/ folder")
+    dec.add_argument("--ds-config-out", required=True, help="the winner's DeepSpeed JSON")
+    dec.add_argument("--html", required=True, help="the recommendation page")
+    dec.add_argument("metrics", nargs="*", help="metrics.json of every measured run")
+    a = ap.parse_args(argv)
+    space_ = read_json(a.space)
+    if a.command == "select":
+        if a.previous:
+            write_json(a.out, next_round(space_, read_json(a.previous), a.metrics))
+        else:
+            write_json(a.out, select(space_, read_predictions(a.plan_csv)))
+        return 0
+    result = decide(space_, read_json(a.rounds[-1]), a.metrics)
+    write_json(a.out, result)
+    if result["winner"]:
+        shutil.copyfile(Path(a.configs) / f"{result['winner']}.json", a.ds_config_out)
+    else:
+        write_json(a.ds_config_out, {"error": "no candidate ran ok within the budget"})
+    from offload_study.analysis.report.recommend import write_page
+
+    write_page(result, a.html)
+    print(f"recommend: {result['winner'] or 'nothing'} ({a.out})")
+    return 0  # no winner is a result too: recommendation.json says why each lost
+
+
+if __name__ == "__main__":
+    sys.exit(main())

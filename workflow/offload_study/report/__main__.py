@@ -1,3 +1,0 @@
-from offload_study.report.render import main
-
-raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""A run's outcome, decided in one place: supervision facts + logs + rank stats + steps.
+
+ReFrame-style: :data:`RULES` is a table of small pure checks, tried in order; the first that
+speaks decides ``(outcome, excerpt)``. Log patterns (and the remedies that lead an excerpt, e.g.
+"fix: apt-get install libaio-dev ...") come from :data:`logparse.OUTCOME_PATTERNS`.
+Every outcome is one of :data:`offload_study.core.contracts.OUTCOMES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from offload_study.core.contracts import LAUNCHER_LOG, RankStats, StepRow
+from offload_study.training import logparse
+from offload_study.training.supervise import Supervision
+
+Verdict = tuple[str, str | None]
+KERNEL_KILL_CODES = (-9, 137)  # SIGKILL seen by Popen / by a shell
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the outcome is judged from."""
+
+    supervision: Supervision
+    logs: dict[str, str]  # log file name (launcher.log, rank<r>.log) -> text
+    stats: dict[int, RankStats]
+    steps: list[StepRow]
+    world_size: int
+    step_timeout_s: float | None
+
+    @property
+    def finished_ranks(self) -> int:
+        return sum(1 for s in self.stats.values() if s.finished)
+
+    @property
+    def completed(self) -> bool:
+        """The launcher exited 0 and every rank finished."""
+        return self.supervision.rc == 0 and self.finished_ranks >= self.world_size
+
+    @property
+    def rank_text(self) -> str:
+        return "\n".join(v for k, v in self.logs.items() if k.startswith("rank"))
+
+    @property
+    def all_text(self) -> str:
+        return "\n".join(self.logs.values())
+
+
+def _failure_excerpt(ev: Evidence, line: str | None) -> str | None:
+    """Error lines of the rank logs when the root cause is there, else of all logs."""
+    source = ev.rank_text if line and line in ev.rank_text else ev.all_text
+    excerpt = logparse.error_excerpt(source)
+    if ev.supervision.rc == 0:
+        excerpt = (excerpt or "") + (
+            f"\n(launcher exited 0 but {ev.finished_ranks}/{ev.world_size} ranks finished)"
+        )
+    return excerpt
+
+
+# ----------------------------------------------------------------------------- the checks
+def killed_by_runner(ev: Evidence) -> Verdict | None:
+    """A limit was passed or the runner was signalled: supervision says which."""
+    if ev.supervision.killed:
+        return ev.supervision.killed, logparse.error_excerpt(
+            ev.logs.get(LAUNCHER_LOG, "") or ev.all_text
+        )
+    return None
+
+
+def step_over_limit(ev: Evidence) -> Verdict | None:
+    """Completed, but a step took longer than step_timeout_s (too quick for the runner's poll)."""
+    limit = ev.step_timeout_s
+    if ev.completed and limit and any(r.step_time_s > limit for r in ev.steps):
+        return "timeout", f"a step exceeded step_timeout_s={limit}"
+    return None
+
+
+def completed(ev: Evidence) -> Verdict | None:
+    return ("ok", None) if ev.completed else None
+
+
+def nothing_timed(ev: Evidence) -> Verdict | None:
+    """Completed, but DeepSpeed skipped every measured optimizer step (fp16 loss-scale overflow):
+    no step did the work being measured, so there is no speed to report (an H200 capture:
+    tests/fixtures/gpu-fp16-overflow)."""
+    measured = [r for r in ev.steps if r.phase == "measured"]
+    if ev.completed and measured and not any(r.timed for r in measured):
+        why = (
+            f"all {len(measured)} measured optimizer steps were skipped by DeepSpeed (fp16 "
+            "loss-scale overflow): no speed to report; lower fp16.initial_scale_power or let "
+            "the warm-up run until the loss scale settles (adaptive measure)"
+        )
+        return "error", why
+    return None
+
+
+def disk_full(ev: Evidence) -> Verdict | None:
+    """A disk (the NVMe path) filled up: DeepSpeed's failure then names no disk at all."""
+    found = logparse.disk_full(ev.all_text)
+    if found is None:
+        return None
+    why = f"disk full under the NVMe path: {found} (free space there, or offload less)"
+    return "error", f"{why}\n{_failure_excerpt(ev, None) or ''}".strip()
+
+
+def log_pattern(ev: Evidence) -> Verdict | None:
+    """A known failure in the logs: rank logs first (root cause), then the launcher's summary
+    (where the runner writes a preflight refusal). A known remedy leads the excerpt."""
+    found = logparse.classify(ev.rank_text)
+    if found.outcome == "error":
+        found = logparse.classify(ev.all_text)
+    if found.outcome == "error":
+        return None
+    excerpt = _failure_excerpt(ev, found.line)
+    return found.outcome, f"{found.remedy}\n{excerpt or ''}".strip() if found.remedy else excerpt
+
+
+def _sigkilled(ev: Evidence, who: str) -> Verdict:
+    """SIGKILL that the runner did not send: the kernel's OOM killer, unless the kernel counted
+    no OOM kill on this host while the run went (then someone else: a user, an admin's script).
+    A surviving rank's broken connection is its consequence, not the cause."""
+    excerpt = _failure_excerpt(ev, None)
+    if ev.supervision.oom_kills == 0:
+        why = (
+            f"{who} was killed by SIGKILL from outside the run (the kernel's OOM killer "
+            "killed nothing on this host meanwhile)"
+        )
+        return "error", f"{why}\n{excerpt or ''}".strip()
+    return "host_oom", excerpt
+
+
+def rank_sigkilled(ev: Evidence) -> Verdict | None:
+    """torchrun's root cause: a rank that died of SIGKILL (before the other ranks' errors)."""
+    cause = logparse.root_cause(ev.logs.get(LAUNCHER_LOG, ""))
+    if ev.supervision.rc != 0 and cause and cause[1] == KERNEL_KILL_CODES[0]:
+        return _sigkilled(ev, f"rank {cause[0]}")
+    return None
+
+
+def killed_by_kernel(ev: Evidence) -> Verdict | None:
+    """The launcher itself died of SIGKILL that the runner did not send."""
+    if ev.supervision.rc in KERNEL_KILL_CODES:
+        return _sigkilled(ev, "the launcher")
+    return None
+
+
+def unexplained(ev: Evidence) -> Verdict:
+    return "error", _failure_excerpt(ev, None)
+
+
+RULES: list[tuple[str, Callable[[Evidence], Verdict | None]]] = [
+    ("the runner killed it", killed_by_runner),
+    ("a step over step_timeout_s", step_over_limit),
+    ("no measured step did optimizer work", nothing_timed),
+    ("every rank finished", completed),
+    ("a rank died of SIGKILL", rank_sigkilled),
+    ("a disk filled up", disk_full),
+    ("a known failure in the logs", log_pattern),
+    ("the launcher died of SIGKILL", killed_by_kernel),
+    ("anything else", unexplained),
+]
+
+
+def decide(ev: Evidence) -> Verdict:
+    """(outcome, error excerpt) of a run: the first rule of RULES that speaks.
+
+    The excerpt starts with what the runner saw (the limit passed) and is never empty for a
+    failure (at least the exit code).
+    """
+    outcome, excerpt = next(v for _, rule in RULES if (v := rule(ev)) is not None)
+    if ev.supervision.detail:
+        excerpt = f"{ev.supervision.detail}\n{excerpt or ''}".strip()
+    if outcome != "ok" and not excerpt:
+        excerpt = f"exit code {ev.supervision.rc}"
+    return outcome, excerpt

@@ -1,0 +1,117 @@
+"""What the harness measures and sets on its rank: device and GPU cap, memory peaks, NVMe usage.
+
+torch is imported inside the functions that need it (the folder sampler and the pure cap rule
+work without it).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+
+from offload_study.core import devices
+from offload_study.core.contracts import GPU_CAP_LOG_PREFIX, RunSpec
+
+GIB = 2**30
+
+
+# --------------------------------------------------------------------------- GPU cap
+def gpu_cap_gib(spec: RunSpec, card_bytes: int) -> float | None:
+    """The per-process cap (GiB) for the card the scenario stands for; None: run uncapped.
+
+    Cards are sold by binary size (an "A100 40GB" has 40960 MiB), so the cap is in GiB; a scenario
+    asking for the cluster's own card size (or more) runs uncapped.
+    """
+    want, card = spec.gpu_mem_gb, spec.cluster_gpu_mem_gb
+    if want and (card is None or want < card) and want * GIB < card_bytes:
+        return float(want)
+    return None
+
+
+def set_up_device(spec: RunSpec, is_cuda: bool, local_rank: int) -> dict:
+    """Select this rank's device and cap its memory; RankStats fields describing it."""
+    if not is_cuda:
+        return {"device_name": devices.cpu_model(), "gpu_mem_cap_gib": None}
+    import torch
+
+    torch.cuda.set_device(local_rank)
+    props = torch.cuda.get_device_properties(local_rank)
+    total = int(props.total_memory)
+    cap = gpu_cap_gib(spec, total)
+    if cap is not None:
+        torch.cuda.set_per_process_memory_fraction(cap * GIB / total, local_rank)
+        print(f"{GPU_CAP_LOG_PREFIX}{cap:.2f} GiB of {total / GIB:.2f} GiB", flush=True)
+    return {"device_name": props.name, "gpu_total_bytes": total, "gpu_mem_cap_gib": cap}
+
+
+# --------------------------------------------------------------------------- memory peaks
+def host_peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def nvml_used_bytes(device_index: int) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVML absent / no GPU
+        return None
+
+
+def gpu_memory_peaks(is_cuda: bool, local_rank: int) -> dict:
+    """RankStats fields of GPU memory: torch's peaks and what NVML sees (None on CPU)."""
+    if not is_cuda:
+        return dict.fromkeys(
+            ("peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes", "nvml_used_bytes")
+        )
+    import torch
+
+    return {
+        "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated(local_rank)),
+        "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(local_rank)),
+        "nvml_used_bytes": nvml_used_bytes(torch.cuda.current_device()),
+    }
+
+
+# --------------------------------------------------------------------------- NVMe usage
+def dir_size(path: str | os.PathLike) -> int:
+    """Bytes of all regular files under path (0 if absent); tolerant of files vanishing."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+            except OSError:
+                pass
+    return total
+
+
+class DirSizeSampler:
+    """Samples the size of a folder in a background thread and keeps the peak."""
+
+    def __init__(self, path: str | os.PathLike, interval_s: float = 0.2):
+        self.path, self.interval_s, self.peak = str(path), interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvme-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, dir_size(self.path))
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> DirSizeSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.peak = max(self.peak, dir_size(self.path))
+        return self.peak
