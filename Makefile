@@ -18,8 +18,10 @@ export PYTHON
 
 # `make study STUDY=config/studies/X.yaml`: another study, read as data (--config study_file;
 # never --configfile, whose YAML template engine can run a file's Python).
+# --logger rich (snakemake-logger-plugin-rich, the `workflow` extra): a job-count table and one
+# line per job instead of Snakemake's scroll; the full log stays in .snakemake/log/.
 study: debian-study $(VENV)/.ops
-	$(BIN)/snakemake --cores $(CORES) $(if $(STUDY),--config study_file='$(STUDY)')
+	$(BIN)/snakemake --cores $(CORES) --logger rich $(if $(STUDY),--config study_file='$(STUDY)')
 
 # --durations: the CI log names the slowest tests (where the suite's time goes).
 test: debian-test $(VENV)/.ops

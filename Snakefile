@@ -7,6 +7,7 @@
 # template engine) before this file starts, and no public interface lets a workflow see those
 # files again: --configfile is for trusted files only (offload_study/planning/studyfile.py).
 import gc
+import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -15,7 +16,18 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 # the library, also without pip install -e
-sys.path.insert(0, f"{workflow.basedir}/workflow")
+LIBRARY = f"{workflow.basedir}/workflow"
+sys.path.insert(0, LIBRARY)
+# The rules' shell commands (`python -m offload_study...`, here or in a SLURM job) run this
+# checkout's library too, not the version a shared site environment was installed from: the
+# code that planned a run is the code that runs it. (Snakemake's own prefix, kept: bash strict.)
+# Snakemake formats the prefix like a shell command: braces doubled.
+LIBRARY_SH = shlex.quote(LIBRARY).replace("{", "{{").replace("}", "}}")
+shell.prefix(
+    "set -euo pipefail; export PYTHONPATH="
+    + LIBRARY_SH
+    + "${{PYTHONPATH:+:$PYTHONPATH}}; "
+)
 
 from offload_study.planning.studyfile import study_config
 from offload_study.core.study import StudyError
@@ -50,7 +62,19 @@ include: "workflow/rules/recommend.smk"
 rule all:
     default_target: True
     input:
-        f"reports/{PLAN.study['study']}/report.html",
+        f"{REPORT_DIR}/report.html",
+
+
+# The end of a successful run (never a dry run; the main process only, not a job): the study's
+# headline table and the report's path; Snakemake prints the full log's path after it
+# (.snakemake/log/). A table that cannot be read must not turn a finished run into a failed one.
+onsuccess:
+    from offload_study.analysis.report import terminal
+
+    try:
+        print(terminal.summary_text(RESULTS, f"{REPORT_DIR}/report.html"))
+    except (OSError, ValueError, KeyError) as err:
+        print(f"(no headline table: {err}); report: {REPORT_DIR}/report.html")
 
 
 # Everything made while parsing (Snakemake's modules and rules, the plan of every run) lives as

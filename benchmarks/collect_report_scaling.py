@@ -25,8 +25,9 @@ import numpy as np
 import yaml
 
 from offload_study.core import contracts
-from offload_study.core.study import REPO_ROOT
 from offload_study.planning.plan import Plan, write_scenario_files
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
 TARGET_S = 15.0
 FAILURES = ["gpu_oom", "host_oom", "timeout", "dist_error"]

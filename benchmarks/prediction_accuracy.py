@@ -21,9 +21,10 @@ from pathlib import Path
 
 from offload_study.analysis import collect
 from offload_study.core.contracts import read_calibration, read_json
-from offload_study.core.study import REPO_ROOT
 from offload_study.planning.plan import Plan
 from offload_study.prediction import predict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
 TARGETS = {"gpu": 0.10, "step": 0.25}
 #: committed record folder -> the study that made it

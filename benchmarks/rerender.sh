@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Re-collect and re-render a committed study from its records (docs/results/...), with this
 # checkout's collect and report, without re-running anything:
-#   bash benchmarks/rerender.sh docs/results/h200-2gpu/seed-2gpu reports/seed-2gpu
+#   bash benchmarks/rerender.sh docs/results/h200-2gpu/seed-2gpu reports/h200-2gpu/seed-2gpu
 # Every metrics.json the plan expects is collected (a missing repeat becomes a "missing" row).
 set -euo pipefail
 study_dir=${1:?study folder with plan.json and <scenario>/rep<k>/}
-report_dir=${2:?report folder, e.g. reports/<study>}
+report_dir=${2:?report folder, e.g. reports/<cluster>/<study>}
 py=${PYTHON:-python}
 mapfile -t metrics < <("$py" - "$study_dir" <<'PY'
 import json, sys

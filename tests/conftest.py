@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from offload_study.admission.admit import admitted_runs
 from offload_study.core.contracts import RunSpec, read_calibration, write_calibration
-from offload_study.core.study import CLUSTER_DIR, load_cluster, load_study, validate
-from offload_study.planning.plan import expand_plan
+from offload_study.core.study import load_cluster, load_study, validate
 
 REPO = Path(__file__).resolve().parents[1]
+#: the checkout's cluster descriptions (the library reads config/clusters from its working dir)
+CLUSTER_DIR = REPO / "config" / "clusters"
 
 
 def pytest_configure(config):
@@ -66,7 +68,7 @@ def make_spec(cluster: dict | str = "local-cpu", scenario: dict | None = None, *
         "steps": 3, "warmup_steps": 1, "seed": 1234, "timeout_min": 5, "scenarios": [scenario],
         **study,
     }  # fmt: skip
-    (run,) = expand_plan(load_study(config, source="test study"), cluster)
+    (run,) = admitted_runs(load_study(config, source="test study"), cluster)
     return run
 
 
@@ -89,6 +91,13 @@ def copy_repo_for_run(tmp: Path, calibration: Path | None = None, cluster: str =
     if calibration is not None:
         place_calibration(work, cluster, calibration)
     return work
+
+
+def with_clusters(workdir: Path) -> Path:
+    """The shipped cluster descriptions copied into the working dir ``workdir``: the workflow
+    reads config/clusters/ from its working directory (as a user's own), not from this checkout."""
+    shutil.copytree(CLUSTER_DIR, workdir / "config" / "clusters", dirs_exist_ok=True)
+    return workdir
 
 
 def place_calibration(workdir: Path, cluster: str, calibration: Path) -> None:
@@ -150,6 +159,15 @@ class ResultsLedger:
         self.checked += len(before)
         self.note_lost(lost)
         assert not lost, f"records lost or rewritten by the fault: {lost}"
+
+
+@pytest.fixture(scope="session")
+def cross_cluster(tmp_path_factory):
+    """Four real CPU runs (2 scenarios x 2 clusters), bundled, made once per session for the
+    bundle, compare, check and site tests (builders.cross_cluster_runs)."""
+    from builders import cross_cluster_runs  # builders imports this module
+
+    return cross_cluster_runs(tmp_path_factory.mktemp("cross-cluster"))
 
 
 LEDGER = pytest.StashKey[ResultsLedger]()

@@ -1,9 +1,10 @@
 """Bundles of real CPU runs on two "clusters": made, checked, refused when tampered or unsafe.
 
-The session fixture :func:`cross_cluster` runs one tiny study on two CPU "clusters" that differ
-in the cores granted to each run (2 against 1) through the real pipeline pieces: the planner
-(run specs, DeepSpeed configs, plan.json), the runner (a real ZeRO-3 run each), collect, the
-report and the bundle CLI. test_compare, test_check and test_site import it.
+The session fixture ``cross_cluster`` (conftest; builders.cross_cluster_runs) runs one tiny study
+on two CPU "clusters" that differ in the cores granted to each run (2 against 1) through the real
+pipeline pieces: the planner (run specs, DeepSpeed configs, plan.json), the runner (a real ZeRO-3
+run each), collect, the report and the bundle CLI. test_compare, test_check and test_site use it
+too.
 """
 
 from __future__ import annotations
@@ -14,98 +15,14 @@ import re
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import SMALL_LLAMA
+from builders import XC_STUDY as STUDY
 
 from offload_study.across import bundle, compare
 from offload_study.analysis import collect
-from offload_study.analysis import report as R
 from offload_study.core import contracts
-from offload_study.planning.plan import Plan, write_scenario_files
-
-STUDY = "xc"
-#: cluster -> cores granted to each of its runs (what makes the two clusters differ)
-CORES = {"cpu-a": 2, "cpu-b": 1}
-SCENARIOS = [
-    {"name": "zero3", "label": "ZeRO-3, no offload", "gpus_per_node": 1, "cpu_mem_gb": 8},
-    {"name": "offload-opt", "label": "ZeRO-3 + CPU optimizer offload", "gpus_per_node": 1,
-     "cpu_mem_gb": 8, "offload_optimizer": "cpu"},
-]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class CrossCluster:
-    root: Path  # the working tree the runs were made in (results/, reports/)
-    bundles: dict[str, Path]  # cluster -> its bundle
-
-
-def study_config(cluster: str) -> dict:
-    return {
-        "study": STUDY, "cluster": cluster, "model": {"config": dict(SMALL_LLAMA)},
-        "seq_len": 64, "dtype": "bf16", "global_batch": 4, "micro_batch": 2,
-        "gradient_checkpointing": False, "steps": 3, "warmup_steps": 1, "repeats": 1,
-        "timeout_min": 5, "scenarios": SCENARIOS,
-    }  # fmt: skip
-
-
-def write_clusters(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, cores in CORES.items():
-        description = f"CPU test cluster granting {cores} core(s) per run"
-        cluster = {"name": name, "description": description, "accelerator": "cpu",
-                   "gpus_per_node": 2, "cpu_cores_per_node": cores}  # fmt: skip
-        (folder / f"{name}.yaml").write_text(yaml.safe_dump(cluster))
-    return folder
-
-
-def run_study(root: Path, cluster: str, cluster_dir: Path) -> Path:
-    """Plan, run, collect and report the study on ``cluster`` as the rules do; bundle it."""
-    plan = Plan(study_config(cluster), cluster_dir=cluster_dir, source="test study")
-    results = root / plan.results_dir
-    paths = []
-    for scenario in plan.scenarios:
-        spec, ds_config = (results / "configs" / f"{scenario}{s}" for s in (".run.json", ".json"))
-        write_scenario_files(plan.run_spec(scenario), str(ds_config), str(spec))
-        outdir = results / scenario / "rep0"
-        cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec), "--repeat", "0",
-               "--outdir", str(outdir), "--cores", str(CORES[cluster])]  # fmt: skip
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        paths.append(outdir / contracts.METRICS_FILE)
-    contracts.write_json(results / "plan.json", plan.summary())
-    tables = {k: str(results / k) for k in ("runs.csv", "runs.parquet", "summary.csv")}
-    assert collect.main(["--baseline", plan.baseline, "--runs-csv", tables["runs.csv"],
-                         "--runs-parquet", tables["runs.parquet"], "--summary-csv",
-                         tables["summary.csv"], *map(str, paths)]) == 0  # fmt: skip
-    report = root / bundle.report_path(STUDY)
-    assert R.main(["--runs", tables["runs.csv"], "--summary", tables["summary.csv"],
-                   "--plan", str(results / "plan.json"), "--out", str(report),
-                   "--figures-dir", str(report.parent / "figures")]) == 0  # fmt: skip
-    out = root / "bundles" / f"{bundle.bundle_name(STUDY, cluster)}{bundle.SUFFIX}"
-    assert bundle.main(["create", "--root", str(root), "--cluster", cluster, "--study", STUDY,
-                        "--report", str(report), "--out", str(out)]) == 0  # fmt: skip
-    return out
-
-
-_MADE: dict[str, CrossCluster] = {}
-
-
-@pytest.fixture(scope="session")
-def cross_cluster(tmp_path_factory) -> CrossCluster:
-    """Four real CPU runs (2 scenarios x 2 clusters), bundled; shared by the bundle tests.
-
-    Made once per session: each module that imports this fixture is, to pytest, a fixture of its
-    own, so the runs are kept here (the test_bundle module is imported once).
-    """
-    if not _MADE:
-        root = tmp_path_factory.mktemp("cross-cluster")
-        clusters = write_clusters(root / "clusters")
-        _MADE["runs"] = CrossCluster(root, {n: run_study(root, n, clusters) for n in CORES})
-    return _MADE["runs"]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -12,9 +12,11 @@ import sys
 import time
 
 import pytest
+from conftest import CLUSTER_DIR
+from conftest import REPO as REPO_ROOT
 
 from offload_study.core import contracts
-from offload_study.core.study import CLUSTER_DIR, REPO_ROOT, StudyError
+from offload_study.core.study import StudyError
 from offload_study.prediction import calibrate
 
 SHIPPED = sorted((REPO_ROOT / "config/calibration").glob("*.json"))

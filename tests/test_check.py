@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_bundle import STUDY, cross_cluster  # noqa: F401 - the session fixture
+from builders import XC_STUDY as STUDY
+from conftest import REPO as REPO_ROOT
 
 from offload_study.across import bundle, check
 from offload_study.analysis import collect
 from offload_study.analysis.report.views import Row
-from offload_study.core import contracts
-from offload_study.core.study import REPO_ROOT, StudyError
+from offload_study.core import contracts, references
+from offload_study.core.study import StudyError
 from offload_study.planning.plan import Plan
 
 
@@ -47,14 +48,18 @@ def test_check_passes_within_the_reference_band(cross_cluster, tmp_path):  # noq
     rel = measured(cross_cluster, "offload-opt", "relative_speed")
     tps = measured(cross_cluster, "zero3", "tokens_per_s")
     refs = write_refs(tmp_path / "refs", [
-        {"scenario": "offload-opt", "value": rel * 1.05, "lower": -0.2, "upper": 0.2},
-        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "cluster": "cpu-a"},
+        # bands wide enough for the whole CI of a short CPU run (the band rule judges the CI)
+        {"scenario": "offload-opt", "value": rel * 1.05, "lower": -0.5, "upper": 0.5},
+        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "cluster": "cpu-a",
+         "lower": -0.5, "upper": 0.5},
     ])  # fmt: skip
     res = run_check(cross_cluster, refs, "--out", str(tmp_path / "check.json"))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "PASS         offload-opt: relative_speed" in res.stdout
     assert "PASS         zero3: tokens_per_s" in res.stdout
-    assert res.stdout.strip().endswith("2 pass, 0 fail, 0 missing, 0 no reference -> ok")
+    assert res.stdout.strip().endswith(
+        "2 pass, 0 fail, 0 inconclusive, 0 missing, 0 no reference -> ok"
+    )
     saved = contracts.read_json(tmp_path / "check.json")
     assert saved["passed"] and [v["status"] for v in saved["verdicts"]] == ["pass", "pass"]
 
@@ -83,9 +88,10 @@ def test_most_specific_reference_wins(cross_cluster, tmp_path):  # noqa: F811
     summary, plan = study_files(cross_cluster)
     tps = measured(cross_cluster, "zero3", "tokens_per_s")
     device = collect.read_table(summary)["device_name"].dropna().iloc[0]
-    refs = check.load_references(write_refs(tmp_path / "refs", [
+    refs = references.load_references(write_refs(tmp_path / "refs", [
         {"scenario": "zero3", "metric": "tokens_per_s", "value": 100 * tps},  # any cluster
-        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "gpu_model": device},
+        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "gpu_model": device,
+         "lower": -0.5, "upper": 0.5},
         {"scenario": "zero3", "metric": "tokens_per_s", "value": tps / 100, "cluster": "cpu-b"},
     ]))  # fmt: skip
     found = check.verdicts(collect.read_table(summary), contracts.read_json(plan), refs)
@@ -101,7 +107,7 @@ def test_most_specific_reference_wins(cross_cluster, tmp_path):  # noqa: F811
 def test_a_bundle_is_checked_like_the_local_study(cross_cluster, tmp_path):  # noqa: F811
     rel = measured(cross_cluster, "offload-opt", "relative_speed", "cpu-b")
     refs = write_refs(tmp_path / "refs", [
-        {"scenario": "offload-opt", "value": rel, "cluster": "cpu-b"},
+        {"scenario": "offload-opt", "value": rel, "cluster": "cpu-b", "lower": -0.5, "upper": 0.5},
         {"scenario": "no-such-scenario", "value": 1.0},
     ])  # fmt: skip
     cmd = [sys.executable, "-m", "offload_study.across.check", "--bundle",
@@ -115,20 +121,20 @@ def test_a_bundle_is_checked_like_the_local_study(cross_cluster, tmp_path):  # n
 @pytest.mark.slow
 def test_every_reference_metric_is_a_summary_column(cross_cluster):  # noqa: F811
     summary = collect.read_table(study_files(cross_cluster)[0])
-    assert set(check.METRICS) <= set(summary.columns)
+    assert set(references.METRICS) <= set(summary.columns)
 
 
 def test_a_bad_reference_file_is_one_clear_error(tmp_path):
     refs = write_refs(tmp_path / "refs", [{"scenario": "zero3", "value": 1.0, "tolerance": 0.1}])
     with pytest.raises(StudyError, match=r"refs\.yaml: references\[0\]\.tolerance: unknown key"):
-        check.load_references(refs)
+        references.load_references(refs)
     refs = write_refs(tmp_path / "neg", [{"scenario": "zero3", "value": 1.0, "lower": 0.1}])
     with pytest.raises(StudyError, match=r"references\[0\]\.lower"):
-        check.load_references(refs)
+        references.load_references(refs)
     twice = write_refs(tmp_path / "twice", [{"scenario": "zero3", "value": 1.0}])
     write_refs(twice, [{"scenario": "zero3", "value": 2.0}], name="again")
     with pytest.raises(StudyError, match="also given in"):
-        check.load_references(twice)
+        references.load_references(twice)
     res = subprocess.run([sys.executable, "-m", "offload_study.across.check", "--summary", "x.csv",
                           "--plan", "p.json", "--references", str(refs)],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -137,7 +143,7 @@ def test_a_bad_reference_file_is_one_clear_error(tmp_path):
 
 def test_shipped_references_name_scenarios_of_their_study():
     """config/references/*.yaml load, and each names scenarios its study really has."""
-    refs = check.load_references()
+    refs = references.load_references()
     assert refs, "the seed's table ships as a reference"
     studies = {}
     for path in sorted((REPO_ROOT / "config" / "studies").glob("*.yaml")):
@@ -150,7 +156,7 @@ def test_shipped_references_name_scenarios_of_their_study():
 
 
 def test_judge_is_pure_over_a_summary_row():
-    ref = check.Reference(file="f.yaml", study="s", scenario="a", metric="relative_speed",
+    ref = references.Reference(file="f.yaml", study="s", scenario="a", metric="relative_speed",
                           value=0.35, lower=-0.25, upper=0.25, cluster=None, gpu_model=None,
                           note="seed", source="seed")  # fmt: skip
     row = Row
@@ -161,3 +167,12 @@ def test_judge_is_pure_over_a_summary_row():
     assert missing.status == check.MISSING and "gpu_oom:1" in missing.message
     flagged = check.judge("a", row(relative_speed=0.36, flags="ci-target-missed"), ref)
     assert flagged.status == check.PASS and "flagged: ci-target-missed" in flagged.message
+    # the whole CI is judged: inside passes, across an edge is inconclusive (and fails the gate)
+    ci = {"relative_speed_ci_low": 0.28, "relative_speed_ci_high": 0.40}
+    assert check.judge("a", row(relative_speed=0.34, **ci), ref).status == check.PASS
+    edge = check.judge("a", row(relative_speed=0.30, relative_speed_ci_low=0.24,
+                                relative_speed_ci_high=0.36), ref)  # fmt: skip
+    assert edge.status == check.INCONCLUSIVE and edge.failed and "inconclusive" in edge.message
+    below = check.judge("a", row(relative_speed=0.20, relative_speed_ci_low=0.18,
+                                 relative_speed_ci_high=0.24), ref)  # fmt: skip
+    assert below.status == check.FAIL and "below its band" in below.message

@@ -1,227 +1,26 @@
-"""Tests of offload_study.analysis.collect (records written by a helper that follows docs/design.md)."""
+"""Tests of offload_study.analysis.collect (records written by builders.make_record, which
+follows docs/design.md)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from builders import (
+    CLUSTER,
+    STUDY,
+    make_record,
+    run_collect_cli,
+    seed_like_records,
+    set_provenance,
+)
 
 from offload_study.analysis import collect as C
 from offload_study.core import contracts
-
-STUDY, CLUSTER = "unit-study", "unit-cluster"
-
-
-def make_record(
-    root: Path,
-    scenario: str,
-    repeat: int = 0,
-    *,
-    outcome: str = "ok",
-    tokens_per_s: float | None = 1000.0,
-    offload_optimizer: str = "none",
-    offload_param: str = "none",
-    world_size: int = 8,
-    gpus_per_node: int = 8,
-    nodes: int = 1,
-    gpu_mem_gb: float = 40,
-    cpu_mem_gb: float = 64,
-    peak_gpu_gib: float | None = 30.0,
-    host_rss_gib: float | None = 20.0,
-    gas: int = 4,
-    label: str | None = None,
-    base_scenario: str | None = None,
-    sweep: dict | None = None,
-    error_excerpt: str | None = None,
-    n_steps: int = 8,
-    step_noise: float = 0.02,
-    steps: bool = True,
-    breakdown: dict | None = None,
-    nvme_bytes: int | None = None,
-    slurm_job_id: str | None = None,
-    seed: int = 0,
-    step_loss: float | None = None,
-    extra: dict | None = None,
-) -> Path:
-    """Write metrics.json (+ steps.csv, provenance.json) for one run; return the metrics path.
-
-    ``step_loss`` replaces every measured step's loss; ``extra`` adds or replaces metrics keys.
-    """
-    d = Path(root) / "results" / CLUSTER / STUDY / scenario / f"rep{repeat}"
-    d.mkdir(parents=True, exist_ok=True)
-    ok = outcome == "ok"
-    seq_len, micro = 128, 4
-    global_batch = micro * gas * world_size
-    tps = tokens_per_s if ok else None
-    step_time = (global_batch * seq_len / tps) if tps else None
-    if breakdown is None and ok:
-        breakdown = {
-            "forward": 100.0,
-            "backward": 200.0,
-            "backward_inner": 150.0,
-            "backward_allreduce": 50.0,
-            "step": 80.0 if offload_optimizer == "none" else 400.0,
-            "optimizer_swap_in": None,
-            "optimizer_swap_out": None,
-        }
-    m = {
-        "schema_version": 1,
-        "study": STUDY,
-        "cluster": CLUSTER,
-        "scenario": scenario,
-        "base_scenario": base_scenario or scenario,
-        "label": label if label is not None else f"ZeRO-3 {scenario}",
-        "sweep": sweep or {},
-        "repeat": repeat,
-        "outcome": outcome,
-        "error_excerpt": None if ok else (error_excerpt or f"RuntimeError: {outcome} happened"),
-        "started_at": "2025-01-01T00:00:00Z",
-        "finished_at": "2025-01-01T00:01:00Z",
-        "wall_time_s": 60.0,
-        "nodes": nodes,
-        "gpus_per_node": gpus_per_node,
-        "world_size": world_size,
-        "accelerator": "cuda",
-        "micro_batch": micro,
-        "gradient_accumulation_steps": gas,
-        "global_batch": global_batch,
-        "seq_len": seq_len,
-        "dtype": "bf16",
-        "offload_optimizer": offload_optimizer,
-        "offload_param": offload_param,
-        "gpu_mem_gb": gpu_mem_gb,
-        "cpu_mem_gb": cpu_mem_gb,
-        "gradient_checkpointing": False,
-        "model_params": 7_000_000,
-        "gpu_mem_cap_gib": None,
-        "device_name": "NVIDIA H200",
-        "steps_measured": n_steps if ok else None,
-        "step_time_s": step_time,
-        "step_time_s_mean": step_time,
-        "step_time_s_std": 0.01 if ok else None,
-        "step_time_s_p10": step_time,
-        "step_time_s_p90": step_time,
-        "tokens_per_s": tps,
-        "samples_per_s": (global_batch / step_time) if ok else None,
-        "tflops_per_gpu": 100.0 * (tps or 0) / 1000 if ok else None,
-        "peak_tflops": 989.0,
-        "mfu": (100.0 * (tps or 0) / 1000 / 989.0) if ok else None,
-        "loss_first": 10.0 if ok else None,
-        "loss_last": 9.0 if ok else None,
-        "peak_gpu_allocated_gib": peak_gpu_gib if ok else None,
-        "peak_gpu_reserved_gib": (peak_gpu_gib + 2) if ok and peak_gpu_gib is not None else None,
-        "nvml_used_gib": None,
-        "host_peak_rss_gib_per_rank": [host_rss_gib / gpus_per_node] * gpus_per_node
-        if ok and host_rss_gib
-        else [],
-        "host_peak_rss_gib_per_node": [host_rss_gib] * nodes if ok and host_rss_gib else [],
-        "host_peak_rss_gib": host_rss_gib if ok else None,
-        "nvme_bytes_used": nvme_bytes,
-        "breakdown_ms": breakdown,
-        "ds_config_sha256": "ab" * 32,
-        "deepspeed_version": "0.16.4",
-        "torch_version": "2.5.1",
-        "slurm_job_id": slurm_job_id,
-        **(extra or {}),
-    }
-    (d / "metrics.json").write_text(json.dumps(m))
-    if steps and ok:
-        rng = np.random.default_rng(seed + repeat)
-        rows = ["step,phase,step_time_s,tokens_per_s,samples_per_s,loss"]
-        for i in range(2):
-            rows.append(f"{i},warmup,{step_time * 3},{tps / 3},{global_batch / step_time / 3},10")
-        for i in range(n_steps):
-            t = tps * (1 + step_noise * rng.standard_normal())
-            st = global_batch * seq_len / t
-            loss = 9.5 - i * 0.1 if step_loss is None else step_loss
-            rows.append(f"{i + 2},measured,{st},{t},{global_batch / st},{loss}")
-        (d / "steps.csv").write_text("\n".join(rows) + "\n")
-    contracts.write_json(d / contracts.PROVENANCE_FILE, provenance(gpus_per_node, slurm_job_id))
-    return d / "metrics.json"
-
-
-def provenance(gpus: int, slurm_job_id: str | None) -> dict:
-    """provenance.json with the runner's keys (checked against the provenance schema)."""
-    prov = {
-        **dict.fromkeys(contracts.PROVENANCE_FIELDS),
-        "host": "node001", "hosts": ["node001"], "gpu_model": "NVIDIA H200", "gpu_count": gpus,
-        "gpus": [{"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096}
-                 for i in range(gpus)],
-        "torch_version": "2.5.1", "deepspeed_version": "0.16.4", "python_version": "3.11.7",
-        "cpu_count": 64, "cpu_affinity": list(range(64)), "cores_granted": 64,
-        "ram_total_bytes": 2**40, "slurm_job_id": slurm_job_id, "git_commit": "deadbeef",
-        "git_dirty": False, "ds_config_sha256": "ab" * 32, "launch_env": {}, "environment": {},
-        "schema_problems": [], "platform": "Linux", "ds_config": "configs/s.json",
-        "runner_peak_tree_rss_bytes": 2**33, "run_id": "s-rep0-1",
-    }  # fmt: skip
-    problems = contracts.schema_problems(prov, contracts.provenance_schema())
-    assert not problems, problems
-    return prov
-
-
-def set_provenance(metrics_path: Path, **fields) -> Path:
-    """Replace keys of the provenance.json beside ``metrics_path`` (say, the run's boot_id)."""
-    path = metrics_path.parent / contracts.PROVENANCE_FILE
-    prov = {**contracts.read_json(path), **fields}
-    assert not contracts.schema_problems(prov, contracts.provenance_schema())
-    contracts.write_json(path, prov)
-    return metrics_path
-
-
-def seed_like_records(root: Path) -> list[Path]:
-    """Three scenarios shaped like the seed's table, 2 repeats each, plus one failed scenario."""
-    paths = []
-    for r in range(2):
-        paths.append(make_record(root, "zero3-8gpu", r, tokens_per_s=8000, peak_gpu_gib=34))
-        paths.append(
-            make_record(
-                root,
-                "zero3-offload-4gpu",
-                r,
-                tokens_per_s=2800,
-                offload_optimizer="cpu",
-                offload_param="cpu",
-                world_size=4,
-                gpus_per_node=4,
-                peak_gpu_gib=14,
-                host_rss_gib=380,
-                cpu_mem_gb=512,
-            )
-        )
-        paths.append(
-            make_record(
-                root,
-                "zero3-offload-2gpu",
-                r,
-                tokens_per_s=1600,
-                offload_optimizer="cpu",
-                offload_param="cpu",
-                world_size=2,
-                gpus_per_node=2,
-                gpu_mem_gb=80,
-                peak_gpu_gib=60,
-                host_rss_gib=450,
-                cpu_mem_gb=512,
-            )
-        )
-    paths.append(
-        make_record(
-            root,
-            "zero3-nvme",
-            0,
-            outcome="host_oom",
-            offload_optimizer="nvme",
-            world_size=2,
-            gpus_per_node=2,
-            error_excerpt="Killed: host memory exceeded 512GB",
-        )
-    )
-    return paths
 
 
 # --------------------------------------------------------------------------- tests
@@ -303,15 +102,6 @@ def test_collect_seed_like(tmp_path):
     assert t["ci_method"] == "repeats+steps"
     assert s.loc["zero3-offload-2gpu", "host_peak_rss_gib_per_node_max"] == 450
     assert s.loc["zero3-offload-2gpu", "peak_gpu_allocated_gib"] == 60
-
-
-def run_collect_cli(paths, out: Path, baseline: str = "", n_boot: int = 300) -> int:
-    """The collect CLI as the rule calls it: runs.csv, runs.parquet, summary.csv under out."""
-    return C.main(
-        ["--baseline", baseline, "--runs-csv", str(out / "runs.csv"),
-         "--runs-parquet", str(out / "runs.parquet"), "--summary-csv", str(out / "summary.csv"),
-         "--n-boot", str(n_boot), *map(str, paths)]
-    )  # fmt: skip
 
 
 def test_cli_writes_outputs(tmp_path):

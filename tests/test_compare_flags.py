@@ -1,5 +1,5 @@
 """compare.py and the sanity flags' severity, fast (no bundle, no DeepSpeed): two sides collected
-from test_collect's records. A caution leaves a cross-cluster ratio standing, with the caution
+from builders.make_record's records. A caution leaves a cross-cluster ratio standing, with the caution
 named; an implausible flag on either side blocks it; mixed flags block."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_collect import make_record
+from builders import make_record
 
 from offload_study.across import compare
 from offload_study.analysis import collect

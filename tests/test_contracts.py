@@ -8,11 +8,13 @@ from importlib import resources
 
 import jsonschema
 import pytest
+from conftest import REPO as REPO_ROOT
 from conftest import make_spec
 
+from offload_study.admission.admit import admitted_plan
 from offload_study.core import contracts
 from offload_study.core.contracts import RunSpec, StepRow, choose_baseline
-from offload_study.core.study import REPO_ROOT, StudyError
+from offload_study.core.study import StudyError
 from offload_study.planning import dsconfig
 from offload_study.planning.plan import Plan, write_scenario_files
 
@@ -150,6 +152,6 @@ def test_planning_without_deepspeed_fails_loudly(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # what an absent package looks like
     try:
         with pytest.raises(StudyError, match="install deepspeed where snakemake runs"):
-            Plan(REPO_ROOT / "config/config.yaml")
+            admitted_plan(REPO_ROOT / "config/config.yaml")
     finally:
         dsconfig.installed_key_names.cache_clear()

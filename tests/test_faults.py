@@ -363,7 +363,7 @@ def test_snakemake_killed_mid_study_and_restarted(tmp_path, results_ledger, cpu_
     assert len(re.findall(r"^(?:local)?rule train:", res.stderr, re.M)) == 1, res.stderr
     for name in (done, other):  # one archived record each: the first was not run again
         assert load_record(results / name / "rep0")["outcome"] == "ok"
-    assert (work / "reports" / "killed" / "report.html").is_file()
+    assert (work / "reports" / "local-cpu" / "killed" / "report.html").is_file()
 
 
 def crash(pid: int) -> None:

@@ -95,8 +95,8 @@ def test_threads_per_rank():
 def test_seed_study_launch_lines_on_8_4_2_gpus():
     """The seed's 8/4/2-GPU scenarios as they would start on one 8-GPU host (issue: multi-GPU)."""
     import yaml
+    from conftest import REPO as REPO_ROOT
 
-    from offload_study.core.study import REPO_ROOT
     from offload_study.planning.plan import Plan
     from offload_study.planning.resources import train_resources
 

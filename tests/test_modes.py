@@ -34,7 +34,7 @@ def test_mode_keys_come_from_the_schema():
     # every mode the schema maps is a field of the installed DeepSpeed's config classes
     for key, path in modes.DEEPSPEED_KEYS.items():
         section, _, field = path.rpartition(".")
-        assert field in modes.installed_fields()[section], key
+        assert field in dsconfig.installed_fields()[section], key
 
 
 def test_modes_go_where_deepspeed_reads_them_and_its_parser_accepts_them():
@@ -123,7 +123,7 @@ def test_a_deepspeed_without_a_mode_refuses_it_naming_key_and_version(tmp_path, 
     offload.write_text("\n".join(ln for ln in lines
                                  if not ln.lstrip().startswith(("ratio:", "super_offload:"))))  # fmt: skip
     monkeypatch.setattr(dsconfig, "_deepspeed_dir", lambda: tmp_path)
-    modes.installed_fields.cache_clear()
+    dsconfig.installed_fields.cache_clear()
     dsconfig.installed_key_names.cache_clear()
     try:
         for key, value in (("offload_optimizer_ratio", 0.5), ("super_offload", True),
@@ -132,12 +132,13 @@ def test_a_deepspeed_without_a_mode_refuses_it_naming_key_and_version(tmp_path, 
                 make_spec("local-cpu", {"gpus_per_node": 1, **CPU_OPT, key: value})
             text = str(err.value)
             assert (
-                f"scenarios[0].{key}: the installed DeepSpeed {modes.deepspeed_version()}" in text
+                f"scenarios[0].{key}: the installed DeepSpeed {dsconfig.deepspeed_version()}"
+                in text
             )
             assert modes.DEEPSPEED_KEYS[key] in text
     finally:
         monkeypatch.undo()
-        modes.installed_fields.cache_clear()
+        dsconfig.installed_fields.cache_clear()
         dsconfig.installed_key_names.cache_clear()
 
 

@@ -8,9 +8,10 @@ import re
 
 import pytest
 import yaml
+from conftest import REPO as REPO_ROOT
 from test_workflow import snakemake
 
-from offload_study.core.study import REPO_ROOT, StudyError, load_schema
+from offload_study.core.study import StudyError, load_schema
 from offload_study.planning import plan as P
 
 S, R = ["a", "b", "c"], [0, 1]

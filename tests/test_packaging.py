@@ -83,7 +83,7 @@ def test_installed_package_loads_its_schemas_and_plans_from_outside_the_repo(ins
     assert int(result.stdout) == len(study["scenarios"])
 
 
-@pytest.mark.parametrize("cli", [["planning.plan", "--help"], ["schemadoc", "study"]])
+@pytest.mark.parametrize("cli", [["admission.admit", "--help"], ["schemadoc", "study"]])
 def test_installed_command_line_tools_run_from_outside_the_repo(installed, cli):
     result = run_installed(installed, ["-m", f"offload_study.{cli[0]}", *cli[1:]])
     assert result.returncode == 0, result.stderr

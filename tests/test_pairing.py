@@ -1,5 +1,5 @@
 """Paired relative speed: each scenario against the no-offload scenario with its settings, run
-for run on one machine (records written by test_collect's helper)."""
+for run on one machine (records written by builders.make_record)."""
 
 from __future__ import annotations
 
@@ -7,26 +7,11 @@ import math
 
 import pandas as pd
 import pytest
-from test_collect import make_record, run_collect_cli, set_provenance
+from builders import DRIFT, by_name, drifting_pair, make_record, run_collect_cli, set_provenance
 
 from offload_study.analysis import collect as C
-
-DRIFT = (1.0, 0.7, 1.3)  # the machine's speed at repeat k: both scenarios of a pair feel it
-
-
-def drifting_pair(root, offload_speed: float = 500.0, base_speed: float = 1000.0) -> list:
-    """A no-offload scenario and its offload twin (same settings), 3 repeats each, run k of
-    both slowed alike by the machine's drift."""
-    paths = []
-    for k, drift in enumerate(DRIFT):
-        paths.append(make_record(root, "base", k, tokens_per_s=base_speed * drift, seed=k))
-        paths.append(make_record(root, "off", k, tokens_per_s=offload_speed * drift,
-                                 offload_optimizer="cpu", seed=10 + k))  # fmt: skip
-    return paths
-
-
-def by_name(summary: pd.DataFrame) -> pd.DataFrame:
-    return summary.set_index("scenario")
+from offload_study.analysis.report import predicted
+from offload_study.core import contracts
 
 
 def test_paired_ratio_cancels_drift_that_the_unpaired_ratio_carries(tmp_path):
@@ -175,3 +160,21 @@ def test_summary_csv_carries_the_pair_columns(tmp_path):
     assert set(s["pair_kind"]) <= set(C.PAIR_KINDS)
     assert s.loc["off", "pair"] == "base"
     assert s.loc["off", "relative_speed"] == pytest.approx(0.5, rel=0.05)  # study baseline too
+
+
+def test_the_reports_reference_follows_collects_pair_rule():
+    """One rule (contracts.no_offload_pairs): the report's predicted overhead is taken over the
+    pair collect would choose, the no-offload scenario with the same card first."""
+    setup = {"nodes": 1, "world_size": 8, "micro_batch": 4, "gradient_accumulation_steps": 4,
+             "offload_param": "none"}  # fmt: skip
+    planned = {
+        name: {"name": name, "gpu_mem_gb": gpu, "offload_optimizer": opt, **setup}
+        for name, gpu, opt in [("base-80", 80, "none"), ("base-40", 40, "none"),
+                               ("off-40", 40, "cpu"), ("off-gas8", 40, "cpu")]
+    }  # fmt: skip
+    planned["off-gas8"]["gradient_accumulation_steps"] = 8
+    pairs = contracts.no_offload_pairs(planned["off-40"], planned.values())
+    assert [p["name"] for p in pairs] == ["base-40", "base-80"]
+    assert predicted.reference_of("off-40", planned) == "base-40"
+    assert predicted.reference_of("base-80", planned) == "base-40"  # never itself
+    assert predicted.reference_of("off-gas8", planned) is None  # no pair of its settings

@@ -14,16 +14,17 @@ from pathlib import Path
 import jsonschema
 import pandas as pd
 import pytest
+from conftest import REPO as REPO_ROOT
 from conftest import make_spec
 
+from offload_study.admission.admit import main as plan_main
 from offload_study.analysis import collect
 from offload_study.analysis.report.predicted import predicted_view
 from offload_study.core import contracts
 from offload_study.core.contracts import Calibration, read_calibration, read_json
-from offload_study.core.study import REPO_ROOT, load_study
+from offload_study.core.study import load_study
 from offload_study.planning import dsconfig, presets
 from offload_study.planning.plan import Plan, write_scenario_files
-from offload_study.planning.plan import main as plan_main
 from offload_study.prediction import predict
 
 GIB = 2**30
@@ -382,8 +383,8 @@ def test_refusal_only_beyond_the_margin_and_never_when_forced():
     assert predict.refusal(dataclasses.replace(spec, force=True), far_over) is None
     host = row_for(spec, host_gib=1000.0, host_budget_gib=10.0)
     assert "GiB of host memory per node, has 10" in predict.refusal(spec, host)
-    nvme = row_for(spec, nvme_gb=500.0, nvme_budget_gb=100.0)
-    assert "GB of NVMe per node, has 100" in predict.refusal(spec, nvme)
+    nvme = row_for(spec, nvme_gib=500.0, nvme_budget_gib=100.0)
+    assert "GiB of NVMe per node, has 100" in predict.refusal(spec, nvme)
 
 
 def test_force_and_predict_only_come_from_the_study():
@@ -392,7 +393,7 @@ def test_force_and_predict_only_come_from_the_study():
 
 
 def impossible_run(tmp_path: Path, plan_csv: bool):
-    """A CPU run whose host budget (10 MB) no rank can keep, with its plan.csv when asked."""
+    """A CPU run whose host budget (10 MiB) no rank can keep, with its plan.csv when asked."""
     spec = make_spec("local-cpu", {"name": "tiny-budget", "cpu_mem_gb": 0.01})
     study_dir = tmp_path / "results/local-cpu/test"
     spec_path, ds_path = study_dir / "configs/tiny-budget.run.json", study_dir / "configs/t.json"
@@ -413,7 +414,7 @@ def test_runner_records_infeasible_and_launches_nothing(tmp_path, plan_csv):
     m = json.loads((outdir / "metrics.json").read_text())
     jsonschema.validate(m, contracts.metrics_schema())
     assert m["outcome"] == "infeasible" and m["steps_measured"] is None
-    assert "GiB of host memory per node, has 0.009 (predicted" in m["error_excerpt"]
+    assert "GiB of host memory per node, has 0.01 (predicted" in m["error_excerpt"]
     launcher = (outdir / "logs/launcher.log").read_text()
     assert "not launched" in launcher and "torch.distributed.run" not in launcher
     assert not list((outdir / "logs").glob("rank*.log")), "a rank was started"
@@ -449,7 +450,7 @@ def test_plan_csv_of_the_default_study(tmp_path):
     for row in rows.values():
         assert row.feasible and row.gpu_gib is None  # a CPU cluster: no GPU
         assert 0.3 < row.host_gib < 8 and row.step_time_s > 0 and row.tokens_per_s > 0
-    assert rows["nvme-1rank"].nvme_gb > 0 and rows["zero3-2rank"].nvme_gb is None
+    assert rows["nvme-1rank"].nvme_gib > 0 and rows["zero3-2rank"].nvme_gib is None
     assert plan["prediction"]["predicted_gpu_hours"] == pytest.approx(
         sum(r.gpu_hours for r in rows.values()), rel=1e-3
     )

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_LLAMA, make_spec
+from conftest import CLUSTER_DIR, SMALL_LLAMA, make_spec
 
 from offload_study.admission import ops, preflight
 from offload_study.core.contracts import RecordDir, read_json
-from offload_study.core.study import CLUSTER_DIR
 from offload_study.planning.plan import Plan, write_scenario_files
 from offload_study.training import logparse, outcome
 from offload_study.training.supervise import Supervision
@@ -179,7 +178,7 @@ def run_module(tmp_path: Path, module: str, *args: str, **env: str):
 def test_plan_refuses_a_study_whose_op_cannot_be_built(tmp_path):
     summary, specs = write_study(tmp_path, "refuse")
     out = summary.with_name("plan.json")
-    res = run_module(tmp_path, "planning.plan", "--plan-json", str(summary), "--out", str(out), *specs,
+    res = run_module(tmp_path, "admission.admit", "--plan-json", str(summary), "--out", str(out), *specs,
                      LDFLAGS=hide_libaio(tmp_path))  # fmt: skip
     assert res.returncode == 1, res.stderr
     refused = [ln for ln in res.stderr.splitlines() if ln.startswith("scenario ")]
@@ -195,7 +194,7 @@ def test_warn_plans_it_and_the_runner_records_op_build_error_unlaunched(tmp_path
     summary, specs = write_study(tmp_path, "warn")
     out = summary.with_name("plan.json")
     hidden = hide_libaio(tmp_path)
-    res = run_module(tmp_path, "planning.plan", "--plan-json", str(summary), "--out", str(out), *specs,
+    res = run_module(tmp_path, "admission.admit", "--plan-json", str(summary), "--out", str(out), *specs,
                      LDFLAGS=hidden)  # fmt: skip
     assert res.returncode == 0, res.stderr
     checked = read_json(out)["preflight"]
@@ -234,6 +233,24 @@ def test_captured_op_failures_are_op_build_error_with_the_fix_first(folder, worl
     assert len(excerpt.splitlines()) > 1  # the log lines follow the fix
 
 
+def test_the_runners_refusal_is_a_value_not_its_logged_line(tmp_path, monkeypatch):
+    """The runner's gate records the refusal as Supervision values (outcome, fix) that the
+    outcome reads; the refusal line in the launcher log alone decides nothing."""
+    monkeypatch.setenv("LDFLAGS", hide_libaio(tmp_path))
+    spec = make_spec("local-cpu", {"offload_optimizer": "nvme", "offload_param": "nvme",
+                                   "nvme_path": str(tmp_path)})  # fmt: skip
+    checked = preflight.check_runs([spec])
+    fix = ops.remedy("libaio", "async_io", "cpu")
+    assert checked.fixes == {spec.scenario: fix} and "fixes" not in checked.to_dict()
+    logged = {"launcher.log": checked.refusals[spec.scenario]}
+    as_text = outcome.Evidence(Supervision(rc=None), logged, {}, [], 1, None)
+    assert outcome.decide(as_text)[0] == "error"
+    refused = Supervision(rc=None, killed="op_build_error", detail=fix)
+    got, excerpt = outcome.decide(outcome.Evidence(refused, logged, {}, [], 1, None))
+    assert got == "op_build_error"
+    assert excerpt == f"{fix}\n{logged['launcher.log']}"
+
+
 def test_the_arch_list_remedy_names_the_value_to_set():
     text = (FIXTURES / "fused_adam_arch_list" / "rank0.log").read_text()
     assert "TORCH_CUDA_ARCH_LIST=9.0" in logparse.classify(text).remedy
@@ -241,7 +258,7 @@ def test_the_arch_list_remedy_names_the_value_to_set():
 
 def test_every_remedy_is_a_fix_line():
     remedies = [r for _, _, r in logparse.OUTCOME_PATTERNS if r]
-    assert remedies and all(r.startswith(("fix: ", "{fix}")) for r in remedies)
+    assert remedies and all(r.startswith("fix: ") for r in remedies)
     assert all(o == "op_build_error" for o, _, r in logparse.OUTCOME_PATTERNS if r)
 
 

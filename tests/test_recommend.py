@@ -12,10 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import SMALL_LLAMA, place_calibration
+from conftest import SMALL_LLAMA, place_calibration, with_clusters
 
 from offload_study.core.contracts import Prediction, read_json
 from offload_study.core.study import StudyError, load_schema, load_study
+from offload_study.planning import candidates
 from offload_study.planning.plan import Plan
 from offload_study.prediction import recommend
 
@@ -35,20 +36,20 @@ def study(**recommend_block) -> dict:
 
 def test_offload_modes_are_the_schemas_enum():
     grid = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]
-    assert list(recommend.OFFLOAD_MODES) == grid["offload"]["items"]["enum"]
+    assert list(candidates.OFFLOAD_MODES) == grid["offload"]["items"]["enum"]
 
 
 def test_the_grid_becomes_capped_candidate_scenarios():
     grid = {"offload": ["optimizer", "zenflow"], "offload_optimizer_ratio": [0.5, 1.0],
             "micro_batch": [1, 2], "zero": {"reduce_bucket_size": ["5e8"]}}  # fmt: skip
-    found = recommend.candidates(load_study(study(grid=grid)))
+    found = candidates.candidates(load_study(study(grid=grid)))
     assert [c["name"] for c in found] == [
         f"rec-{mode}__mb-{mb}__rbs-5e8" for mode in ("opt", "opt-r0.5", "zenflow") for mb in (1, 2)
     ]
     assert {c["gpu_mem_gb"] for c in found} == {40}
     assert found[2]["offload_optimizer_ratio"] == 0.5 and found[4]["zenflow"] == {}
     assert found[0]["zero"] == {"reduce_bucket_size": 500_000_000}  # YAML's '5e8' made a number
-    with_them = recommend.with_candidates(load_study(study(grid=grid)))
+    with_them = candidates.with_candidates(load_study(study(grid=grid)))
     assert [s["name"] for s in with_them["scenarios"]][1:] == [c["name"] for c in found]
     space = recommend.space(Plan(study(grid=grid)))  # the plan has them, with their modes
     assert space["candidates"]["rec-opt-r0.5__mb-2__rbs-5e8"] == "opt-r0.5"
@@ -60,11 +61,11 @@ def test_the_grid_becomes_capped_candidate_scenarios():
 def test_a_grid_too_large_or_a_clashing_name_is_refused():
     big = {"micro_batch": list(range(1, 9)), "offload": ["optimizer", "optimizer+param"]}
     with pytest.raises(StudyError, match="recommend.grid: 16 candidates, more than recommend.max"):
-        recommend.with_candidates(load_study(study(grid=big, max_candidates=10)))
+        candidates.with_candidates(load_study(study(grid=big, max_candidates=10)))
     clash = study()
     clash["scenarios"].append({"name": "rec-opt__mb-2", "gpus_per_node": 1})
     with pytest.raises(StudyError, match="'rec-opt__mb-2': the prefix 'rec-' is recommend's"):
-        recommend.with_candidates(load_study(clash))
+        candidates.with_candidates(load_study(clash))
 
 
 def _prediction(name: str, tps: float, feasible: bool = True, gpu_gib: float = 30) -> Prediction:
@@ -179,7 +180,7 @@ def test_recommend_on_a_study_without_the_block_says_so(tmp_path):
     plain["scenarios"][0]["predict_only"] = False
     path.write_text(yaml.safe_dump(plain))
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d", str(tmp_path),
+        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d", str(with_clusters(tmp_path)),
          "--config", f"study_file={path}", "-n", "recommend"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -197,7 +198,7 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
                                                         "micro_batch": [1, 8]})))  # fmt: skip
     place_calibration(tmp_path, "local-cpu", cpu_calibration)  # measured once per session
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
-           str(tmp_path), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
+           str(with_clusters(tmp_path)), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results/local-cpu/rec-test"
@@ -209,15 +210,15 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     result = read_json(out / "recommend/recommendation.json")
     assert result["winner"] == faster and result["runner_up"] == min(speed, key=speed.get)
     assert result["tokens_per_s"] == pytest.approx(speed[faster], rel=0.02)
-    assert result["margin"]["verdict"] == "beyond CI" and result["margin"]["ci_low"] > 1
-    (loser,) = result["others"]
-    assert loser["why"].startswith("slower: ") and "beyond CI" in loser["why"]
+    assert result["margin"]["verdict"] == "faster" and result["margin"]["ci_low"] > 1
+    (loser,) = result["others"]  # the paired CI, wholly below 1, words it "slower"
+    assert loser["why"].startswith("slower: ") and "of the winner (95% CI" in loser["why"]
     assert result["device_time"]["runs"] == 2 and result["device_time"]["device_minutes"] > 0
     assert result["rounds"] == 1 and result["search_ended"].startswith("a candidate ran ok: ")
     assert json.loads((out / "recommend/recommended.ds_config.json").read_text()) == json.loads(
         (out / f"configs/{faster}.json").read_text()
     )
-    assert faster in (tmp_path / "reports/rec-test/recommend.html").read_text()
+    assert faster in (tmp_path / "reports/local-cpu/rec-test/recommend.html").read_text()
 
 
 @pytest.mark.slow
@@ -232,7 +233,7 @@ def test_a_search_whose_first_round_fails_measures_a_second(tmp_path, cpu_calibr
     path.write_text(yaml.safe_dump(study(**block)))
     place_calibration(tmp_path, "local-cpu", cpu_calibration)
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
-           str(tmp_path), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
+           str(with_clusters(tmp_path)), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results/local-cpu/rec-test"
@@ -246,7 +247,8 @@ def test_a_search_whose_first_round_fails_measures_a_second(tmp_path, cpu_calibr
     whys = {o["scenario"]: o["why"] for o in rec["others"]}
     assert all(whys[n].startswith("outcome ") for n in (*first, *second)), whys
     assert (
-        "recommend.rounds (2) spent" in (tmp_path / "reports/rec-test/recommend.html").read_text()
+        "recommend.rounds (2) spent"
+        in (tmp_path / "reports/local-cpu/rec-test/recommend.html").read_text()
     )
 
 
@@ -260,7 +262,7 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
         "study": "s", "cluster": "c", "gpu_mem_gb": 16, "winner": "rec-opt__mb-4",
         "tokens_per_s": 1000.0, "tokens_per_s_ci": [990.0, 1010.0], "runner_up": "rec-opt__mb-2",
         "margin": {"of": "rec-opt__mb-2", "ratio": 1.01, "ci_low": 0.99, "ci_high": 1.03,
-                   "pairs": 1, "verdict": "within noise", "note": "1 pair(s) by repeat"},
+                   "pairs": 1, "verdict": "no difference shown", "note": "1 pair(s) by repeat"},
         "vs_references": [{"of": "ref", "ratio": float("nan"), "ci_low": float("nan"),
                            "ci_high": float("nan"), "pairs": 0, "verdict": "no pair", "note": ""}],
         "others": [{"scenario": "rec-super__mb-4", "kind": "candidate", "measured": True,
@@ -273,7 +275,7 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
     assert _read_plan(str(tmp_path / "plan.json"))["recommendation"] == rec
     view.write_page(rec, tmp_path / "page.html")
     page = (tmp_path / "page.html").read_text()
-    assert "rec-opt__mb-4" in page and "within noise" in page and "SuperOffload only" in page
+    assert "rec-opt__mb-4" in page and "no difference shown" in page and "SuperOffload only" in page
     assert "NaN" not in page and "1.5 device-minutes" in page
 
 
@@ -289,3 +291,86 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
 def test_only_an_implausible_flag_disqualifies_a_measured_candidate(flags, reason):
     row = pd.Series({"tokens_per_s": 1000.0, "gpu_mem_gb": 16, "flags": flags})
     assert recommend._row_state(row, budget=16) == reason
+
+
+def winner_study(root: Path, peak_gpu_gib: float) -> Path:
+    """A study folder whose winner rec-opt__mb-4 ran twice (records by builders.make_record),
+    with its DeepSpeed config and plan beside them, as decide leaves them."""
+    from builders import CLUSTER, STUDY, make_record, set_provenance
+
+    for rep in (0, 1):
+        metrics = make_record(root, "rec-opt__mb-4", rep, offload_optimizer="cpu",
+                              peak_gpu_gib=peak_gpu_gib + rep, host_rss_gib=50.0 + rep)  # fmt: skip
+        set_provenance(metrics, gpu_driver="550.54.15", cuda_version="12.4", git_dirty=True)
+    study_dir = root / "results" / CLUSTER / STUDY
+    (study_dir / "configs").mkdir()
+    (study_dir / "configs" / "rec-opt__mb-4.json").write_text(json.dumps({"train_batch_size": 32}))
+    scenarios = [{"name": "rec-opt__mb-4", "gpu_mem_gb": 16, "cpu_mem_gb": 64}]
+    (study_dir / "plan.json").write_text(json.dumps({"study": STUDY, "scenarios": scenarios}))
+    return study_dir
+
+
+def a_recommendation(margin_ci=(1.05, 1.15)) -> dict:
+    return {
+        "study": "s", "cluster": "c", "gpu_mem_gb": 16, "winner": "rec-opt__mb-4",
+        "tokens_per_s": 1000.0, "tokens_per_s_ci": [990.0, 1010.0], "runner_up": "rec-opt__mb-2",
+        "margin": {"of": "rec-opt__mb-2", "ratio": 1.1, "ci_low": margin_ci[0],
+                   "ci_high": margin_ci[1], "pairs": 2, "verdict": "beyond CI", "note": ""},
+        "vs_references": [{"of": "ref", "ratio": 0.9, "ci_low": 0.5, "ci_high": 1.6, "pairs": 2,
+                           "verdict": "within noise", "note": ""}],
+        "others": [{"scenario": "rec-opt__mb-2", "kind": "candidate", "measured": True,
+                    "why": "slower: 909 tokens/s"}],
+        "device_time": {"runs": 4, "wall_s": 120.0, "device_minutes": 2.0},
+    }  # fmt: skip
+
+
+def cell(page: str, element_id: str) -> str:
+    import re
+
+    start = page.index(">", page.index(f'id="{element_id}"')) + 1
+    return " ".join(re.sub(r"<[^>]+>", "", page[start : page.index("</t", start)]).split())
+
+
+def test_the_recommend_page_shows_budget_memory_config_and_provenance(tmp_path):
+    """The page states the budget and that the winner kept to it (its largest peak of two
+    runs), carries its DeepSpeed config inline and as a data: download, the why-not of each
+    other candidate, and the winner's provenance (GPU, driver, CUDA runtime, torch, DeepSpeed,
+    commit); ratios are worded by the one verdict rule."""
+    import base64
+    import re
+
+    from builders import assert_self_contained
+
+    from offload_study.analysis.report import recommend as view
+
+    study_dir = winner_study(tmp_path, peak_gpu_gib=12.0)  # reserved: 13 + 2 = 15 GiB ≤ 16
+    view.write_page(a_recommendation(), tmp_path / "page.html", study_dir)
+    page = (tmp_path / "page.html").read_text()
+    assert_self_contained(page)
+    assert "GPU memory ≤ 16 GiB per GPU; host memory ≤ 64 GiB per node" in page
+    met = cell(page, "recommend-met")
+    assert met.startswith("met — peak GPU memory 13.0 GiB allocated, 15.0 GiB reserved"), met
+    assert "peak host memory 51.0 GiB per node" in met
+    uri = re.search(r'download="recommended.ds_config.json" href="data:application/json;base64,'
+                    r'([^"]+)"', page)  # fmt: skip
+    assert json.loads(base64.b64decode(uri.group(1))) == {"train_batch_size": 32}
+    assert "&#34;train_batch_size&#34;: 32" in page  # inline too
+    assert "slower: 909 tokens/s" in page
+    prov = page[page.index('id="recommend-provenance"') :]
+    for value in ("NVIDIA H200", "550.54.15", "12.4", "2.5.1", "0.16.4", "deadbeef+dirty"):
+        assert f"<code>{value}</code>" in prov, value
+    assert "beyond CI" not in page and "within noise" not in page
+    assert "faster" in cell(page, "recommend-verdict") and "inconclusive" in page
+
+
+def test_a_winner_over_its_budget_is_said_not_to_meet_it(tmp_path):
+    from offload_study.analysis.report import recommend as view
+
+    study_dir = winner_study(tmp_path, peak_gpu_gib=15.0)  # reserved 18 GiB > 16
+    view.write_page(a_recommendation(), tmp_path / "page.html", study_dir)
+    met = cell((tmp_path / "page.html").read_text(), "recommend-met")
+    assert met.startswith("not met: the winner's measured peak exceeds the budget"), met
+    page_of_nothing = {**a_recommendation(), "winner": None, "margin": None, "vs_references": []}
+    view.write_page(page_of_nothing, tmp_path / "none.html", study_dir)
+    met = cell((tmp_path / "none.html").read_text(), "recommend-met")
+    assert met == "not met: no candidate ran ok within the budget", met

@@ -1,4 +1,4 @@
-"""Tests of offload_study.analysis.report on records written by test_collect's helper."""
+"""Tests of offload_study.analysis.report on records written by builders.make_record."""
 
 from __future__ import annotations
 
@@ -10,118 +10,38 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_collect import CLUSTER, STUDY, make_record, run_collect_cli, seed_like_records
+from builders import (
+    CLUSTER,
+    H200,
+    H200_REMEASURED,
+    STUDY,
+    assert_self_contained,
+    build_report,
+    h200_summary,
+    make_plan,
+    make_record,
+    run_collect_cli,
+    seed_like_records,
+)
 
 from offload_study.analysis import collect as C
 from offload_study.analysis import report as R
 from offload_study.analysis.report import figures, views
-
-SEED_REFS = {
-    "zero3-8gpu": {"speed_pct": 100, "gpu_memory": "40GB × 8", "cpu_memory": "64GB"},
-    "zero3-offload-4gpu": {"speed_pct": 35, "gpu_memory": "40GB × 4", "cpu_memory": "512GB"},
-    "zero3-offload-2gpu": {"speed_pct": 20, "gpu_memory": "80GB × 2", "cpu_memory": "512GB"},
-}
-LABELS = {
-    "zero3-8gpu": "ZeRO-3 (8 GPU)",
-    "zero3-offload-4gpu": "ZeRO-3 + Offload (4 GPU)",
-    "zero3-offload-2gpu": "ZeRO-3 + Offload (2 GPU)",
-    "zero3-nvme": "ZeRO-3 + NVMe optimizer offload (2 GPU)",
-}
-
-
-def make_plan(root: Path, metrics_paths: list[Path], labels: dict | None = None) -> Path:
-    """plan.json (+ DeepSpeed configs and run specs) for the scenarios of metrics_paths."""
-    labels = {**LABELS, **(labels or {})}
-    cfg = Path(root) / "results" / CLUSTER / STUDY / "configs"
-    cfg.mkdir(parents=True, exist_ok=True)
-    scenarios = []
-    for p in metrics_paths:
-        name = Path(p).parent.parent.name
-        if any(s["name"] == name for s in scenarios):
-            continue
-        try:
-            m = json.loads(Path(p).read_text())
-        except (OSError, ValueError):
-            m = {}
-        ds = {
-            "train_batch_size": m.get("global_batch", 128),
-            "gradient_accumulation_steps": m.get("gradient_accumulation_steps", 4),
-            "zero_optimization": {
-                "stage": 3,
-                "reduce_bucket_size": 5e8,
-                "offload_optimizer": {"device": m.get("offload_optimizer", "none")},
-            },
-            "bf16": {"enabled": True},
-        }
-        ds_path = cfg / f"{name}.json"
-        ds_path.write_text(json.dumps(ds))
-        spec_path = cfg / f"{name}.run.json"
-        spec_path.write_text(json.dumps({"schema_version": 1, "scenario": name}))
-        gpn = m.get("gpus_per_node", 8)
-        scenarios.append(
-            {
-                "name": name,
-                "base_scenario": name,
-                "label": labels.get(name, m.get("label", name)),
-                "nodes": m.get("nodes", 1),
-                "gpus_per_node": gpn,
-                "gpu_mem_gb": m.get("gpu_mem_gb", 40),
-                "cpu_mem_gb": m.get("cpu_mem_gb", 64),
-                "offload_optimizer": m.get("offload_optimizer", "none"),
-                "offload_param": m.get("offload_param", "none"),
-                "sweep": m.get("sweep", {}),
-                "reference": {**SEED_REFS[name], "source": "seed"} if name in SEED_REFS else None,
-                "ds_config": str(ds_path),
-                "run_spec": str(spec_path),
-            }
-        )
-    plan = {
-        "study": STUDY,
-        "cluster": CLUSTER,
-        "description": "Seed table reproduction (unit test records)",
-        "baseline": None,
-        "scenarios": scenarios,
-    }
-    out = Path(root) / "plan.json"
-    out.write_text(json.dumps(plan))
-    return out
-
-
-def build_report(tmp_path: Path, paths: list[Path], baseline: str = "", others=(), labels=None):
-    """collect + report CLIs on paths; return (html text, figures dir, report path)."""
-    out = tmp_path / "out"
-    run_collect_cli(paths, out, baseline)
-    plan = make_plan(tmp_path, paths, labels)
-    html_path = tmp_path / "reports" / STUDY / "report.html"
-    figs = tmp_path / "reports" / STUDY / "figures"
-    args = [
-        "--runs",
-        str(out / "runs.csv"),
-        "--summary",
-        str(out / "summary.csv"),
-        "--plan",
-        str(plan),
-        "--out",
-        str(html_path),
-        "--figures-dir",
-        str(figs),
-    ]
-    for o in others:
-        args += ["--other-cluster-summary", str(o)]
-    assert R.main(args) == 0
-    return html_path.read_text(), figs, html_path
-
-
-def assert_self_contained(html: str) -> None:
-    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
-    assert "http://" not in html and "https://" not in html
-    assert "<link" not in html.lower() and "@import" not in html and "url(" not in html
 
 
 def assert_figures(figs: Path) -> None:
     for name in figures.FIGURES.values():
         p = figs / name
         assert p.exists() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def headline_cells(html: str, label: str) -> list[str]:
+    """The text of each cell of the headline table's row of the scenario labelled ``label``."""
+    table = html[html.index('id="headline-table"') :]
+    table = table[: table.index("</table>")]
+    row = next(r for r in table.split("<tr>") if f"<strong>{label}</strong>" in r)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)
+    return [" ".join(re.sub(r"<[^>]+>", " ", c).split()) for c in cells]
 
 
 def test_full_report(tmp_path):
@@ -131,8 +51,9 @@ def test_full_report(tmp_path):
     assert_figures(figs)
     assert 'id="headline-table"' in html and "ZeRO-3 + Offload (4 GPU)" in html
     assert "40GB × 8" in html and "~35%" in html  # measured setup and seed reference
-    assert "35%" in html  # measured relative speed (2800/8000)
-    assert html.count("data:image/png;base64,") == 4
+    speed = headline_cells(html, "ZeRO-3 + Offload (4 GPU)")[3]  # measured: 2800/8000 tokens/s
+    assert speed.startswith("35% [") and speed.endswith("] slower 2,800 tokens/s"), speed
+    assert html.count("data:image/png;base64,") == len(figures.FIGURES)
     assert "host_oom" in html and "Killed: host memory exceeded 512GB" in html  # failures shown
     assert "of baseline speed at 0.41× the GPU memory per GPU" in html  # verdict
     assert 'download="zero3-8gpu.json"' in html and "matches the run records" not in html
@@ -155,7 +76,7 @@ def test_escaping(tmp_path):
 
 def test_one_scenario(tmp_path):
     html, figs, _ = build_report(tmp_path, [make_record(tmp_path, "solo", label="Solo run")])
-    assert "Solo run" in html and "100%" in html
+    assert headline_cells(html, "Solo run")[3] == "100% 1,000 tokens/s"  # its own baseline
     assert_figures(figs)
 
 
@@ -189,7 +110,9 @@ def test_nans_and_no_gpu_memory(tmp_path):
                     host_rss_gib=None),
     ]  # fmt: skip
     html, figs, _ = build_report(tmp_path, paths)
-    assert "30%" in html and "—" in html
+    off = headline_cells(html, "ZeRO-3 off")
+    assert off[1:3] == ["40GB × 8 peak — GiB/GPU allocated", "64GB peak — GiB/node used"]
+    assert off[3].startswith("30% [") and "] slower 300 tokens/s vs pair base : 30% [" in off[3]
     assert_figures(figs)
 
 
@@ -379,7 +302,7 @@ def verdict_lines(html: str) -> list[str]:
     return [re.sub(r"<[^>]+>", "", li) for li in re.findall(r"<li>(.*?)</li>", section, re.S)]
 
 
-def test_paired_ratio_within_noise_and_its_pair_are_stated(tmp_path):
+def test_paired_ratio_verdict_and_its_pair_are_stated(tmp_path):
     paths = []
     for k, drift in enumerate((1.0, 0.98, 1.02)):
         paths.append(make_record(tmp_path, "base", k, tokens_per_s=1000 * drift, seed=k))
@@ -389,8 +312,9 @@ def test_paired_ratio_within_noise_and_its_pair_are_stated(tmp_path):
                                  offload_optimizer="cpu", seed=19 + k))  # fmt: skip
     html, _, _ = build_report(tmp_path, paths)
     lines = {line.split(":")[0]: line for line in verdict_lines(html)}
-    assert "within noise of its no-offload pair &#39;base&#39;" in lines["ZeRO-3 same"]
-    assert "50% [" in lines["ZeRO-3 slow"] and "of its no-offload pair" in lines["ZeRO-3 slow"]
+    assert "no difference shown from its no-offload pair &#39;base&#39;" in lines["ZeRO-3 same"]
+    slow = lines["ZeRO-3 slow"]
+    assert "slower: 50% [" in slow and "of its no-offload pair" in slow
     assert "vs pair <code>base</code>" in html and "Sanity checks" in html
     assert 'id="sanity-table"' in html and "No scenario flagged." in html
 
@@ -398,7 +322,6 @@ def test_paired_ratio_within_noise_and_its_pair_are_stated(tmp_path):
 def test_the_h200_report_states_no_implausible_number_as_a_finding(tmp_path):
     """The superseded 1-repeat study: gas 8's accumulation flag (with a caution: mixed) blocks
     its number and the paired ratios to it; the baseline's caution alone does not."""
-    from test_sanity import H200
 
     plan = json.loads((H200 / "plan.json").read_text())
     paths = [H200 / s["name"] / "rep0" / "metrics.json" for s in plan["scenarios"]]
@@ -413,29 +336,33 @@ def test_the_h200_report_states_no_implausible_number_as_a_finding(tmp_path):
     opt8 = lines["ZeRO-3 + CPU optimizer offload [gas-8]"]
     assert "its no-offload pair &#39;zero3__gas-8&#39; is flagged, so no paired ratio" in opt8
     opt1 = lines["ZeRO-3 + CPU optimizer offload [gas-1]"]  # the baseline only cautions
-    assert re.search(r"\d+% \[\d+%–\d+%\] of baseline speed", opt1), opt1
-    assert opt1.endswith("caution: ci-target-missed.")
+    assert re.search(r"slower: \d+% \[\d+%–\d+%\] of baseline speed", opt1), opt1
+    # the caution most rows carry is said once, under the verdicts, not on each line
+    assert "caution" not in opt1 and 'id="caution-ci-target-missed"' in html
     assert "flagged: accumulation-slower-per-token" in html  # beside the number in the table
-    assert 'class="tag caution" title="the measurement stopped' in html
+    note = html[html.index('id="caution-ci-target-missed"') :].split("</p>")[0]
+    assert "the measurement stopped" in note  # said once with its reason,
+    assert ">caution: ci-target-missed</a>" not in html  # not beside each row's number
     assert html.count('class="flagged"') == 1  # only gas 8's speed is struck through
 
 
 def test_the_remeasured_h200_report_states_its_findings_with_their_caution():
     """Every ok row of the re-measured study misses its CI target (a noisy machine): a caution,
     so CPU optimizer offload at gas 1 is still ~30 % of its pair, with its CI."""
-    from test_sanity import H200_REMEASURED, h200_summary
 
     plan = json.loads((H200_REMEASURED / "plan.json").read_text())
     summary = h200_summary(H200_REMEASURED).reset_index()
     scenarios = views.scenario_views(summary, plan, plan["baseline"])
     head, lines = views.verdicts(scenarios, plan["baseline"], None)
-    assert "Flagged" not in head and head.endswith("; caution: ci-target-missed.")
+    assert "Flagged" not in head and "caution" not in head  # said once, for every row:
+    (common,) = views.common_cautions(scenarios)
+    assert common["name"] == "ci-target-missed" and common["n"] == common["of"]
     assert not any("not a finding" in line or "is flagged" in line for line in lines)
     (opt1,) = [line for line in lines if line.startswith("ZeRO-3 + CPU optimizer offload [gas-1]")]
     pair = summary.set_index("scenario").loc["offload-opt__gas-1", "paired_ratio"]
     assert 0.25 < pair < 0.35
     assert f"{views.fmt_pct(pair)} [" in opt1 and "of its no-offload pair 'zero3__gas-1'" in opt1
-    assert opt1.endswith("; caution: ci-target-missed.")
+    assert "caution" not in opt1
     assert not any(v["blocking"] for v in scenarios)
 
 
@@ -466,8 +393,9 @@ def test_a_caution_is_a_finding_and_an_implausible_flag_is_not():
                      "mixed": "many-skipped-steps;gpu-over-cap", "clean": ""})  # fmt: skip
     head, lines = views.verdicts(vs, "base", None)
     by = {line.split(":")[0]: line for line in lines}
-    assert by["caution"] == ("caution: 50% [45%–55%] of baseline speed; 50% [45%–55%] of its "
-                             "no-offload pair 'base' (same settings); caution: ci-target-missed.")  # fmt: skip
+    assert by["caution"] == ("caution: slower: 50% [45%–55%] of baseline speed; slower: 50% "
+                             "[45%–55%] of its no-offload pair 'base' (same settings); caution: "
+                             "ci-target-missed.")  # fmt: skip
     assert by["clean"].endswith("of its no-offload pair 'base' (same settings).")
     assert by["implausible"] == "implausible: flagged, not a finding: offload-faster-than-pair."
     assert by["mixed"].startswith("mixed: flagged, not a finding: many-skipped-steps; gpu-over-cap")
@@ -485,8 +413,8 @@ def test_a_caution_is_a_finding_and_an_implausible_flag_is_not():
 def test_a_baseline_with_only_a_caution_keeps_its_ratios():
     head, lines = views.verdicts(flag_views({"base": "ci-target-missed", "off": ""}), "base", None)
     assert head.endswith("; caution: ci-target-missed.") and "Flagged" not in head
-    assert lines == ["off: 50% [45%–55%] of baseline speed; 50% [45%–55%] of its no-offload pair "
-                     "'base' (same settings)."]  # fmt: skip
+    assert lines == ["off: slower: 50% [45%–55%] of baseline speed; slower: 50% [45%–55%] of its "
+                     "no-offload pair 'base' (same settings)."]  # fmt: skip
     head, lines = views.verdicts(flag_views({"base": "loss-parity", "off": ""}), "base", None)
     assert "Flagged, so no ratio to it is stated: loss-parity." in head
     assert lines == ["off: 500 tokens/s (the baseline is flagged); its no-offload pair 'base' is "
@@ -552,7 +480,6 @@ def test_the_runs_table_shows_what_moved_between_repeats():
     """Re-measured H200 study: one row per record in start order, with the breakdown that shows
     the GPU side moved (no offload gas 1: backward 442 ms in rep 0, ~290-305 ms after) while
     the offloaded optimizer step stayed at ~1.0-1.2 s, and which machine each run came from."""
-    from test_sanity import H200_REMEASURED
 
     plan = json.loads((H200_REMEASURED / "plan.json").read_text())
     paths = [H200_REMEASURED / s["name"] / f"rep{k}" / "metrics.json"

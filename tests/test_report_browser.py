@@ -2,76 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from test_collect import make_record, seed_like_records
-from test_report import assert_self_contained, build_report
+from browser import chromium, page_requests
+from builders import assert_self_contained, build_report, make_record, seed_like_records
 
-CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = Path("/tmp/report_screenshot.png")
 
 pytestmark = [
     pytest.mark.browser,
 ]
-
-
-def chromium(tmp: Path, url: str, *extra: str) -> tuple[str, list[dict]]:
-    """Run headless Chromium once; return (stdout, URL requests from its net log)."""
-    assert Path(CHROMIUM).exists(), "needs Debian's chromium (apt-get install chromium)"
-    profile = tmp / f"profile-{len(list(tmp.glob('profile-*')))}"
-    netlog = profile.with_suffix(".netlog.json")
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        f"--log-net-log={netlog}",
-        "--window-size=1400,3000",
-        *extra,
-        url,
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return res.stdout, url_requests(netlog)
-
-
-def url_requests(netlog: Path) -> list[dict]:
-    """URL_REQUEST_START_JOB events of a Chromium net log (url, initiator, isolation key)."""
-    data = json.loads(netlog.read_text())
-    kind = data["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
-    out = []
-    for e in data["events"]:
-        p = e.get("params") or {}
-        if e["type"] == kind and "url" in p:
-            out.append(
-                {
-                    "url": p["url"],
-                    "initiator": p.get("initiator"),
-                    "nik": p.get("network_isolation_key", ""),
-                }
-            )
-    return out
-
-
-def page_requests(reqs: list[dict]) -> list[str]:
-    """Requests the page made. Chromium's own background requests (update checks, account
-    probes) have initiator 'not an origin' and no file:// isolation key: not the page's."""
-    return [
-        r["url"]
-        for r in reqs
-        if r["url"].startswith(("http:", "https:", "ws:", "wss:", "ftp:"))
-        and (r["initiator"] != "not an origin" or "file://" in (r["nik"] or ""))
-    ]
 
 
 def test_detector_sees_page_requests(tmp_path):
@@ -115,9 +57,11 @@ def test_report_in_browser(tmp_path):
     assert page_requests(reqs) == []
     assert 'id="headline-table"' in dom and "ZeRO-3 + Offload (4 GPU)" in dom
     assert dom.count("<tr") >= 6
-    for name in ("relative_speed", "speed_vs_gpu_memory", "step_breakdown", "speed_vs_gas"):
+    from offload_study.analysis.report.figures import FIGURES
+
+    for name in FIGURES:
         assert f'id="fig-{name}"' in dom
-    assert dom.count('src="data:image/png;base64,') == 4
+    assert dom.count('src="data:image/png;base64,') == len(FIGURES)
     assert "host_oom" in dom  # failed scenario visible
 
     shot = tmp_path / "shot.png"

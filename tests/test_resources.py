@@ -7,7 +7,7 @@ from conftest import make_spec
 
 from offload_study.core.study import StudyError
 from offload_study.planning.resources import (
-    MEM_HEADROOM_MB,
+    MEM_HEADROOM_MIB,
     check_fits,
     resource_keys,
     rule_resources,
@@ -39,7 +39,7 @@ BIG_CLUSTER = dict(GPU_CLUSTER, name="big", gpus_per_node=16, nodes=8, mem_gb_pe
 
 
 def spec(cluster=GPU_CLUSTER, timeout_min=30, **scenario):
-    """A planned run: 2 GPUs, 64 GB host memory, 30 min, unless told otherwise."""
+    """A planned run: 2 GPUs, 64 GiB host memory, 30 min, unless told otherwise."""
     scenario = {"name": "cpu-offload-opt", "gpus_per_node": 2, "cpu_mem_gb": 64, **scenario}
     return make_spec(cluster, scenario, timeout_min=timeout_min)
 
@@ -48,7 +48,7 @@ def test_gpu_single_node():
     r = train_resources(spec(), GPU_CLUSTER)
     assert r == {
         "nodes": 1,
-        "mem_mb": 64 * 1024 + MEM_HEADROOM_MB,
+        "mem_mb": 64 * 1024 + MEM_HEADROOM_MIB,
         "runtime": 30 + 10,
         "cpus_per_task": 24,
         "gres": "gpu:h200:2",
@@ -81,7 +81,7 @@ def test_cpu_cluster_ranks_get_cpus_and_no_gpu():
         "nodes": 1,
         "tasks": 1,
         "cpus_per_task": 2,
-        "mem_mb": 4 * 1024 + MEM_HEADROOM_MB,
+        "mem_mb": 4 * 1024 + MEM_HEADROOM_MIB,
         "runtime": 20,
     }
     assert "gres" not in r and "gpu" not in r
@@ -136,18 +136,18 @@ def test_plan_refuses_what_resources_refuse():
 
 def test_nvme_capacity_refuses_only_the_clearly_impossible():
     nvme = {"offload_optimizer": "nvme", "nvme_path": "/scratch"}
-    # SMALL_LLAMA (~0.1 M parameters) needs ~1.5 MB of optimizer state: fits 1 GB
+    # SMALL_LLAMA (~0.1 M parameters) needs ~2 MiB of optimizer swap files: fits 1 GiB
     assert spec(dict(GPU_CLUSTER, nvme_capacity_gb=1), **nvme).nvme_capacity_gb == 1
     seven_b = {"model": {"preset": "llama2-7b"}, "timeout_min": 30}
-    with pytest.raises(StudyError) as e:  # 6.7e9 params x 12 B = 81 GB > 50 GB
-        make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=50), {"name": "n", **nvme}, **seven_b)
-    assert "scenarios[0].offload_optimizer" in str(e.value) and "nvme_capacity_gb=50" in str(
+    with pytest.raises(StudyError) as e:  # 6.74e9 params x 16 B = 100.4 GiB > 60 GiB
+        make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=60), {"name": "n", **nvme}, **seven_b)
+    assert "scenarios[0].offload_optimizer" in str(e.value) and "nvme_capacity_gb=60" in str(
         e.value
     )
-    # the same on two nodes: 40 GB each
-    run = make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=50), {"name": "n", "nodes": 2, **nvme},
+    # the same on two nodes: 50.2 GiB each
+    run = make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=60), {"name": "n", "nodes": 2, **nvme},
                     **seven_b)  # fmt: skip
-    assert run.nvme_capacity_gb == 50
+    assert run.nvme_capacity_gb == 60
 
 
 def test_bad_gres_type():

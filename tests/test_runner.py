@@ -262,6 +262,9 @@ DECISIONS = [
      ["launcher exited 0 but 1/2 ranks finished"]),
     (evidence(rc=None, logs={"launcher.log": "launch failed: RuntimeError: no SLURM"}), "error",
      ["launch failed"]),
+    (evidence(rc=None, killed="op_build_error", detail="fix: apt-get install libaio-dev",
+              logs={"launcher.log": "not launched: op async_io"}), "op_build_error",
+     ["fix: apt-get install libaio-dev\nnot launched: op async_io"]),
 ]  # fmt: skip
 
 
@@ -315,5 +318,5 @@ def test_gpu_cap_from_stats_else_from_the_log():
     assert metrics_of(spec, logs=died, steps=(), outcome_="gpu_oom")["gpu_mem_cap_gib"] == 40.0
     assert metrics_of(spec)["gpu_mem_cap_gib"] is None
     # the harness' cap rule: below the cluster's card only, and smaller than the device
-    assert probes.gpu_cap_gib(spec, 150 * 2**30) == 40.0
-    assert probes.gpu_cap_gib(make_spec(GPU_CLUSTER, {"gpu_mem_gb": 141}), 150 * 2**30) is None
+    assert probes.gpu_cap_bytes(spec, 150 * 2**30) == 40 * 2**30
+    assert probes.gpu_cap_bytes(make_spec(GPU_CLUSTER, {"gpu_mem_gb": 141}), 150 * 2**30) is None

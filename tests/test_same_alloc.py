@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import DRIFT, build_report, by_name, make_record
 from conftest import SMALL_LLAMA, make_cluster
-from test_collect import make_record
-from test_pairing import DRIFT, by_name
-from test_report import build_report
 from test_runner import run_runner
 
 from offload_study.analysis import collect as C
@@ -82,7 +80,7 @@ def test_an_unknown_option_key_is_refused_by_name():
 
 # --------------------------------------------------------------------------- collect
 def nest_pair(root: Path, run_metrics: Path, pair: str, repeat: int, **record) -> None:
-    """Write a pair record (test_collect.make_record in a scratch root) and move it into the
+    """Write a pair record (builders.make_record in a scratch root) and move it into the
     run's record as its same-allocation pair (<record>/pair/)."""
     scratch = make_record(root / "scratch", pair, repeat, **record).parent
     shutil.move(scratch, run_metrics.parent / contracts.PAIR_DIR)

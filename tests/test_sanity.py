@@ -11,17 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_collect import make_record, run_collect_cli
+from builders import H200_REMEASURED, h200_summary, make_record, run_collect_cli
 
 from offload_study.analysis import collect as C
 from offload_study.analysis import sanity
 from offload_study.core import contracts
-
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "h200-1gpu"
-#: The 1-repeat study of 2026-11-29 (1 warm-up + 6 steps), kept where the flag was first seen.
-H200 = RESULTS / "model-a-2026-11-29-superseded"
-#: Its re-measurement (issue "numbers you can trust", item 6).
-H200_REMEASURED = RESULTS / "model-a"
 
 
 def flags_of(paths, **kw) -> dict[str, list[str]]:
@@ -171,17 +165,6 @@ def test_parsed_flags_say_whether_they_block():
 
 
 # --------------------------------------------------------------------------- real data
-def h200_summary(folder: Path = H200) -> pd.DataFrame:
-    plan = json.loads((folder / "plan.json").read_text())
-    paths = [
-        folder / s["name"] / f"rep{k}" / "metrics.json"
-        for s in plan["scenarios"]
-        for k in range(plan["repeats"])
-    ]
-    _, s = C.collect(paths, baseline=plan["baseline"], n_boot=2000)
-    return s.set_index("scenario")
-
-
 def test_the_h200_study_gets_the_accumulation_flag_on_no_offload_gas_8():
     """Committed H200 records: no offload measured 22 % slower per token at gas 8 than at
     gas 1, which accumulation cannot cause; nothing flagged it before."""

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_spec
+from conftest import REPO as REPO_ROOT
+from conftest import make_spec, with_clusters
 
 from offload_study.across import bundle
 from offload_study.core import yamlsafe
-from offload_study.core.study import REPO_ROOT, StudyError, load_study, read_yaml
+from offload_study.core.study import StudyError, load_study, read_yaml
 from offload_study.planning import resources
 from offload_study.planning.studyfile import study_config
 from offload_study.training import provenance
@@ -190,7 +191,7 @@ def test_a_refusal_inside_the_plan_rule_shows_its_reason_on_the_terminal(tmp_pat
     shipped = tmp_path / "config" / "calibration" / "local-cpu.json"
     shipped.parent.mkdir(parents=True)
     shipped.write_text('{"schema_version": 99}')  # a calibration this reader does not know
-    result = snakemake("--directory", str(tmp_path), "-c", "1", "plan",
+    result = snakemake("--directory", str(with_clusters(tmp_path)), "-c", "1", "plan",
                        "--config", f"study_file={DEFAULT_STUDY}")  # fmt: skip
     assert result.returncode != 0
     assert "plan refused; the end of" in result.stdout

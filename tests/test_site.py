@@ -1,7 +1,9 @@
-"""The published site built from the real bundles of test_bundle, and the four new rules."""
+"""The published site built from the real bundles of conftest's cross_cluster, and the four
+new rules."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -9,12 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_bundle import STUDY, cross_cluster  # noqa: F401 - the session fixture
-from test_report_browser import chromium, page_requests
+from browser import chromium, page_requests
+from builders import XC_STUDY as STUDY
+from conftest import REPO as REPO_ROOT
+from conftest import with_clusters
 
-from offload_study.across import bundle, site
+from offload_study.across import bundle, headlines, site
 from offload_study.core import contracts
-from offload_study.core.study import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 RULES = ["common", "plan", "train", "collect", "report", "bundle", "compare", "check", "publish"]
@@ -132,6 +135,7 @@ def test_rules_plan_bundle_check_publish_and_compare(cross_cluster, tmp_path):  
         f'configfile: "{REPO_ROOT}/config/config.yaml"\n'
         'STUDY_SOURCE = "the default study"\n\n' + includes + "\n"
     )
+    with_clusters(tmp_path)
     (tmp_path / "bundles").mkdir()
     for path in cross_cluster.bundles.values():
         shutil.copy(path, tmp_path / "bundles")
@@ -148,3 +152,93 @@ def test_rules_plan_bundle_check_publish_and_compare(cross_cluster, tmp_path):  
     res = snakemake(tmp_path, "compare")
     assert res.returncode != 0
     assert "compare: give two or more bundles" in res.stdout + res.stderr
+
+
+# --------------------------------------------------------------------------- the landing page
+REC_STUDY, REC_CLUSTER = "rec-study", "other-cluster"
+
+
+def landing_tree(root: Path) -> Path:
+    """A working directory like the repository's: a study measured here (results/, seed-like
+    records, its report page), a committed recommend page whose records lie under docs/results/
+    beside a superseded copy, and a page whose records are gone. Returns reports/."""
+    from builders import CLUSTER, STUDY, make_plan, run_collect_cli, seed_like_records
+
+    study_dir = root / "results" / CLUSTER / STUDY
+    paths = seed_like_records(root)
+    assert run_collect_cli(paths, study_dir) == 0
+    plan = json.loads(make_plan(root, paths).read_text())
+    plan.update(model={"preset": "llama2-7b"}, model_params=6_738_415_616)
+    (study_dir / "plan.json").write_text(json.dumps(plan))
+    for folder, winner in (("rec", "rec-opt__mb-8"), ("rec-superseded", "rec-old")):
+        records = root / "docs" / "results" / REC_CLUSTER / folder
+        (records / "recommend").mkdir(parents=True)
+        (records / "plan.json").write_text(json.dumps(
+            {"study": REC_STUDY, "cluster": REC_CLUSTER, "model": {"config": {"model_type": "llama"}},
+             "model_params": 1_345_423_360}))  # fmt: skip
+        (records / "recommend" / "recommendation.json").write_text(json.dumps(
+            {"winner": winner, "tokens_per_s": 19864.2, "gpu_mem_gb": 16}))  # fmt: skip
+    reports = root / "reports"
+    for page in (f"{CLUSTER}/{STUDY}/report.html", f"{REC_CLUSTER}/{REC_STUDY}/recommend.html",
+                 "lost/gone/report.html", "site/pages/report.html"):  # fmt: skip
+        (reports / page).parent.mkdir(parents=True, exist_ok=True)
+        (reports / page).write_text("<!DOCTYPE html><html><body><p>a page</p></body></html>")
+    return reports
+
+
+def headline_rows(index: Path) -> dict[str, str]:
+    """{page link: its headline's text} of the index's pages table."""
+    text = index.read_text()
+    rows = re.findall(r'<a class="(?:report|recommend)" href="([^"]+)">.*?<td class="headline">'
+                      r"(.*?)</td>", text, re.S)  # fmt: skip
+    return {href: " ".join(re.sub(r"<[^>]+>", "", h).split()) for href, h in rows}
+
+
+def test_the_index_links_every_page_under_reports_with_its_headline(tmp_path, monkeypatch):
+    from builders import CLUSTER, STUDY
+
+    reports = landing_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)  # records are found relative to the working directory
+    index = reports / "index.html"
+    args = ["--index", str(index), "--site-dir", str(reports / "site"), "--reports-root", "reports"]
+    assert site.main(args) == 0  # no bundle: the committed pages alone
+    pages = sorted(p for p in reports.glob("*/*/*.html") if p.parts[-3] != "site")
+    assert sorted(hrefs(index, "report") + hrefs(index, "recommend")) == pages
+    rows = headline_rows(index)
+    mine = rows[f"{CLUSTER}/{STUDY}/report.html"]
+    assert mine.startswith(f"{CLUSTER} · llama2-7b (6.74B params) · seed 100 %: "), mine
+    assert mine.count("%: ") == 3  # one verdict per seed row (100 %, ~35 %, ~20 %)
+    rec = rows[f"{REC_CLUSTER}/{REC_STUDY}/recommend.html"]
+    assert rec == (
+        f"{REC_CLUSTER} · Llama 1.35B · winner rec-opt__mb-8: 19,864 tokens/s within 16 GiB per GPU"
+    ), rec  # fmt: skip  (not the superseded copy)
+    assert rows["lost/gone/report.html"].startswith("lost · no records found")
+
+
+def test_without_a_seed_table_the_headline_is_the_fastest_against_the_baseline(tmp_path):
+    from builders import CLUSTER, STUDY, make_plan, make_record, run_collect_cli
+
+    from offload_study.analysis import collect
+    from offload_study.analysis.report import views
+
+    paths = [make_record(tmp_path, "base", tokens_per_s=1000, seed=1),
+             make_record(tmp_path, "offload", tokens_per_s=500, offload_optimizer="cpu", seed=2)]  # fmt: skip
+    study_dir = tmp_path / "results" / CLUSTER / STUDY
+    assert run_collect_cli(paths, study_dir, baseline="base") == 0
+    plan = json.loads(make_plan(tmp_path, paths).read_text())
+    summary = collect.read_table(study_dir / "summary.csv")
+    line = headlines.fastest_line(views.scenario_views(summary, plan, "base"))
+    assert line.startswith("fastest: ZeRO-3 offload, 50% [") and line.endswith(
+        "of baseline speed (slower)"
+    )
+
+
+@pytest.mark.browser
+def test_the_landing_page_opens_in_chromium_and_no_request_leaves_it(tmp_path, monkeypatch):
+    reports = landing_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    index = reports / "index.html"
+    site.build([], index, reports / "site", "reports")
+    dom, reqs = chromium(tmp_path, index.as_uri(), "--dump-dom")
+    assert page_requests(reqs) == []
+    assert 'id="pages-table"' in dom and "winner rec-opt__mb-8" in dom

@@ -19,11 +19,11 @@ import pytest
 from conftest import SMALL_LLAMA, make_cluster, make_spec
 from test_runner import load_record, make_run, run_runner
 
+from offload_study.admission.admit import admitted_runs
 from offload_study.core import contracts
 from offload_study.core.contracts import STOP_REASONS, RankStats, StepRow
 from offload_study.core.study import StudyError, load_study
 from offload_study.planning import dsconfig
-from offload_study.planning.plan import expand_plan
 from offload_study.training import logparse, metrics, steady
 from offload_study.training.supervise import Supervision
 
@@ -192,7 +192,7 @@ def study(scenario_measure=None, **keys) -> dict:
 
 
 def plan_one(**kwargs) -> contracts.RunSpec:
-    (run,) = expand_plan(study(**kwargs), make_cluster())
+    (run,) = admitted_runs(study(**kwargs), make_cluster())
     return run
 
 
@@ -231,7 +231,8 @@ def test_contradicting_measure_keys_are_refused_naming_the_key(kwargs, words):
 
 
 def test_committed_studies_keep_their_fixed_steps():
-    from offload_study.core.study import REPO_ROOT
+    from conftest import REPO as REPO_ROOT
+
     from offload_study.planning.plan import Plan
 
     fixed = [p for p in sorted((REPO_ROOT / "config" / "studies").glob("*.yaml"))

@@ -10,10 +10,12 @@ import sys
 
 import pytest
 import yaml
-from conftest import SMALL_LLAMA, make_spec
+from conftest import CLUSTER_DIR, SMALL_LLAMA, make_spec
+from conftest import REPO as REPO_ROOT
 from test_plan import SHIPPED_STUDIES, shipped, with_change
 
-from offload_study.core.study import REPO_ROOT, SHOWN_CHARS, StudyError
+from offload_study.admission.admit import admitted_plan, first_problem
+from offload_study.core.study import SHOWN_CHARS, StudyError
 from offload_study.planning import dsconfig, presets
 from offload_study.planning.plan import Plan, write_scenario_files
 
@@ -242,12 +244,12 @@ def study() -> dict:
     return shipped("config/config.yaml")
 
 
-def refusal(config: dict, cwd, cluster_dir=None) -> str:
+def refusal(config: dict, cwd, cluster_dir=CLUSTER_DIR) -> str:
     """The one StudyError of planning ``config``; nothing may be written (cwd stays empty)."""
     with pytest.raises(StudyError) as info:
-        Plan(config, cluster_dir=cluster_dir)
+        admitted_plan(config, cluster_dir=cluster_dir)
     assert list(cwd.iterdir()) == [], "a refused plan wrote files"
-    return str(info.value)
+    return first_problem(info.value)
 
 
 def assert_says(message: str, words: list[str]) -> None:
@@ -308,7 +310,7 @@ def test_a_folder_without_config_json_is_refused(study, tmp_path):
     (tmp_path / "model").mkdir()
     config = with_change(study, "model", {"name_or_path": str(tmp_path / "model")})
     with pytest.raises(StudyError, match=r"model\.name_or_path: .*no usable config\.json"):
-        Plan(config)
+        admitted_plan(config)
 
 
 def test_a_local_pretrained_folder_is_built_with_its_overrides(study, tmp_path):
@@ -319,7 +321,7 @@ def test_a_local_pretrained_folder_is_built_with_its_overrides(study, tmp_path):
     assert Plan(config).runs[0].model.name_or_path == str(folder)
     config["model"]["overrides"] = {"num_layers": 2}
     with pytest.raises(StudyError, match=r"model\.overrides\.num_layers: not a key"):
-        Plan(config)
+        admitted_plan(config)
 
 
 def test_an_existing_token_file_is_accepted(study, tmp_path):
@@ -347,7 +349,7 @@ def test_max_runs_can_be_raised(study):
     sweep = {"reduce_bucket_size": list(range(1, 41)), "sub_group_size": list(range(1, 31))}
     config = with_change(study, "scenarios[1].sweep", sweep)
     with pytest.raises(StudyError, match="max_runs"):
-        Plan(config)
+        admitted_plan(config)
     config["max_runs"] = 2000
     assert len(Plan(config).runs) == 3 + 40 * 30
 

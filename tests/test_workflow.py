@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO as REPO_ROOT
 
 from offload_study import readme_sync
-from offload_study.core.study import REPO_ROOT
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
@@ -66,7 +66,7 @@ def test_a_study_file_replaces_the_default_study(tmp_path):
     flagged = snakemake("-n", "--forceall", "--configfile", str(path), "--replace-workflow-config")
     for result in (default, replaced, trusted, flagged):
         assert result.returncode == 0, result.stderr
-    assert "reports/replaced/report.html" in replaced.stdout
+    assert "reports/local-cpu/replaced/report.html" in replaced.stdout
     assert train_runtimes(replaced.stdout) != train_runtimes(default.stdout)
     assert train_runtimes(trusted.stdout) == train_runtimes(replaced.stdout)
     assert train_runtimes(flagged.stdout) == train_runtimes(replaced.stdout)
@@ -78,7 +78,7 @@ def test_config_keys_go_over_a_study_file():
     )
     assert result.returncode == 0, result.stderr
     assert job_counts(result.stdout)["train"] == 12
-    assert "reports/seed/report.html" in result.stdout
+    assert "reports/h200-8gpu/seed/report.html" in result.stdout
 
 
 def test_a_config_file_without_a_study_overrides_the_default_study(tmp_path):

@@ -1,7 +1,28 @@
 #!/usr/bin/env bash
-# Shared by the device drivers (run_h200.sh, run_x2.sh): time boxing against a deadline,
-# installing the carried wheels and libaio, versions, op builds, a one-line-per-record table.
-# The caller sets T0, DEADLINE_S, CORES, SITE, LOGS, SUMMARY=() and NAME before sourcing it.
+# Shared by the device drivers (run_h200.sh, run_study.sh, run_x2.sh): their preamble, time
+# boxing against a deadline, installing the carried wheels and libaio, versions, op builds, a
+# one-line-per-record table. The caller sets NAME, sources it, then calls device_preamble.
+
+# device_preamble DEFAULT_DEADLINE_S: the start of every driver. Starts the clock (T0), sets
+# DEADLINE_S (from the environment, else the default), moves to the repository root (REPO),
+# makes $OUT (the run tool's, else .device-out) and sends everything printed from here on to
+# $OUT/$NAME.log too; sets CORES, SITE (where the carried wheels go), LOGS (small logs that come
+# back in $OUT/extra.tar.gz) and SUMMARY=() (stage_rc's lines), and exports what children use.
+device_preamble() {
+  T0=$(date +%s)
+  DEADLINE_S=${DEADLINE_S:-$1}
+  REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  cd "$REPO" || exit 1
+  OUT=${OUT:-$REPO/.device-out}
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/${NAME:?set NAME before device_preamble}.log") 2>&1
+  CORES=$(nproc)
+  SITE=/tmp/site
+  LOGS=/tmp/logs
+  mkdir -p "$LOGS"
+  SUMMARY=()
+  export T0 DEADLINE_S CORES SITE LOGS OUT
+}
 
 elapsed() { echo $(($(date +%s) - T0)); }
 say() { echo "[${NAME:-device} +$(elapsed)s] $*"; }

@@ -14,24 +14,10 @@
 # what finished. Needs .whl/ (benchmarks/device/make_wheels.sh) carried along.
 set -uo pipefail
 STAGE=${1:-full}
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-570}
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$REPO"
-OUT=${OUT:-$REPO/.device-out}
-mkdir -p "$OUT"
-LOG=$OUT/run_h200.log
-exec > >(tee -a "$LOG") 2>&1
-CORES=$(nproc)
-SITE=/tmp/site
-LOGS=/tmp/logs  # small logs that come back in $OUT/extra.tar.gz
-mkdir -p $LOGS
-export CORES SITE LOGS OUT
-SUMMARY=()
-
 NAME=run_h200
 # shellcheck source=benchmarks/device/lib.sh
-source "$REPO/benchmarks/device/lib.sh"
+source "$(dirname "$0")/lib.sh"
+device_preamble 570
 
 
 snake() { # snake STUDY_YAML [targets...]   (targets first: --config takes several values)
@@ -78,7 +64,7 @@ EOF
 pack() { # everything that must come back, <= 8 files in $OUT
   local t=$(date +%s)
   tar -czf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "$RES_A" "$RES_B" "$RES_C" "$RES_M" \
-    "reports/${RES_A##*/}" "reports/${RES_B##*/}" "reports/${RES_C##*/}" .snakemake/log 2>/dev/null)
+    "reports/${RES_A#results/}" "reports/${RES_B#results/}" "reports/${RES_C#results/}" .snakemake/log 2>/dev/null)
   tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw smoke overflow 2>/dev/null)
   say "packed $(du -sh "$OUT/results.tar.gz" | cut -f1) into \$OUT ($(($(date +%s) - t)) s)"
 }
@@ -98,7 +84,6 @@ summary() {
 }
 trap summary EXIT
 export -f elapsed say left versions build_ops snake raw fidelity table overflow_fixture
-export T0 DEADLINE_S
 
 # ---------------------------------------------------------------- stages
 STUDY_A=${STUDY_A:-config/studies/h200-1gpu.yaml}

@@ -11,22 +11,10 @@
 # half-written run; the archive keeps a copy of it; a run the deadline cancelled is moved to
 # <results>/cancelled-by-deadline/ and run again). Every call packs the records into $OUT.
 set -uo pipefail
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-560}
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$REPO"
-OUT=${OUT:-$REPO/.device-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run_study.log") 2>&1
-CORES=$(nproc)
-SITE=/tmp/site
-LOGS=/tmp/logs
-mkdir -p $LOGS
-export CORES SITE LOGS OUT
-SUMMARY=()
 NAME=run_study
 # shellcheck source=benchmarks/device/lib.sh
-source "$REPO/benchmarks/device/lib.sh"
+source "$(dirname "$0")/lib.sh"
+device_preamble 560
 STUDIES=${STUDIES:?STUDIES=study.yaml[:target] ...}
 
 snake() { # snake STUDY_YAML [targets...]
@@ -60,7 +48,7 @@ requeue_cancelled() { # a run cut by the last call's deadline is run again: its 
 pack() {
   local dirs=() item res
   for item in $STUDIES; do
-    res=$(results_dir "${item%%:*}" 2>/dev/null) && dirs+=("$res" "reports/${res##*/}")
+    res=$(results_dir "${item%%:*}" 2>/dev/null) && dirs+=("$res" "reports/${res#results/}")
   done
   # shellcheck disable=SC2046
   tar -czhf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "${dirs[@]}" \
@@ -80,7 +68,6 @@ summary() {
 }
 trap summary EXIT
 export -f elapsed say left snake versions build_ops table
-export T0 DEADLINE_S CORES
 
 keep_outside
 requeue_cancelled

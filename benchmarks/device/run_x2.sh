@@ -13,22 +13,10 @@
 #               path, 16 cores = one rank's share) into results/h200-2gpu/calibration.json.
 #   OVERFLOW=1  also capture an fp16 overflow log (tiny model, initial loss scale 2^32) at the end.
 set -uo pipefail
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-560}
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$REPO"
-OUT=${OUT:-$REPO/.device-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run_x2.log") 2>&1
-CORES=$(nproc)
-SITE=/tmp/site
-LOGS=/tmp/logs
-mkdir -p $LOGS
-export CORES SITE LOGS OUT
-SUMMARY=()
 NAME=run_x2
 # shellcheck source=benchmarks/device/lib.sh
-source "$REPO/benchmarks/device/lib.sh"
+source "$(dirname "$0")/lib.sh"
+device_preamble 560
 
 STUDY=${STUDY:-config/studies/seed-2gpu.yaml}
 RES=results/h200-2gpu/seed-2gpu
@@ -81,7 +69,7 @@ summary() {
 }
 trap summary EXIT
 export -f elapsed say left versions build_ops snake overflow_fixture
-export T0 DEADLINE_S STUDY CORES
+export STUDY
 
 # Records and Snakemake's state live outside the carried tree, so that carrying the tree again
 # (a later call) never replaces what an earlier call measured on this machine.

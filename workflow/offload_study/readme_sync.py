@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 from offload_study import schemadoc
-from offload_study.core.study import REPO_ROOT
 
 SECTIONS = ("study", "cluster", "metrics")
 
@@ -23,7 +23,7 @@ def synced(text: str) -> str:
 
 
 def main() -> int:
-    path = REPO_ROOT / "README.md"
+    path = Path("README.md")  # run from the checkout's root
     path.write_text(synced(path.read_text()))
     return 0
 

@@ -6,7 +6,7 @@ rule collect:
     """All run records -> one tidy table (failed runs included) and a per-scenario summary."""
     input:
         metrics=expand(
-            f"{RESULTS}/{{scenario}}/rep{{rep}}/metrics.json",
+            f"{RECORD}/metrics.json",
             scenario=SCENARIOS,
             rep=REPEATS,
         ),

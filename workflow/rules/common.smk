@@ -10,12 +10,21 @@ sys.path.insert(
 
 from offload_study.prediction import recommend as recommend_search
 from offload_study.across.bundle import BundleError, compare_name
+from offload_study.core import layout
+from offload_study.admission.admit import admitted_plan
 from offload_study.planning.plan import Plan
 from offload_study.planning.resources import rule_resources, train_resources
 from offload_study.core.study import StudyError
 
 try:
-    PLAN = Plan(config, source=STUDY_SOURCE)  # STUDY_SOURCE: set by the Snakefile
+    # Expand, then admit (every problem, one error), in the main Snakemake process only: a job
+    # (a run: directive's subprocess, a job submitted to SLURM) parses this file again, and
+    # its study was admitted before it was scheduled (Snakemake's workflow.is_main_process:
+    # exec mode default, not subprocess or remote). STUDY_SOURCE: set by the Snakefile.
+    if workflow.is_main_process:
+        PLAN = admitted_plan(config, source=STUDY_SOURCE)
+    else:
+        PLAN = Plan(config, source=STUDY_SOURCE)
     # Each run's resources (GPUs, CPUs, memory, runtime, partition, ...) from the cluster
     # description, computed once here.
     RESOURCES_BY_SCENARIO = {
@@ -24,7 +33,9 @@ try:
 except StudyError as err:
     raise WorkflowError(f"invalid study: {err}") from None
 
-RESULTS = PLAN.results_dir
+RESULTS = PLAN.results_dir  # results/<cluster>/<study> (offload_study.core.layout)
+# one run's record folder, as a pattern over the scenario and repeat wildcards
+RECORD = layout.record_dir(RESULTS, "{scenario}", "{rep}")
 SCENARIOS = PLAN.scenarios
 REPEATS = PLAN.repeats
 
@@ -56,14 +67,13 @@ TRAIN_THREADS = (
 )
 
 
-REPORT_DIR = f"reports/{PLAN.study['study']}"
+# reports/<cluster>/<study>: a study run on another cluster is never shadowed by ours
+REPORT_DIR = PLAN.report_dir
 
 
 def other_cluster_summaries():
     """The same study's summaries from other clusters collected here, shown side by side."""
-    here = Path(RESULTS)
-    found = here.parent.parent.glob(f"*/{here.name}/summary.csv")
-    return sorted(str(p) for p in found if p.parent != here)
+    return layout.other_cluster_summaries(PLAN.cluster["name"], PLAN.study["study"])
 
 
 def report_figure(name, title):
@@ -94,7 +104,7 @@ def compare_bundles(wildcards):
 
 
 # `snakemake recommend` (rules/recommend.smk): the checkpoint's rounds
-RECOMMEND_DIR = f"{RESULTS}/recommend"
+RECOMMEND_DIR = f"{RESULTS}/{layout.RECOMMEND_DIR}"
 
 
 def recommend_round(r):

@@ -7,8 +7,8 @@ localrules:
 rule deepspeed_config:
     """One DeepSpeed config and run spec per (expanded) scenario."""
     output:
-        ds_config=f"{RESULTS}/configs/{{scenario}}.json",
-        spec=f"{RESULTS}/configs/{{scenario}}.run.json",
+        ds_config=layout.ds_config_path(RESULTS, "{scenario}"),
+        spec=layout.run_spec_path(RESULTS, "{scenario}"),
     log:
         f"{RESULTS}/logs/deepspeed_config/{{scenario}}.log",
     params:
@@ -26,15 +26,16 @@ rule plan_summary:
     log:
         f"{RESULTS}/logs/plan_summary.log",
     params:
-        summary=PLAN.summary(),
+        # a function: evaluated for this job only, not each time a job parses the workflow
+        summary=lambda wc: PLAN.summary(),
     run:
-        from offload_study.planning.plan import write_json
+        from offload_study.core.contracts import write_json
 
         write_json(output[0], params.summary)
 
 
-CALIBRATION_MEASURED = f"results/{PLAN.cluster['name']}/calibration.json"
-CALIBRATION_SHIPPED = f"config/calibration/{PLAN.cluster['name']}.json"
+CALIBRATION_MEASURED = layout.measured_calibration(PLAN.cluster["name"])
+CALIBRATION_SHIPPED = layout.shipped_calibration(PLAN.cluster["name"])
 
 
 # The cluster's calibration: what was measured on it, else the file config/calibration ships
@@ -59,7 +60,7 @@ rule calibrate:
     output:
         CALIBRATION_MEASURED,
     log:
-        f"results/{PLAN.cluster['name']}/logs/calibrate.log",
+        f"{layout.cluster_results(PLAN.cluster['name'])}/logs/calibrate.log",
     conda:
         "../../envs/train.yaml"
     threads: CALIBRATION_THREADS
@@ -67,8 +68,11 @@ rule calibrate:
         **{**CALIBRATION_NODE, "runtime": 10},
     params:
         cluster=PLAN.cluster["name"],
+        # the working directory's clusters, where the user wrote theirs (not the install's)
+        cluster_dir=str(layout.CLUSTER_DIR),
     shell:
-        "python -m offload_study.prediction.calibrate --cluster {params.cluster:q} --cores {threads}"
+        "python -m offload_study.prediction.calibrate --cluster {params.cluster:q}"
+        " --cluster-dir {params.cluster_dir:q} --cores {threads}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -78,7 +82,7 @@ rule plan:
     """
     input:
         summary=rules.plan_summary.output[0],
-        specs=expand(f"{RESULTS}/configs/{{scenario}}.run.json", scenario=SCENARIOS),
+        specs=expand(layout.run_spec_path(RESULTS, "{scenario}"), scenario=SCENARIOS),
         calibration=CALIBRATION,
     output:
         json=f"{RESULTS}/plan.json",
@@ -90,7 +94,7 @@ rule plan:
     shell:
         # A refusal (DeepSpeed's parser, the op preflight) ends the log: on failure its last
         # lines go to the terminal too, so the reason is not only in the log file.
-        "python -m offload_study.planning.plan --plan-json {input.summary:q} --out {output.json:q}"
+        "python -m offload_study.admission.admit --plan-json {input.summary:q} --out {output.json:q}"
         " --plan-csv {output.csv:q} --calibration {input.calibration:q} {input.specs:q}"
         " > {log:q} 2>&1 || {{ status=$?; echo 'plan refused; the end of' {log:q} >&2;"
         " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"

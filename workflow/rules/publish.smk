@@ -8,12 +8,25 @@ PUBLISHED_BUNDLES = sorted(
 )
 
 
+# Every report and recommend page already under reports/<cluster>/<study>/ (committed ones
+# included; across.headlines): the index links each. Inputs, so that a newer page makes publish
+# run again; this study's own pages come through its bundle (never a reason to rerun its runs).
+PUBLISHED_PAGES = sorted(
+    str(p)
+    for name in ("report.html", "recommend.html")
+    for p in Path(layout.REPORTS_ROOT).glob(f"*/*/{name}")
+    if p.parts[1] not in ("site", "compare") and str(p.parent) != REPORT_DIR
+)
+
+
 rule publish:
-    """Static, self-contained site: reports/index.html, a page per study x cluster and a
-    comparison per study measured on several clusters; every page links to its bundle.
+    """Static, self-contained site: reports/index.html (every report and recommend page under
+    reports/<cluster>/<study>/ with its headline), a page per bundle and a comparison per study
+    measured on several clusters; every bundle's page links to its bundle.
     """
     input:
-        PUBLISHED_BUNDLES,
+        bundles=PUBLISHED_BUNDLES,
+        pages=PUBLISHED_PAGES,
     output:
         index="reports/index.html",
         site=directory("reports/site"),
@@ -21,6 +34,8 @@ rule publish:
         "logs/publish.log",
     conda:
         "../../envs/analysis.yaml"
+    params:
+        reports=lambda wc, output: os.path.dirname(output.index),  # reports/, beside the index
     shell:
-        "python -m offload_study.across.site --index {output.index:q} --site-dir {output.site:q} {input:q}"
-        " > {log:q} 2>&1"
+        "python -m offload_study.across.site --index {output.index:q} --site-dir {output.site:q}"
+        " --reports-root {params.reports:q} {input.bundles:q} > {log:q} 2>&1"

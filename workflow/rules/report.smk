@@ -18,8 +18,10 @@ rule report:
         ),
         relative_speed=report_figure("relative_speed", "relative speed"),
         speed_vs_gpu_memory=report_figure("speed_vs_gpu_memory", "speed vs memory"),
+        memory_tradeoff=report_figure("memory_tradeoff", "GPU vs host memory"),
         step_breakdown=report_figure("step_breakdown", "step-time breakdown"),
         speed_vs_gas=report_figure("speed_vs_gas", "speed vs gradient accumulation"),
+        step_series=report_figure("step_series", "step time per run"),
     log:
         f"{RESULTS}/logs/report.log",
     conda:

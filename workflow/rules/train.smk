@@ -12,14 +12,14 @@ TRAIN_PRIORITY = (
 rule train:
     """One scenario x repeat: a real DeepSpeed run; failures become an outcome in metrics.json."""
     input:
-        spec=f"{RESULTS}/configs/{{scenario}}.run.json",
-        ds_config=f"{RESULTS}/configs/{{scenario}}.json",
+        spec=layout.run_spec_path(RESULTS, "{scenario}"),
+        ds_config=layout.ds_config_path(RESULTS, "{scenario}"),
         # Ordering only: train after every config passed DeepSpeed's parser (ancient: no re-runs).
         plan=ancient(f"{RESULTS}/plan.json"),
     output:
-        metrics=f"{RESULTS}/{{scenario}}/rep{{rep}}/metrics.json",
-        steps=f"{RESULTS}/{{scenario}}/rep{{rep}}/steps.csv",
-        provenance=f"{RESULTS}/{{scenario}}/rep{{rep}}/provenance.json",
+        metrics=f"{RECORD}/metrics.json",
+        steps=f"{RECORD}/steps.csv",
+        provenance=f"{RECORD}/provenance.json",
     log:
         f"{RESULTS}/logs/train/{{scenario}}.rep{{rep}}.log",
     priority: TRAIN_PRIORITY

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offload_study import __version__
-from offload_study.core import contracts, yamlsafe
+from offload_study.core import layout, yamlsafe
 from offload_study.core.contracts import read_json, sha256_file
 from offload_study.core.study import load_schema
 
@@ -98,19 +98,19 @@ def bundle_name(study: str, cluster: str) -> str:
 
 def study_dir(cluster: str, study: str) -> str:
     """The study's results folder, relative to the working tree (and to a bundle's top)."""
-    return f"results/{cluster}/{study}"
+    return layout.study_dir(cluster, study)
 
 
 def calibration_path(cluster: str) -> str:
     """Where a bundle carries the cluster's calibration (where calibrate writes it)."""
-    return f"results/{cluster}/{contracts.CALIBRATION_FILE}"
+    return layout.measured_calibration(cluster)
 
 
 def calibration_source(root: Path, cluster: str) -> Path | None:
     """The cluster's calibration: measured here (results/), else shipped (config/calibration/)."""
     for path in (
         root / calibration_path(cluster),
-        root / "config" / "calibration" / f"{cluster}.json",
+        root / layout.shipped_calibration(cluster),
     ):
         if path.is_file():
             return path
@@ -118,6 +118,7 @@ def calibration_source(root: Path, cluster: str) -> Path | None:
 
 
 def report_path(study: str) -> str:
+    """Where a bundle carries its report (inside the bundle, whose top names the cluster)."""
     return f"reports/{study}/report.html"
 
 
@@ -289,9 +290,42 @@ def extract(path: str | Path, into: str | Path, limits: Limits = LIMITS) -> Bund
 
 @contextlib.contextmanager
 def opened(paths: Sequence[str | Path], limits: Limits = LIMITS) -> Iterator[list[Bundle]]:
-    """The bundles, checked and extracted into a temp folder that is removed afterwards."""
+    """The bundles, checked and extracted into a temp folder that is removed afterwards.
+
+    A folder of published records (e.g. ``docs/results/<cluster>/<study>``) is bundled on the fly
+    (:func:`create_from_records`) and then checked like any other bundle: compare and check take
+    our published records without a second copy of them in the repository."""
     with tempfile.TemporaryDirectory(prefix="offload-study-bundles-") as tmp:
-        yield [extract(p, Path(tmp) / str(i), limits) for i, p in enumerate(paths)]
+        found = []
+        for i, given in enumerate(paths):
+            made = Path(tmp) / f"made{i}{SUFFIX}"
+            path = create_from_records(given, made) if Path(given).is_dir() else given
+            b = extract(path, Path(tmp) / str(i), limits)
+            found.append(dataclasses.replace(b, path=Path(given)) if path == made else b)
+        yield found
+
+
+def create_from_records(folder: str | Path, out: str | Path) -> Path:
+    """Bundle a study folder laid out like ``results/<cluster>/<study>`` (its plan.json names the
+    study and the cluster) into ``out``; returns ``out``."""
+    folder = Path(folder)
+    try:
+        plan = read_json(folder / "plan.json")
+        study, cluster = plan["study"], plan["cluster"]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise BundleError(
+            f"{folder}: not a study's records (plan.json naming study and cluster: {e!r})"
+        ) from None
+    if not (valid_name(study) and valid_name(cluster)):
+        raise BundleError(
+            f"{folder}/plan.json: study {study!r} or cluster {cluster!r} is not a valid name"
+        )
+    with tempfile.TemporaryDirectory(prefix="offload-study-records-") as tmp:
+        tree = Path(tmp) / study_dir(cluster, study)
+        # links are kept as links, so that member_paths refuses them as in any bundle
+        shutil.copytree(folder, tree, symlinks=True, ignore=shutil.ignore_patterns(*SKIPPED_DIRS))
+        create(tmp, cluster, study, out)
+    return Path(out)
 
 
 def _extract_members(path: Path, into: Path, limits: Limits) -> tuple[str, dict]:

@@ -9,9 +9,11 @@ CLI::
 A reference (schema ``schemas/references.schema.yaml``) is an expected value of one summary
 column for one scenario, with a lower and an upper tolerance as fractions of the value; it
 applies to any cluster, to one device model or to one cluster, and the most specific one wins.
-Prints one verdict per scenario and exits 1 when a referenced scenario measured outside its band
-or measured nothing, so a cluster's CI can run a small study and fail on a regression; 2 on a
-bad reference file (one error naming the file and key, before anything is compared).
+Prints one verdict per scenario, judged by the one band rule (core.verdict.band: the whole
+95 % CI inside the band passes, wholly outside fails, across an edge is inconclusive), and exits 1
+when a referenced scenario failed, was inconclusive or measured nothing: a gate passes only what
+reproduces, so a cluster's CI can run a small study and fail on a regression; 2 on a bad
+reference file (one error naming the file and key, before anything is compared).
 :func:`verdicts` is the function the report uses.
 """
 
@@ -28,94 +30,24 @@ import pandas as pd
 from offload_study.across import bundle, compare
 from offload_study.analysis import collect
 from offload_study.analysis.report import views
-from offload_study.core import contracts
-from offload_study.core.study import REPO_ROOT, StudyError, load_schema, read_yaml, validate
+from offload_study.core import contracts, verdict
+from offload_study.core.layout import REFERENCES_DIR
+from offload_study.core.references import Reference, format_number, load_references
+from offload_study.core.study import StudyError
 
-REFERENCES_DIR = REPO_ROOT / "config" / "references"
-_ENTRY = load_schema("references")["properties"]["references"]["items"]
-#: Summary columns a reference may name (the schema's enum).
-METRICS: list[str] = list(_ENTRY["properties"]["metric"]["enum"])
-PASS, FAIL, MISSING, NO_REFERENCE = "pass", "fail", "missing", "no reference"
-FAILING = (FAIL, MISSING)
-
-
-@dataclass(frozen=True)
-class Reference:
-    """One expected value: ``value`` with tolerances ``lower`` <= 0 <= ``upper`` (fractions)."""
-
-    file: str
-    study: str
-    scenario: str
-    metric: str
-    value: float
-    lower: float | None
-    upper: float | None
-    cluster: str | None
-    gpu_model: str | None
-    note: str
-    source: str
-
-    @property
-    def bounds(self) -> tuple[float | None, float | None]:
-        lo = None if self.lower is None else self.value * (1 + self.lower)
-        hi = None if self.upper is None else self.value * (1 + self.upper)
-        return lo, hi
-
-    @property
-    def specificity(self) -> int:
-        return 2 if self.cluster else 1 if self.gpu_model else 0
-
-    def applies(self, study: str, cluster: str, devices: set[str]) -> bool:
-        return (
-            self.study == study
-            and self.cluster in (None, cluster)
-            and (self.gpu_model is None or self.gpu_model in devices)
-        )
-
-    def band(self) -> str:
-        lo, hi = self.bounds
-        tol = f"{_tol(self.lower)}/{_tol(self.upper)}"
-        return f"{self.value:g} ({tol}: {_num(lo)} to {_num(hi)})"
-
-
-def _tol(t: float | None) -> str:
-    return "unbounded" if t is None else f"{100 * t:+g}%"
-
-
-def _num(v) -> str:
-    return "—" if v is None else f"{v:.4g}"
-
-
-def load_references(folder: str | Path = REFERENCES_DIR) -> list[Reference]:
-    """Every reference of every *.yaml in ``folder``, validated (StudyError names file and key)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise StudyError(f"{folder}: no references folder")
-    out = []
-    for path in sorted(folder.glob("*.yaml")):
-        doc = validate(read_yaml(path), "references", str(path))
-        for entry in doc["references"]:
-            out.append(Reference(file=str(path), study=doc["study"], source=doc["source"], **entry))
-    _refuse_duplicates(out)
-    return out
-
-
-def _refuse_duplicates(refs: list[Reference]) -> None:
-    seen: dict[tuple, Reference] = {}
-    for r in refs:
-        key = (r.study, r.scenario, r.metric, r.cluster, r.gpu_model)
-        if key in seen:
-            raise StudyError(
-                f"{r.file}: references: scenario {r.scenario!r} metric {r.metric!r} is also "
-                f"given in {seen[key].file} for the same cluster/gpu_model: keep one"
-            )
-        seen[key] = r
+PASS, FAIL, INCONCLUSIVE, MISSING, NO_REFERENCE = (
+    "pass", "fail", verdict.INCONCLUSIVE, "missing", "no reference"
+)  # fmt: skip
+FAILING = (FAIL, INCONCLUSIVE, MISSING)
+#: the band rule's verdict -> check's status
+STATUS = {verdict.REPRODUCED: PASS, verdict.NOT_REPRODUCED: FAIL,
+          verdict.INCONCLUSIVE: INCONCLUSIVE, verdict.NOT_MEASURED: MISSING}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Verdict:
     scenario: str
-    status: str  # PASS | FAIL | MISSING | NO_REFERENCE
+    status: str  # PASS | FAIL | INCONCLUSIVE | MISSING | NO_REFERENCE
     metric: str | None = None
     measured: float | None = None
     ci: tuple[float | None, float | None] = (None, None)
@@ -131,29 +63,40 @@ class Verdict:
         head = f"{self.status.upper():<12} {self.scenario}"
         if ref is None:
             return f"{head}: {self.message}"
-        ci = f" [{_num(self.ci[0])} to {_num(self.ci[1])}]" if self.ci[0] is not None else ""
-        text = f"{head}: {self.metric} {_num(self.measured)}{ci}, reference {ref.band()}"
+        ci = (
+            f" [{format_number(self.ci[0])} to {format_number(self.ci[1])}]"
+            if self.ci[0] is not None
+            else ""
+        )
+        text = f"{head}: {self.metric} {format_number(self.measured)}{ci}, reference {ref.band()}"
         return text + (f" — {self.message}" if self.message else "") + f" ({Path(ref.file).name})"
 
 
 def judge(scenario: str, row: views.Row, ref: Reference) -> Verdict:
-    """One scenario's measured value against its reference (pure)."""
+    """One scenario's measured value and its CI against its reference's band (pure), by the
+    band rule of core.verdict."""
     measured = row[ref.metric]
     ci = (row[f"{ref.metric}_ci_low"], row[f"{ref.metric}_ci_high"])
     found = {"scenario": scenario, "metric": ref.metric, "reference": ref, "ci": ci}
-    if not views.isnum(measured):
+    lo, hi = ref.bounds
+    status = STATUS[verdict.band(measured, *ci, lo, hi)]
+    if status == MISSING:
         why = f"nothing measured ({row['outcomes'] or 'no run record'})"
         return Verdict(status=MISSING, message=why, **found)
     measured = float(measured)
-    lo, hi = ref.bounds
     outside = "below" if lo is not None and measured < lo else None
     outside = outside or ("above" if hi is not None and measured > hi else None)
-    off = f"{100 * (measured / ref.value - 1):+.1f}% of the reference, {outside} its band"
-    notes = [off if outside else ref.note]
+    off = f"{100 * (measured / ref.value - 1):+.1f}% of the reference"
+    notes = {
+        PASS: ref.note,
+        FAIL: f"{off}, {outside} its band",
+        INCONCLUSIVE: f"{off}; inconclusive: the 95% CI crosses an edge of the band",
+    }
+    notes = [notes[status]]
     if row["flags"]:  # the summary's sanity flags: the number may not mean what it seems
         notes.append(f"flagged: {row['flags']}")
     message = "; ".join(n for n in notes if n)
-    return Verdict(status=FAIL if outside else PASS, measured=measured, message=message, **found)
+    return Verdict(status=status, measured=measured, message=message, **found)
 
 
 def verdicts(summary: pd.DataFrame, plan: dict, references: Sequence[Reference]) -> list[Verdict]:
@@ -237,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for v in found:
         print(f"  {v.line()}")
     failed = [v for v in found if v.failed]
-    counts = {s: sum(v.status == s for v in found) for s in (PASS, FAIL, MISSING, NO_REFERENCE)}
+    statuses = (PASS, FAIL, INCONCLUSIVE, MISSING, NO_REFERENCE)
+    counts = {s: sum(v.status == s for v in found) for s in statuses}
     print(
         "check: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,8 @@ from offload_study.across import bundle
 from offload_study.analysis import collect, sanity
 from offload_study.analysis.report import views
 from offload_study.analysis.report.render import _environment as _report_environment
-from offload_study.core import contracts
+from offload_study.core import contracts, layout
+from offload_study.core import verdict as verdict_rule
 
 N_BOOT = 2000
 MAX_REPEATS = 1000  # a bundle's plan.json asking for more is not a study's
@@ -131,7 +133,7 @@ def load_side(b: bundle.Bundle, label: str, seed: int = 0, n_boot: int = N_BOOT)
     """Collect one extracted bundle's records again (plan scenarios x repeats, as collect does)."""
     plan = _plan(b)
     paths = [
-        b.study_dir / s["name"] / f"rep{k}" / contracts.METRICS_FILE
+        Path(layout.record_dir(b.study_dir, s["name"], k)) / contracts.METRICS_FILE
         for s in plan["scenarios"]
         for k in range(plan["repeats"])
     ]
@@ -278,7 +280,8 @@ def blocking(side: Side, scenario: str) -> list[str]:
 
 def ratio(side: Side, ref: Side, scenario: str) -> dict:
     """tokens/s of ``side`` as a multiple of the reference side's, with its bootstrap CI, whether
-    that CI includes 1 (within noise), the sanity flags of either side and those that block."""
+    its verdict (core.verdict.speed: faster, slower, no difference shown or inconclusive),
+    the sanity flags of either side and those that block."""
     mine, theirs = side.row(scenario)["tokens_per_s"], ref.row(scenario)["tokens_per_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _ci(side.draws[scenario] / ref.draws[scenario])
@@ -286,7 +289,7 @@ def ratio(side: Side, ref: Side, scenario: str) -> dict:
         "value": mine / theirs,
         "ci_low": lo,
         "ci_high": hi,
-        "within_noise": lo is not None and lo <= 1 <= hi,
+        "verdict": verdict_rule.speed(mine / theirs, lo, hi),
         "flags": sorted(set(flags(ref, scenario) + flags(side, scenario))),
         "blocking": sorted(set(blocking(ref, scenario) + blocking(side, scenario))),
     }
@@ -364,7 +367,8 @@ def verdict(ref: Side, side: Side, against: list[dict], platform: list[dict]) ->
 
     ``against`` holds the side's entry of every scenario row (ratio or the reason for none).
     Like the report, it states no ratio with a blocking (implausible) flag as a finding, names
-    the cautions of those it states, and says when all are within noise.
+    the cautions of those it states, and counts the verdicts of the ratios it states
+    (core.verdict.speed).
     """
     found = [a for a in against if a["reason"] is None]
     if not found:
@@ -380,8 +384,9 @@ def verdict(ref: Side, side: Side, against: list[dict], platform: list[dict]) ->
     cautions = sorted({f for a in found for f in a["flags"]} - set(blocked))
     if blocked:
         text += f", flagged ({', '.join(blocked)}): not a finding"
-    elif all(a["within_noise"] for a in found):
-        text += ", within noise (every 95% CI includes 1×)"
+    else:
+        words = Counter(a["verdict"] for a in found)
+        text += " (" + ", ".join(f"{n} {word}" for word, n in words.most_common()) + ")"
     if cautions and not blocked:
         text += f", caution: {', '.join(cautions)}"
     diffs = [f"{d['fact']} ({' vs '.join(d['values'])})" for d in platform]

@@ -3,12 +3,15 @@
 CLI::
 
     python -m offload_study.across.site --index reports/index.html --site-dir reports/site \
-        bundles/*.tar.gz
+        --reports-root reports [bundles/*.tar.gz]
 
 What it writes (links are relative, so the folder can be served by any web server or opened
 from disk; no page loads anything from elsewhere)::
 
-    reports/index.html                  studies x clusters: report pages, bundles, compare pages
+    reports/index.html                  every report and recommend page under
+                                        reports/<cluster>/<study>/ (committed ones included),
+                                        each with a one-line headline; then studies x
+                                        clusters: report pages, bundles, compare pages
     reports/site/bundles/<b>.tar.gz     each bundle as given (every page links to its bundle)
     reports/site/pages/<b>.html         each bundle's report.html (rendered on its cluster), with
                                         a line linking the index and the bundle
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from offload_study.across import bundle, compare
+from offload_study.across import bundle, compare, headlines
 from offload_study.training import placement
 
 CSP = (
@@ -115,8 +118,14 @@ def _sides(bundles: list[bundle.Bundle]) -> list[compare.Side]:
     return [compare.load_side(b, labels[id(b)], seed=1000 * i) for i, b in enumerate(bundles)]
 
 
-def build(paths: Sequence[str | Path], index: str | Path, site_dir: str | Path) -> dict:
-    """Build the site from the bundles; returns what the index shows."""
+def build(
+    paths: Sequence[str | Path],
+    index: str | Path,
+    site_dir: str | Path,
+    reports_root: str | Path | None = None,
+) -> dict:
+    """Build the site from the bundles and the pages under reports_root; returns what the
+    index shows."""
     names = [Path(p).name for p in paths]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -133,6 +142,7 @@ def build(paths: Sequence[str | Path], index: str | Path, site_dir: str | Path) 
             groups.setdefault(e["bundle"].manifest.study, []).append(e)
         compares = {s: _publish_compare(s, g, site) for s, g in groups.items() if len(g) >= 2}
         view = _index_view(groups, compares, index)
+        view["pages"] = headlines.local_pages(reports_root, index) if reports_root else []
         html = compare.html_environment().get_template("site_index.html.j2").render(**view)
     placement.move_into_place(site.tmp, final)
     tmp_index = index.with_name(f"{index.name}.tmp-{os.getpid()}")
@@ -162,17 +172,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--index", required=True, help="the index page (reports/index.html)")
     ap.add_argument("--site-dir", required=True, help="folder of the site's pages and bundles")
-    ap.add_argument("bundles", nargs="+", help="bundles (.tar.gz) to publish")
+    ap.add_argument("--reports-root", help="index every report and recommend page under it "
+                    "(reports/<cluster>/<study>/{report,recommend}.html)")  # fmt: skip
+    ap.add_argument("bundles", nargs="*", help="bundles (.tar.gz) to publish")
     a = ap.parse_args(argv)
     try:
-        view = build(a.bundles, a.index, a.site_dir)
+        view = build(a.bundles, a.index, a.site_dir, a.reports_root)
     except bundle.BundleError as e:
         print(f"site: {e}")
         return 1
     n_pages = sum(1 for s in view["studies"] for r in s["rows"] if r["page"])
     n_compare = sum(1 for s in view["studies"] if s["compare_href"])
-    print(f"site: wrote {a.index} and {a.site_dir}: {len(a.bundles)} bundles, "
-          f"{n_pages} report pages, {n_compare} compare pages")  # fmt: skip
+    print(f"site: wrote {a.index} and {a.site_dir}: {len(view['pages'])} pages indexed, "
+          f"{len(a.bundles)} bundles, {n_pages} bundle report pages, {n_compare} compare pages")  # fmt: skip
     return 0
 
 

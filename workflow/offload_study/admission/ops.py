@@ -97,10 +97,23 @@ SHARED_LOCK_STALE_S = 30 * 60
 RECHECK_S = 0.5
 
 
+def extensions_root() -> Path:
+    """torch's JIT build folder (torch.utils.cpp_extension._get_build_directory's rule)."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    if torch.version.hip:
+        device = f"rocm{torch.version.hip.replace('.', '')}"
+    else:
+        device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(get_default_build_root(), f"{py}_{device}")
+
+
 def build_dir(name: str) -> Path:
     """Where torch's JIT build of op ``name`` (DeepSpeed's op name) happens and locks."""
-    from offload_study.admission.preflight import extensions_root  # preflight imports this module
-
     return extensions_root() / name
 
 

@@ -13,9 +13,9 @@ async_io: does a test program link with -laio), ninja, on CUDA ``TORCH_CUDA_ARCH
 CUDA_HOME, and a C++ compiler unless the op is already built in torch's extension folder.
 
 The plan runs it where the plan runs (the train env); under SLURM the compute nodes may differ,
-so the runner runs it again before each launch (:func:`refusal`) and records a refused run as
-``op_build_error`` without starting it. A machine without a CUDA device cannot check a cuda
-cluster's ops: those runs are skipped with a note, never refused.
+so the runner runs it again before each launch (admission.admit.at_launch) and records a
+refused run as ``op_build_error`` (its fix first) without starting it. A machine without a CUDA device
+cannot check a cuda cluster's ops: those runs are skipped with a note, never refused.
 
     python -m offload_study.admission.preflight configs/*.run.json     (exit 1 when a run is refused)
 """
@@ -60,6 +60,11 @@ class OpVerdict:
     missing: str | None = None
     detail: str = ""
     built: bool = True  # False: it compiles in the first run that needs it
+
+    @property
+    def fix(self) -> str | None:
+        """How to get the missing piece (ops.remedy); None when nothing is missing."""
+        return ops.remedy(self.missing, self.op, self.accelerator) if self.missing else None
 
 
 # ----------------------------------------------------------------------------- probes
@@ -106,21 +111,6 @@ def cuda_toolchain(builder, _op: str) -> tuple[str, str] | None:
 PROBES: list[Probe] = [compatible, ninja, cuda_toolchain]
 
 
-def extensions_root() -> Path:
-    """torch's JIT build folder (torch.utils.cpp_extension._get_build_directory's rule)."""
-    import torch
-    from torch.utils.cpp_extension import get_default_build_root
-
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    if torch.version.hip:
-        device = f"rocm{torch.version.hip.replace('.', '')}"
-    else:
-        device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-    py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-    return Path(get_default_build_root(), f"{py}_{device}")
-
-
 def _prebuilt(builder, accelerator: str) -> bool:
     from deepspeed.git_version_info import accelerator_name, installed_ops
 
@@ -144,7 +134,7 @@ def check_op(op: str, accelerator: str) -> OpVerdict:
         found = probe(builder, op)
         if found:
             return OpVerdict(op, accelerator, *found)
-    built = any((extensions_root() / builder.name).glob(f"{builder.name}*.so"))
+    built = any((ops.extensions_root() / builder.name).glob(f"{builder.name}*.so"))
     if not built and not _compiler():
         cxx = os.environ.get("CXX", "c++")
         return OpVerdict(op, accelerator, "compiler", f"no C++ compiler ({cxx}) to build it")
@@ -159,9 +149,12 @@ class Preflight:
     host: str
     refusals: dict[str, str]
     notes: list[str]
+    # scenario -> the fix of its refusal, a value that leads the excerpt of a run the runner
+    # refuses (not in plan.json: its refusal line says it)
+    fixes: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {"host": self.host, "refusals": self.refusals, "notes": self.notes}
 
 
 def machine_can_check(accelerator: str) -> bool:
@@ -174,10 +167,9 @@ def machine_can_check(accelerator: str) -> bool:
 
 
 def refusal_line(scenario: str, verdict: OpVerdict, host: str) -> str:
-    fix = ops.remedy(verdict.missing, verdict.op, verdict.accelerator)
     return (
         f"scenario {scenario}: DeepSpeed op {verdict.op} cannot be built on {host}: "
-        f"{verdict.detail} — {fix}"
+        f"{verdict.detail} — {verdict.fix}"
     )
 
 
@@ -204,6 +196,7 @@ def check_runs(specs: Iterable[RunSpec]) -> Preflight:
     host = socket.gethostname()
     verdicts: dict[tuple[str, str], OpVerdict] = {}
     refusals: dict[str, str] = {}
+    fixes: dict[str, str] = {}
     skipped: set[str] = set()
     for spec in specs:
         if not machine_can_check(spec.accelerator):
@@ -214,8 +207,9 @@ def check_runs(specs: Iterable[RunSpec]) -> Preflight:
             verdict = verdicts[key] = verdicts.get(key) or check_op(op, spec.accelerator)
             if verdict.missing:
                 refusals[spec.scenario] = refusal_line(spec.scenario, verdict, host)
+                fixes[spec.scenario] = verdict.fix
                 break
-    return Preflight(host, refusals, _notes(verdicts.values(), skipped, host))
+    return Preflight(host, refusals, _notes(verdicts.values(), skipped, host), fixes)
 
 
 def plan_gate(specs: Iterable[RunSpec], mode: str) -> tuple[dict, list[str], bool]:
@@ -240,11 +234,6 @@ def plan_gate(specs: Iterable[RunSpec], mode: str) -> tuple[dict, list[str], boo
             else f"preflight: warn: these scenarios will be recorded as op_build_error, {where}"
         )
     return {"mode": mode, **result.to_dict()}, lines, stops
-
-
-def refusal(spec: RunSpec) -> str | None:
-    """The runner's check just before it launches: the refusal line of ``spec``, or None."""
-    return check_runs([spec]).refusals.get(spec.scenario)
 
 
 def main(argv=None) -> int:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from offload_study.analysis import sanity
-from offload_study.core import contracts
+from offload_study.core import contracts, layout
 
 _METRICS = contracts.metrics_schema()["properties"]
 
@@ -79,7 +79,8 @@ def _run_spec_identity(metrics_path: Path, ident: dict) -> dict:
     scen = ident.get("scenario")
     if not scen:
         return {}
-    spec = _read_json_object(metrics_path.parents[2] / "configs" / f"{scen}.run.json")
+    study = layout.study_of_record(metrics_path.parent)
+    spec = _read_json_object(Path(layout.run_spec_path(study, scen)))
     keep = set(RUN_COLUMNS) - {"outcome", "error_excerpt", "repeat"}
     return {k: v for k, v in (spec or {}).items() if k in keep}
 

@@ -95,20 +95,15 @@ def accumulation_slower(facts: Facts, tol: float) -> str | None:
     below the peer's median: accumulation only removes optimizer steps per token."""
     row = facts.row
     high = _num(row.get("tokens_per_s_ci_high"))
-    settings = contracts.settings_of(row, _SAME_BUT_GAS)
-    if not _offloads_nothing(row) or not math.isfinite(high) or settings is None:
+    if not _offloads_nothing(row) or not math.isfinite(high):
         return None
-    for name, peer in facts.peers.items():
-        comparable = (
-            _offloads_nothing(peer)
-            and _num(peer.get(_GAS)) < _num(row.get(_GAS))
-            and contracts.settings_of(peer, _SAME_BUT_GAS) == settings
-        )
-        if comparable and high < _num(peer.get("tokens_per_s")) * (1 - tol):
+    for peer in contracts.no_offload_pairs(row, facts.peers.values(), _SAME_BUT_GAS):
+        fewer = _num(peer.get(_GAS)) < _num(row.get(_GAS))
+        if fewer and high < _num(peer.get("tokens_per_s")) * (1 - tol):
             return (
                 f"gas {_num(row[_GAS]):g}: {_tps(row['tokens_per_s'])}, 95% CI up to "
                 f"{_tps(high)}, below the {_tps(peer['tokens_per_s'])} of gas "
-                f"{_num(peer[_GAS]):g} ('{name}')"
+                f"{_num(peer[_GAS]):g} ('{peer['scenario']}')"
             )
     return None
 

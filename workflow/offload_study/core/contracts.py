@@ -35,6 +35,7 @@ from typing import Any
 
 import jsonschema
 
+from offload_study.core import layout, units
 from offload_study.core.study import StudyError, load_schema
 
 # --------------------------------------------------------------------------- file names
@@ -171,6 +172,19 @@ def sha256_file(path: str | Path, missing_ok: bool = False) -> str | None:
         raise
 
 
+def plain_data(value: Any) -> Any:
+    """``dataclasses.asdict`` for the plain data of contracts (dataclasses, dicts, lists, tuples
+    of JSON values), without its deep copy of every leaf: a 1,000-run dry run converts each run
+    spec twice while Snakemake parses the workflow (benchmarks/dryrun_overhead.py)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain_data(v) for v in value)
+    return value
+
+
 def _from_mapping(cls, data: Mapping, source: str):
     """A dataclass from a dict with exactly its keys (those with defaults may be left out)."""
     fields = dataclasses.fields(cls)
@@ -262,15 +276,17 @@ class RunSpec:
     gpus_per_node: int
     world_size: int
     accelerator: str  # the cluster's: cpu | cuda
-    gpu_mem_gb: float | None  # the card the scenario stands for
-    cluster_gpu_mem_gb: float | None  # the cluster's real card
+    # Memory sizes keep their config keys' names (run.json, plan.json, metrics.json) and unit,
+    # GiB (offload_study.core.units); code reads them in bytes through the *_bytes properties.
+    gpu_mem_gb: float | None  # GiB: the card the scenario stands for
+    cluster_gpu_mem_gb: float | None  # GiB: the cluster's real card
     gpu_model: str | None  # the cluster's GPU model (peak-TFLOPS lookup when torch names none)
     peak_tflops: float | None  # the cluster's override of the peak-TFLOPS table (MFU)
-    cpu_mem_gb: float | None
+    cpu_mem_gb: float | None  # GiB: host memory per node the run may use
     offload_optimizer: str  # none | cpu | nvme
     offload_param: str
     nvme_path: str | None  # set only when the run offloads to NVMe
-    nvme_capacity_gb: float | None  # space at the cluster's nvme_path
+    nvme_capacity_gb: float | None  # GiB: space at the cluster's nvme_path
     pin_memory: bool | None  # None: DeepSpeed's default (left out of the offload blocks)
     zero: dict  # zero_optimization overrides (study, scenario, sweep)
     aio: dict
@@ -290,6 +306,22 @@ class RunSpec:
     @property
     def uses_nvme(self) -> bool:
         return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    @property
+    def gpu_mem_bytes(self) -> int | None:
+        return units.gib_to_bytes_or_none(self.gpu_mem_gb)
+
+    @property
+    def cluster_gpu_mem_bytes(self) -> int | None:
+        return units.gib_to_bytes_or_none(self.cluster_gpu_mem_gb)
+
+    @property
+    def cpu_mem_bytes(self) -> int | None:
+        return units.gib_to_bytes_or_none(self.cpu_mem_gb)
+
+    @property
+    def nvme_capacity_bytes(self) -> int | None:
+        return units.gib_to_bytes_or_none(self.nvme_capacity_gb)
 
     def pair_spec(self) -> RunSpec | None:
         """The run spec of :attr:`same_allocation_pair` (None when there is none)."""
@@ -312,7 +344,7 @@ class RunSpec:
         """The spec as JSON-ready dict; without a pair run the ``same_allocation_pair`` key is
         left out, so a study that leaves the option off writes the run specs it wrote before
         (Snakemake sees no changed params and re-runs nothing)."""
-        out = dataclasses.asdict(self)
+        out = plain_data(self)
         if out["same_allocation_pair"] is None:
             del out["same_allocation_pair"]
         return out
@@ -570,8 +602,10 @@ def read_calibration(path: str | Path) -> Calibration:
 class Prediction:
     """One row of plan.csv: what the plan predicts for one scenario before anything runs.
 
-    Memory in GiB (2**30 B) per GPU and per node, NVMe in GB (1e9 B) per node, times in seconds
-    per optimizer step; ``ds_*`` are DeepSpeed's own estimator (model states only).
+    Memory in GiB (2**30 B) per GPU and per node, NVMe in GiB per node, times in seconds per
+    optimizer step; ``ds_*`` are DeepSpeed's own estimator (model states only). Plans written
+    before NVMe was counted in GiB have ``nvme_gb``/``nvme_budget_gb`` columns in GB (1e9 B):
+    :func:`read_predictions` reads them into the GiB fields.
     """
 
     scenario: str
@@ -582,8 +616,8 @@ class Prediction:
     gpu_budget_gib: float | None
     host_gib: float | None  # peak RSS per node
     host_budget_gib: float | None
-    nvme_gb: float | None  # swap files per node
-    nvme_budget_gb: float | None
+    nvme_gib: float | None  # swap files per node
+    nvme_budget_gib: float | None
     ds_gpu_gib: float | None
     ds_host_gib: float | None
     step_time_s: float | None
@@ -616,7 +650,7 @@ def _prediction_cell(text: str, kind: str):
 
 def plan_csv_of(record_outdir: Path) -> Path:
     """results/<cluster>/<study>/<scenario>/rep<k> -> results/<cluster>/<study>/plan.csv"""
-    return record_outdir.parent.parent / PLAN_CSV
+    return layout.study_of_record(record_outdir) / PLAN_CSV
 
 
 def write_predictions(path: str | Path, rows: Iterable[Prediction]) -> None:
@@ -631,35 +665,26 @@ def write_predictions(path: str | Path, rows: Iterable[Prediction]) -> None:
     os.replace(tmp, path)
 
 
+#: plan.csv columns of older plans, in GB (1e9 B) -> the GiB field they fill
+_GB_COLUMNS = {"nvme_gb": "nvme_gib", "nvme_budget_gb": "nvme_budget_gib"}
+
+
 def read_predictions(path: str | Path) -> dict[str, Prediction]:
-    """scenario -> its row of plan.csv."""
+    """scenario -> its row of plan.csv (an older plan's GB columns read as GiB)."""
     kinds = {f.name: str(f.type) for f in dataclasses.fields(Prediction)}
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     out = {}
     for row in rows:
+        for gb, gib in _GB_COLUMNS.items():
+            if gib not in row and row.get(gb):
+                row[gib] = str(units.bytes_to_gib(float(row[gb]) * units.GB))
         values = {k: _prediction_cell(row.get(k, ""), kinds[k]) for k in PREDICTION_COLUMNS}
         out[values["scenario"]] = Prediction(**values)
     return out
 
 
 # --------------------------------------------------------------------------- shared rules
-def no_offload_pairs(row: Mapping, rows: Sequence[Mapping]) -> list[Mapping]:
-    """The no-offload partners of ``row`` among ``rows`` (run specs or summary rows, in study
-    order): the scenarios that offload nothing and share its :data:`SAME_SETTINGS_KEYS`, those
-    with its ``gpu_mem_gb`` first. One rule for collect's pairs and the plan's same-allocation
-    pair runs."""
-    settings = settings_of(row)
-    if settings is None:
-        return []
-    same = [
-        r for r in rows
-        if offloads_nothing(r["offload_optimizer"], r["offload_param"])
-        and settings_of(r) == settings
-    ]  # fmt: skip
-    return sorted(same, key=lambda r: r["gpu_mem_gb"] != row["gpu_mem_gb"])
-
-
 def choose_baseline(
     scenarios: Sequence[str], requested: str | None, offloads: Mapping[str, tuple[str, str]]
 ) -> str | None:
@@ -696,3 +721,23 @@ def settings_of(row: Mapping, keys: Sequence[str] = SAME_SETTINGS_KEYS) -> tuple
     except (KeyError, TypeError, ValueError):
         return None
     return values if all(v == v for v in values) else None  # v != v: NaN
+
+
+def no_offload_pairs(
+    row: Mapping, rows: Iterable[Mapping], keys: Sequence[str] = SAME_SETTINGS_KEYS
+) -> list[Mapping]:
+    """The no-offload partners of ``row`` among ``rows`` (run specs, plan scenarios or summary
+    rows, in study order): the scenarios that offload nothing and share its values of ``keys``,
+    those with its ``gpu_mem_gb`` first; none when one of its ``keys`` is unknown. ``row`` itself
+    is among them when it offloads nothing. The one pairing rule: collect's pairs, the plan's
+    same-allocation pair runs, the report's predicted overhead and the sanity checks (which
+    leave the accumulation out of ``keys`` to compare it)."""
+    settings = settings_of(row, keys)
+    if settings is None:
+        return []
+    same = [
+        r for r in rows
+        if offloads_nothing(r.get("offload_optimizer"), r.get("offload_param"))
+        and settings_of(r, keys) == settings
+    ]  # fmt: skip
+    return sorted(same, key=lambda r: r.get("gpu_mem_gb") != row.get("gpu_mem_gb"))

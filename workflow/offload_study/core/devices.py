@@ -16,6 +16,7 @@ Model FLOPs per token (training, forward + backward), N = parameter count:
 from __future__ import annotations
 
 import platform
+import socket
 from pathlib import Path
 
 # dense bf16/fp16 peak TFLOP/s per device (datasheet, without sparsity)
@@ -111,3 +112,13 @@ def cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (bind to port 0). Small race window; recorded per run.
+
+    The one free-port helper (the launcher's, and DeepSpeed's one-process config check)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -21,9 +21,7 @@ import jsonschema
 import yaml
 
 from offload_study.core import yamlsafe
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-CLUSTER_DIR = REPO_ROOT / "config" / "clusters"
+from offload_study.core.layout import CLUSTER_DIR  # relative: from the workflow's working dir
 
 
 class StudyError(ValueError):
@@ -252,8 +250,10 @@ def load_cluster(name: str, cluster_dir: str | Path = CLUSTER_DIR) -> dict:
     path = Path(cluster_dir) / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in Path(cluster_dir).glob("*.yaml"))
+        where = "" if path.is_absolute() else f" in the working directory {Path.cwd()}"
         raise StudyError(
-            f"cluster: no cluster description {path} for cluster {name!r}; known: {', '.join(known)}"
+            f"cluster: no cluster description {path}{where} for cluster {name!r}; "
+            f"known: {', '.join(known) or 'none'}"
         )
     cluster = validate(read_yaml(path), "cluster", str(path))
     if cluster["name"] != name:

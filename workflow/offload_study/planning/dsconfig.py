@@ -1,7 +1,8 @@
 """DeepSpeed config generation: the seed's production ZeRO-3 config plus each scenario's offload.
 
-Key names are checked against the *installed* DeepSpeed, read from its source with ``ast`` so
-that planning does not pay for ``import deepspeed`` (seconds, and a GPU probe).
+What the *installed* DeepSpeed accepts is read here and only here: its config classes, read
+from its source with ``ast`` (cached) so that admission does not pay for ``import deepspeed``
+(seconds, and a GPU probe); admission (offload_study.admission.admit) asks the check_* functions.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import ast
 import dataclasses
 import difflib
 import functools
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -19,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from offload_study.core.contracts import RunSpec
-from offload_study.core.study import StudyError, shown
+from offload_study.core.devices import free_port
+from offload_study.core.study import StrictValidator, StudyError, shown
 from offload_study.planning import modes
-from offload_study.training.launch import free_port
 
 # The seed document's "ZeRO-3 production config" (shared/seed): the base of every scenario.
 SEED_ZERO3 = {
@@ -182,6 +184,86 @@ def installed_knobs() -> dict[str, dict[str, Knob]]:
 def installed_key_names() -> dict[str, set[str]]:
     """ZeRO, offload and aio key names of the installed DeepSpeed."""
     return {block: set(knobs) for block, knobs in installed_knobs().items()}
+
+
+#: Set by DeepSpeed at run time; its docstring says users should not set it.
+ZENFLOW_INTERNAL = {"steps_per_epoch"}
+
+
+def deepspeed_version() -> str:
+    try:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+@functools.lru_cache(maxsize=1)
+def installed_fields() -> dict[str, set[str]]:
+    """DeepSpeed section -> its field names, for the sections the modes use (zenflow: empty when
+    the installed DeepSpeed has no ZenFlow)."""
+    names = installed_key_names()
+    zenflow_src = _deepspeed_dir() / "runtime/zenflow/zenflow_config.py"
+    zenflow = set()
+    if zenflow_src.exists():
+        zenflow = set(_class_knobs(zenflow_src.read_text(), "ZenFlowConfig"))
+    return {  # a ZeRO config naming zenflow without its ZenFlowConfig: no ZenFlow either
+        "zero_optimization": names["zero"] - (set() if zenflow else {"zenflow"}),
+        "zero_optimization.offload_optimizer": names["offload_optimizer"],
+        "zero_optimization.zenflow": zenflow - ZENFLOW_INTERNAL,
+    }
+
+
+def _version_errors(key: str, where: str) -> list[str]:
+    section, _, field = modes.DEEPSPEED_KEYS[key].rpartition(".")
+    if field in installed_fields()[section]:
+        return []
+    return [
+        f"{where}.{key}: the installed DeepSpeed {deepspeed_version()} has no "
+        f"{modes.DEEPSPEED_KEYS[key]} (its config classes lack '{field}'); install a DeepSpeed "
+        "that has it or remove the key"
+    ]
+
+
+def _zenflow_errors(block: dict, where: str) -> list[str]:
+    known = installed_fields()["zero_optimization.zenflow"]
+    return [
+        f"{where}.zenflow.{key}: not a key of the installed DeepSpeed {deepspeed_version()}'s "
+        f"ZenFlowConfig (keys: {', '.join(sorted(known))})"
+        for key in block
+        if key not in known
+    ]
+
+
+def _mode_sweep_errors(scenario: dict, where: str) -> list[str]:
+    errors = []
+    for knob, values in scenario.get("sweep", {}).items():
+        if knob not in modes.SWEEPABLE:
+            continue
+        validator = StrictValidator(modes.SCENARIO_KEYS[knob])  # exact types (1.0 is no int)
+        for value in values:
+            errors += [f"{where}.sweep.{knob}: {value!r}: {err.message}"
+                       for err in validator.iter_errors(value)]  # fmt: skip
+    return errors
+
+
+def check_modes(scenario: dict, where: str) -> list[str]:
+    """Errors for the scenario's mode keys (own and swept; offload_study.planning.modes): the
+    installed DeepSpeed must have them, they need the optimizer offloaded to the CPU, and sweep
+    values must be valid."""
+    errors = _mode_sweep_errors(scenario, where)
+    swept = scenario.get("sweep", {})
+    for key in modes.DEEPSPEED_KEYS:
+        if not any(modes.is_set(key, v) for v in [scenario.get(key), *swept.get(key, [])]):
+            continue
+        errors += _version_errors(key, where)
+        if scenario["offload_optimizer"] != "cpu":
+            errors.append(
+                f"{where}.{key}: needs offload_optimizer: cpu (the scenario has "
+                f"{scenario['offload_optimizer']!r})"
+            )
+    if isinstance(scenario.get("zenflow"), dict) and not _version_errors("zenflow", where):
+        errors += _zenflow_errors(scenario["zenflow"], where)
+    return errors
 
 
 def _unknown_key_message(where: str, key: str, known) -> str:

@@ -10,122 +10,42 @@ Scenario keys (``schemas/study.schema.yaml``; the schema marks which a sweep may
 - ``pin_memory`` (the offload blocks'; null leaves DeepSpeed's default) and ``bind_cores`` (the
   harness binds each rank to its share of the granted cores).
 
-The plan checks them against the installed DeepSpeed's own config classes (read from source,
-like :func:`offload_study.planning.dsconfig.installed_key_names`): a DeepSpeed without a mode refuses the
-study naming the key and the version. The harness records what the engine used
-(:func:`effective`), metrics.json carries it as ``modes``.
+Admission checks them against the installed DeepSpeed's own config classes
+(:func:`offload_study.planning.dsconfig.check_modes`, read where every DeepSpeed class is read):
+a DeepSpeed without a mode refuses the study naming the key and the version. The harness records
+what the engine used (:func:`effective`), metrics.json carries it as ``modes``.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import os
 
-from offload_study.core.study import StrictValidator, load_schema
+from offload_study.core.study import load_schema
 
-_SCENARIO = load_schema("study")["properties"]["scenarios"]["items"]["properties"]
+#: The schema of a scenario's keys.
+SCENARIO_KEYS = load_schema("study")["properties"]["scenarios"]["items"]["properties"]
 #: Scenario keys a sweep may vary besides the batch and ZeRO knobs (the schema's x-sweepable).
-SWEEPABLE: tuple[str, ...] = tuple(k for k, v in _SCENARIO.items() if v.get("x-sweepable"))
+SWEEPABLE: tuple[str, ...] = tuple(k for k, v in SCENARIO_KEYS.items() if v.get("x-sweepable"))
 #: Scenario key -> the DeepSpeed key it becomes (the schema's x-deepspeed-key).
 DEEPSPEED_KEYS: dict[str, str] = {
-    k: v["x-deepspeed-key"] for k, v in _SCENARIO.items() if "x-deepspeed-key" in v
+    k: v["x-deepspeed-key"] for k, v in SCENARIO_KEYS.items() if "x-deepspeed-key" in v
 }
 #: The keys of RunSpec.modes (pin_memory keeps its own RunSpec field).
 MODE_KEYS: tuple[str, ...] = (*DEEPSPEED_KEYS, "bind_cores")
 #: Scenario keys that need the optimizer offloaded to the CPU.
 NEEDS_CPU_OPTIMIZER = tuple(DEEPSPEED_KEYS)
-#: Set by DeepSpeed at run time; its docstring says users should not set it.
-ZENFLOW_INTERNAL = {"steps_per_epoch"}
 
 
-def deepspeed_version() -> str:
-    try:
-        return importlib.metadata.version("deepspeed")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
-
-
-@functools.lru_cache(maxsize=1)
-def installed_fields() -> dict[str, set[str]]:
-    """DeepSpeed section -> its field names, for the sections the modes use (zenflow: empty when
-    the installed DeepSpeed has no ZenFlow)."""
-    from offload_study.planning import dsconfig  # dsconfig imports this module
-
-    names = dsconfig.installed_key_names()
-    zenflow_src = dsconfig._deepspeed_dir() / "runtime/zenflow/zenflow_config.py"
-    zenflow = set()
-    if zenflow_src.exists():
-        zenflow = set(dsconfig._class_knobs(zenflow_src.read_text(), "ZenFlowConfig"))
-    return {  # a ZeRO config naming zenflow without its ZenFlowConfig: no ZenFlow either
-        "zero_optimization": names["zero"] - (set() if zenflow else {"zenflow"}),
-        "zero_optimization.offload_optimizer": names["offload_optimizer"],
-        "zero_optimization.zenflow": zenflow - ZENFLOW_INTERNAL,
-    }
-
-
-def _is_set(key: str, value) -> bool:
+def is_set(key: str, value) -> bool:
+    """A mode value away from its default (ratio 1 offloads the whole optimizer: the default)."""
     return value not in (None, False) and not (key == "offload_optimizer_ratio" and value == 1)
-
-
-def _version_errors(key: str, where: str) -> list[str]:
-    section, _, field = DEEPSPEED_KEYS[key].rpartition(".")
-    if field in installed_fields()[section]:
-        return []
-    return [
-        f"{where}.{key}: the installed DeepSpeed {deepspeed_version()} has no "
-        f"{DEEPSPEED_KEYS[key]} (its config classes lack '{field}'); install a DeepSpeed that "
-        "has it or remove the key"
-    ]
-
-
-def _zenflow_errors(block: dict, where: str) -> list[str]:
-    known = installed_fields()["zero_optimization.zenflow"]
-    return [
-        f"{where}.zenflow.{key}: not a key of the installed DeepSpeed {deepspeed_version()}'s "
-        f"ZenFlowConfig (keys: {', '.join(sorted(known))})"
-        for key in block
-        if key not in known
-    ]
-
-
-def _sweep_value_errors(scenario: dict, where: str) -> list[str]:
-    errors = []
-    for knob, values in scenario.get("sweep", {}).items():
-        if knob not in SWEEPABLE:
-            continue
-        validator = StrictValidator(_SCENARIO[knob])  # the study's exact types (1.0 is no int)
-        for value in values:
-            errors += [f"{where}.sweep.{knob}: {value!r}: {err.message}"
-                       for err in validator.iter_errors(value)]  # fmt: skip
-    return errors
-
-
-def check_scenario(scenario: dict, where: str) -> list[str]:
-    """Errors for the scenario's mode keys (own and swept): the installed DeepSpeed must have
-    them, they need the optimizer offloaded to the CPU, and sweep values must be valid."""
-    errors = _sweep_value_errors(scenario, where)
-    swept = scenario.get("sweep", {})
-    for key in DEEPSPEED_KEYS:
-        values = [scenario.get(key), *swept.get(key, [])]
-        if not any(_is_set(key, v) for v in values):
-            continue
-        errors += _version_errors(key, where)
-        if scenario["offload_optimizer"] != "cpu":
-            errors.append(
-                f"{where}.{key}: needs offload_optimizer: cpu (the scenario has "
-                f"{scenario['offload_optimizer']!r})"
-            )
-    if isinstance(scenario.get("zenflow"), dict) and not _version_errors("zenflow", where):
-        errors += _zenflow_errors(scenario["zenflow"], where)
-    return errors
 
 
 def resolve(scenario: dict, combo: dict) -> tuple[bool | None, dict]:
     """(pin_memory, RunSpec.modes) of one sweep combo: the combo's values over the scenario's;
     modes keeps only keys away from their default, so a study without them plans as before."""
     values = {key: combo.get(key, scenario.get(key)) for key in (*MODE_KEYS, "pin_memory")}
-    modes = {key: values[key] for key in MODE_KEYS if _is_set(key, values[key])}
+    modes = {key: values[key] for key in MODE_KEYS if is_set(key, values[key])}
     return values["pin_memory"], modes
 
 

@@ -1,21 +1,19 @@
 """Expand a validated study into runs: scenarios x sweeps, in one place (like Ramble's matrices).
 
-``expand_plan`` is pure: study + cluster dicts in, a list of
-:class:`~offload_study.core.contracts.RunSpec` out (docs/design.md). Every semantic check that JSON schema cannot express happens here, before anything runs,
-and each error names the key path.
+``expand_plan`` is pure and never raises: study + cluster dicts in, a list of
+:class:`~offload_study.core.contracts.RunSpec` out (docs/design.md). It only computes; whether
+the runs may go ahead is admission's one judgement (offload_study.admission.admit), made on
+what this module returns: expand, then admit, then write (:func:`write_scenario_files`).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import math
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from offload_study.admission import preflight
+from offload_study.core import layout
 from offload_study.core.contracts import (
     DataSpec,
     MeasureSpec,
@@ -23,56 +21,15 @@ from offload_study.core.contracts import (
     OptimizerSpec,
     RunSpec,
     choose_baseline,
-    read_calibration,
-    read_json,
-    read_run_spec,
-    sha256_file,
     write_json,
-    write_predictions,
     write_run_spec,
 )
-from offload_study.core.study import StudyError, load_cluster, load_study, shown
+from offload_study.core.study import StudyError, load_cluster, load_study
 from offload_study.planning import dsconfig, modes, presets, samealloc
-from offload_study.planning.resources import check_fits
-from offload_study.prediction import predict
+from offload_study.planning.candidates import with_candidates
+from offload_study.planning.names import expanded_name
 
-# Short names for common sweep knobs, so generated scenario names stay readable.
-KNOB_ABBREV = {
-    "micro_batch": "mb",
-    "gradient_accumulation_steps": "gas",
-    "reduce_bucket_size": "rbs",
-    "stage3_prefetch_bucket_size": "pbs",
-    "prefetch_bucket_size": "pbs",
-    "stage3_max_live_parameters": "live",
-    "stage3_param_persistence_threshold": "persist",
-    "sub_group_size": "sgs",
-    "offload_optimizer_ratio": "ratio",
-    "bind_cores": "bind",
-    "pin_memory": "pin",
-    "super_offload": "super",
-}
 BATCH_KNOBS = ("micro_batch", "gradient_accumulation_steps")
-
-
-def format_value(value) -> str:
-    """5e8 -> '5e8', 1000000000 -> '1e9', 123456789 -> '1.23456789e8', 4 -> '4', True -> 'true'.
-
-    Every digit is kept (distinct values, distinct names); a value that 6 digits wrote exactly
-    keeps the name it had before.
-    """
-    value = dsconfig.normalize_number(value)
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int) and abs(value) >= 10_000:
-        digits = str(abs(value))  # exact: no float in between
-        mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0").rstrip(".")
-        return f"{'-' if value < 0 else ''}{mantissa}e{len(digits) - 1}"
-    return str(value)
-
-
-def expanded_name(base: str, combo: dict) -> str:
-    parts = [f"{KNOB_ABBREV.get(k, k)}-{format_value(v)}" for k, v in combo.items()]
-    return "__".join([base, *parts])
 
 
 def model_spec(study: dict) -> ModelSpec:
@@ -80,8 +37,8 @@ def model_spec(study: dict) -> ModelSpec:
     overrides = model.get("overrides", {})
     if "name_or_path" in model:
         return ModelSpec("pretrained", None, dict(overrides), model["name_or_path"])
-    if "preset" in model:  # a known preset: presets.check_model ran first (expand_plan)
-        config = {**presets.PRESETS[model["preset"]], **overrides}
+    if "preset" in model:  # an unknown preset is admission's to refuse (model.preset)
+        config = {**presets.PRESETS.get(model["preset"], {}), **overrides}
         return ModelSpec("config", model["preset"], config, None)
     return ModelSpec("config", None, {**model["config"], **overrides}, None)
 
@@ -108,29 +65,24 @@ def _sweep_combos(sweep: dict) -> list[dict]:
     ]
 
 
-def _batch(
-    study: dict, scenario: dict, combo: dict, world: int, where: str
-) -> tuple[int, int, int]:
-    """(micro_batch, gas, global_batch): the global batch stays the study's unless gas is fixed."""
+def positive_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def batch(study: dict, scenario: dict, combo: dict, world: int) -> tuple[int, int, int]:
+    """(micro_batch, gas, global_batch): the global batch stays the study's unless gas is fixed.
+    Where it does not divide (or a count is no count) the spec still gets numbers, gas rounded
+    down to at least 1, so that admission can name the key (offload_study.admission.admit)."""
     micro = dsconfig.normalize_number(
         combo.get("micro_batch", scenario.get("micro_batch", study["micro_batch"]))
     )
     gas = combo.get("gradient_accumulation_steps", scenario.get("gradient_accumulation_steps"))
-    for key, value in (("micro_batch", micro), ("gradient_accumulation_steps", gas)):
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            raise StudyError(f"{where}.sweep.{key}: {value!r} must be a positive integer")
+    micro = micro if positive_count(micro) else 1
     if gas is not None:
+        gas = gas if positive_count(gas) else 1
         return micro, gas, micro * gas * world
     global_batch = study["global_batch"]
-    if global_batch % (micro * world):
-        raise StudyError(
-            f"{where}: global_batch {global_batch} is not divisible by micro_batch {micro} × "
-            f"world_size {world} (= {micro * world}); gradient_accumulation_steps would not be "
-            "an integer. Change global_batch, micro_batch or the GPU count"
-        )
-    return micro, global_batch // (micro * world), global_batch
+    return micro, max(1, global_batch // (micro * world)), global_batch
 
 
 def _run_spec(
@@ -142,7 +94,7 @@ def _run_spec(
     zero.update({k: v for k, v in combo.items() if k not in BATCH_KNOBS + modes.SWEEPABLE})
     pin_memory, run_modes = modes.resolve(scenario, combo)
     model = model_spec(study)
-    nvme_path = scenario["nvme_path"] or cluster["nvme_path"]
+    nvme_path = scenario["nvme_path"] or cluster.get("nvme_path")
     uses_nvme = "nvme" in (scenario["offload_optimizer"], scenario["offload_param"])
     return RunSpec(
         study=study["study"],
@@ -206,65 +158,6 @@ def measure_fields(study: dict, scenario: dict) -> dict:
     }
 
 
-def _check_measure(study: dict, scenario: dict, where: str) -> None:
-    """Measure keys that contradict each other (each error names the key that set the value)."""
-    if study["measure"].get("mode") == "adaptive" and "steps" in study:
-        raise StudyError(
-            "steps: only the fixed mode uses it, but measure.mode is adaptive; remove steps "
-            "or set measure.mode: fixed"
-        )
-    m = measure_fields(study, scenario)["measure"]
-    own = scenario.get("measure", {})
-
-    def key(name: str) -> str:
-        return f"{where}.measure.{name}" if name in own else f"measure.{name}"
-
-    problems = [
-        (m.mode == "fixed" and "steps" not in study, "mode", "the fixed mode needs the study's steps"),
-        (m.min_warmup_steps > m.max_warmup_steps, "min_warmup_steps",
-         f"is above max_warmup_steps ({m.max_warmup_steps})"),
-        (2 * m.settle_window > m.max_warmup_steps, "max_warmup_steps",
-         f"is below 2 × settle_window ({m.settle_window}), so step times could never settle"),
-        (m.min_steps > m.max_steps, "min_steps", f"is above max_steps ({m.max_steps})"),
-    ]  # fmt: skip
-    for broken, name, why in problems:
-        if broken and (name == "mode" or m.mode == "adaptive"):
-            raise StudyError(f"{key(name)}: {getattr(m, name)!r} {why}")
-
-
-def _check_scenario_keys(scenario: dict, cluster: dict, where: str) -> None:
-    """ZeRO knobs the installed DeepSpeed knows, and a folder for NVMe offload."""
-    errors = dsconfig.check_zero_keys(scenario.get("zero", {}), f"{where}.zero")
-    for knob, values in scenario.get("sweep", {}).items():
-        if knob in BATCH_KNOBS:
-            errors += _count_errors(values, f"{where}.sweep.{knob}")
-        elif knob not in modes.SWEEPABLE:
-            errors += dsconfig.check_sweep_values(knob, values, f"{where}.sweep")
-    errors += modes.check_scenario(scenario, where)
-    if errors:
-        raise StudyError(errors[0])
-    devices = (scenario["offload_optimizer"], scenario["offload_param"])
-    path, key = nvme_path_key(scenario, cluster, where)
-    problem = dsconfig.nvme_path_problem(path) if path is not None else None
-    if problem and (key.startswith(where) or "nvme" in devices):
-        raise StudyError(f"{key}: {problem}")
-    if "nvme" in devices and not path:
-        key = "offload_optimizer" if devices[0] == "nvme" else "offload_param"
-        raise StudyError(
-            f"{where}.{key}: nvme offload needs a directory: set {where}.nvme_path or "
-            f"nvme_path in config/clusters/{cluster['name']}.yaml"
-        )
-
-
-def _count_errors(values: list, where: str) -> list[str]:
-    """Sweep values of micro_batch or gradient_accumulation_steps that are not counts."""
-    return [
-        f"{where}[{i}]: {shown(v)} is not allowed; allowed: a positive whole number (>= 1)"
-        for i, v in enumerate(values)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1
-    ]
-
-
 def nvme_path_key(scenario: dict, cluster: dict, where: str) -> tuple[str | None, str]:
     """A scenario's NVMe folder (its own, else the cluster's) and the key that sets it."""
     if scenario["nvme_path"] is not None:
@@ -272,104 +165,59 @@ def nvme_path_key(scenario: dict, cluster: dict, where: str) -> tuple[str | None
     return cluster["nvme_path"], f"nvme_path (config/clusters/{cluster['name']}.yaml)"
 
 
-def check_run_count(study: dict) -> None:
-    """Refuse a study with more runs than max_runs, counted before any sweep is expanded."""
-    sizes = [math.prod(map(len, sc.get("sweep", {}).values())) for sc in study["scenarios"]]
-    total = sum(sizes) * study["repeats"]
-    if total > study["max_runs"]:
-        big = max(range(len(sizes)), key=sizes.__getitem__)
-        biggest = (
-            f"; scenarios[{big}].sweep alone expands to {sizes[big]}" if sizes[big] > 1 else ""
-        )
-        raise StudyError(
-            f"max_runs: the study has {total} runs ({sum(sizes)} expanded scenarios × "
-            f"{study['repeats']} repeats{biggest}); allowed: at most max_runs = "
-            f"{study['max_runs']}: shrink the sweeps or repeats, or raise max_runs"
-        )
+def sweep_sizes(study: dict) -> list[int]:
+    """Expanded scenarios per scenario of the study, counted without expanding a sweep."""
+    return [math.prod(map(len, sc.get("sweep", {}).values())) for sc in study["scenarios"]]
 
 
-def _expand_scenario(study: dict, cluster: dict, scenario: dict, where: str) -> list[RunSpec]:
-    """One RunSpec per sweep combo. A scenario that does not fit the cluster is the root cause,
-    so that is reported before its batch arithmetic (which more GPUs can also break)."""
-    _check_scenario_keys(scenario, cluster, where)
-    _check_measure(study, scenario, where)
+def _expand_scenario(study: dict, cluster: dict, scenario: dict) -> list[RunSpec]:
+    """One RunSpec per sweep combo of the scenario."""
     world = scenario["gpus_per_node"] * scenario["nodes"]
-    runs = []
-    for combo in _sweep_combos(scenario.get("sweep", {})):
-        try:
-            batch, batch_error = _batch(study, scenario, combo, world, where), None
-        except StudyError as err:
-            batch, batch_error = (1, 1, world), err  # stand-in so that the fit is checked first
-        run = _run_spec(study, cluster, scenario, combo, batch)
-        if not run.predict_only:  # a prediction may stand for a bigger cluster than this one
-            check_fits(run, cluster, where)
-        if batch_error:
-            raise batch_error
-        runs.append(run)
-    return runs
+    return [
+        _run_spec(study, cluster, scenario, combo, batch(study, scenario, combo, world))
+        for combo in _sweep_combos(scenario.get("sweep", {}))
+    ]
 
 
 def expand_plan(study: dict, cluster: dict) -> list[RunSpec]:
-    """All runs of a validated study (one spec per expanded scenario; repeats are not expanded)."""
-    if study["cluster"] != cluster["name"]:
-        raise StudyError(
-            f"cluster: study names {study['cluster']!r} but got cluster {cluster['name']!r}"
-        )
-    check_run_count(study)
-    errors = dsconfig.check_zero_keys(study["zero"], "zero") + dsconfig.check_aio_keys(study["aio"])
-    if errors:
-        raise StudyError(errors[0])
-    presets.check_model(study["model"])
+    """All runs of a validated study (one spec per expanded scenario; repeats are not expanded).
+
+    Pure and never raises: admission judges what it returns. A study past max_runs is expanded
+    only up to max_runs expanded scenarios (a typo in a sweep must not plan millions); admission
+    counts the whole study and refuses it (max_runs)."""
     runs: list[RunSpec] = []
-    seen: dict[str, str] = {}
-    for index, scenario in enumerate(study["scenarios"]):
-        where = f"scenarios[{index}]"
-        if scenario["name"] in seen:
-            raise StudyError(
-                f"{where}.name: {scenario['name']!r} is used twice (also {seen[scenario['name']]})"
-            )
-        seen[scenario["name"]] = where
-        runs += _expand_scenario(study, cluster, scenario, where)
-        if len({r.scenario for r in runs}) != len(runs):
-            raise StudyError(f"{where}.sweep: expands to a scenario name that already exists")
-    baseline = study["baseline"]
-    if baseline is not None and baseline not in {r.scenario for r in runs} | set(seen):
-        raise StudyError(
-            f"baseline: {baseline!r} is not a scenario of this study; scenarios: {', '.join(seen)}"
-        )
-    return samealloc.attach_pairs(study, runs)
+    for scenario in study["scenarios"]:
+        if len(runs) >= study["max_runs"]:
+            break
+        runs += _expand_scenario(study, cluster, scenario)
+    return samealloc.attach_pairs(study, runs[: study["max_runs"]])
 
 
-def check_on_host(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
-    """Paths the plan can check where it is made: the token file and a pretrained model (read
-    here, by the plan, and by the runs on a shared file system), NVMe folders when the cluster
-    runs on this machine (scheduler local). Returns the checks left to the node that trains
-    (plan.json node_checks): the runner makes them first and records config_error."""
-    token_file = study["token_file"]
-    if token_file is not None and not Path(token_file).is_file():
-        raise StudyError(
-            f"token_file: {shown(token_file)}: no such file on this machine; allowed: an "
-            "existing .npy file of token ids (read by the runs too), or null for synthetic tokens"
-        )
-    if "name_or_path" in study["model"]:
-        presets.check_pretrained(study["model"]["name_or_path"], study["model"]["overrides"])
-    folders: dict[str, str] = {}  # NVMe folder -> the key that sets it
+def nvme_folders(study: dict, cluster: dict, runs: list[RunSpec]) -> dict[str, str]:
+    """NVMe folder -> the key that sets it, of every folder the trained runs write swap files to."""
+    folders: dict[str, str] = {}
     for index, scenario in enumerate(study["scenarios"]):
         path, key = nvme_path_key(scenario, cluster, f"scenarios[{index}]")
-        used = any(r.nvme_path == path and r.base_scenario == scenario["name"] for r in runs)
+        used = any(
+            r.nvme_path == path and r.base_scenario == scenario["name"] and not r.predict_only
+            for r in runs
+        )
         if path is not None and used:  # None: the scenario's runs write no NVMe files
             folders.setdefault(path, key)
-    if cluster["scheduler"] != "local":
-        return [
-            f"{key}: {path} is on the compute node: each run checks that it can write there "
-            "before it starts (else outcome config_error)"
-            for path, key in folders.items()
-        ]
-    for path, key in folders.items():
-        problem = dsconfig.nvme_dir_problem(path)
-        if problem:
-            raise StudyError(f"{key}: {problem}")
-    return []
+    return folders
+
+
+def node_checks(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
+    """The checks left to the node that trains (plan.json node_checks): under a scheduler the
+    NVMe folders are on the compute node, so each run checks first (else config_error); on a
+    local cluster admission checks them where the plan is made (none left)."""
+    if cluster["scheduler"] == "local":
+        return []
+    return [
+        f"{key}: {path} is on the compute node: each run checks that it can write there "
+        "before it starts (else outcome config_error)"
+        for path, key in nvme_folders(study, cluster, runs).items()
+    ]
 
 
 #: The study's run_order -> the runs (scenario, repeat) in the order they start on one machine.
@@ -393,18 +241,15 @@ class Plan:
     def __init__(
         self, config: dict | str | Path, cluster_dir: str | Path | None = None, source=None
     ):
-        # a study with a recommend block: its candidate grid joins the scenarios (imported
-        # here: recommend imports this module, and pandas for its decision)
-        from offload_study.prediction import recommend
-
-        self.study = recommend.with_candidates(load_study(config, source=source), source)
+        # a study with a recommend block: its candidate grid joins the scenarios
+        self.study = with_candidates(load_study(config, source=source), source)
         kwargs = {"cluster_dir": cluster_dir} if cluster_dir else {}
         self.cluster = load_cluster(self.study["cluster"], **kwargs)
-        planned = expand_plan(self.study, self.cluster)
+        #: every expanded run, trained or predicted only (what admission judges)
+        self.planned = expand_plan(self.study, self.cluster)
+        planned = self.planned
         #: checks only the node that trains can make (plan.json; the runner makes them)
-        self.node_checks = check_on_host(
-            self.study, self.cluster, [r for r in planned if not r.predict_only]
-        )
+        self.node_checks = node_checks(self.study, self.cluster, planned)
         #: the runs to train, and those only predicted (plan.csv, report), never trained
         self.runs = [run for run in planned if not run.predict_only]
         self.predicted_only = [run for run in planned if run.predict_only]
@@ -414,7 +259,8 @@ class Plan:
             self.study["baseline"],
             {r.scenario: (r.offload_optimizer, r.offload_param) for r in self.runs},
         )
-        self.results_dir = f"results/{self.cluster['name']}/{self.study['study']}"
+        self.results_dir = layout.study_dir(self.cluster["name"], self.study["study"])
+        self.report_dir = layout.report_dir(self.cluster["name"], self.study["study"])
 
     @property
     def scenarios(self) -> list[str]:
@@ -439,7 +285,7 @@ class Plan:
         return self._priorities.get((scenario, int(repeat)), 0)
 
     def ds_config_path(self, scenario: str) -> str:
-        return f"{self.results_dir}/configs/{scenario}.json"
+        return layout.ds_config_path(self.results_dir, scenario)
 
     def run_spec(self, scenario: str) -> dict:
         """The run spec with its ds_config path, as the plain dict of run.json: Snakemake compares
@@ -480,7 +326,7 @@ class Plan:
             **{k: run[k] for k in keys},
             "name": run["scenario"],
             "ds_config": self.ds_config_path(run["scenario"]),
-            "run_spec": f"{self.results_dir}/configs/{run['scenario']}.run.json",
+            "run_spec": layout.run_spec_path(self.results_dir, run["scenario"]),
         }
 
 
@@ -494,74 +340,3 @@ def write_scenario_files(run_spec: RunSpec | dict, ds_config_path: str, spec_pat
     run_spec = run_spec.with_ds_config(ds_config_path)
     write_json(ds_config_path, dsconfig.build_ds_config(run_spec))
     write_run_spec(spec_path, run_spec)
-
-
-def check_with_deepspeed(
-    spec_paths: list[str], more: Sequence[tuple[RunSpec, dict]] = ()
-) -> list[str]:
-    """Parse every DeepSpeed config with DeepSpeed's own parser; return one error per refusal.
-
-    ``more``: (run spec, DeepSpeed config) pairs that have no files (predict-only scenarios).
-    """
-    dsconfig.ensure_single_process_comm()
-    pairs = [(spec, read_json(spec.ds_config)) for spec in map(read_run_spec, spec_paths)]
-    errors = []
-    for spec, config in [*pairs, *more]:
-        try:
-            dsconfig.parse_with_deepspeed(config, spec.world_size)
-        except Exception as exc:  # DeepSpeed raises AssertionError, ValueError, ValidationError
-            where = spec.ds_config or "predict-only config"
-            errors.append(f"{where} (scenario {spec.scenario!r}): DeepSpeed refused it: {exc}")
-    return errors
-
-
-def predict_plan(plan: dict, specs: list[RunSpec], calibration: str | None, plan_csv: str) -> dict:
-    """plan.csv (one prediction per scenario, predict-only ones too) and what plan.json says of
-    it (predicted GPU-hours, the calibration used)."""
-    cal = read_calibration(calibration) if calibration else None
-    pairs = [(spec, read_json(spec.ds_config)) for spec in specs] + predict_only_configs(plan)
-    rows = [predict.predict(s, c, cal, plan["repeats"], with_deepspeed=True) for s, c in pairs]
-    write_predictions(plan_csv, rows)
-    return {"plan_csv": plan_csv, **predict.summarize(rows, calibration, cal)}
-
-
-def predict_only_configs(plan: dict) -> list[tuple[RunSpec, dict]]:
-    """(run spec, DeepSpeed config) of each predict-only scenario of a plan summary."""
-    specs = [
-        RunSpec.from_dict(s["spec"], "plan: predict_only") for s in plan.get("predict_only", [])
-    ]
-    return [(spec, dsconfig.build_ds_config(spec)) for spec in specs]
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Check planned DeepSpeed configs and write plan.json"
-    )
-    parser.add_argument("--plan-json", required=True, help="plan summary written by the workflow")
-    parser.add_argument("--out", required=True, help="validated plan to write")
-    parser.add_argument("--plan-csv", help="plan.csv to write: predictions per scenario")
-    parser.add_argument("--calibration", help="the cluster's calibration.json (step times)")
-    parser.add_argument("specs", nargs="+", help="run specs (configs/<scenario>.run.json)")
-    args = parser.parse_args(argv)
-    plan = read_json(args.plan_json)
-    errors = check_with_deepspeed(args.specs, predict_only_configs(plan))
-    if errors:
-        print("\n".join(errors), file=sys.stderr)
-        return 1
-    specs = [read_run_spec(path) for path in args.specs]
-    plan["preflight"], lines, stops = preflight.plan_gate(specs, plan["preflight"])
-    if lines:
-        print("\n".join(lines), file=sys.stderr)
-    if stops:  # an op DeepSpeed cannot build here: nothing trains (study key preflight)
-        return 1
-    plan["deepspeed_checked"] = True
-    plan["ds_config_sha256"] = {spec.scenario: sha256_file(spec.ds_config) for spec in specs}
-    if args.plan_csv:
-        plan["prediction"] = predict_plan(plan, specs, args.calibration, args.plan_csv)
-        print(plan["prediction"]["summary"])
-    write_json(args.out, plan)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

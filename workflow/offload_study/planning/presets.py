@@ -189,21 +189,30 @@ def checked_marker(model: dict) -> Path:
     return Path(cache) / "offload-study" / "model-checks" / key
 
 
-def check_model(model: dict) -> None:
+def check_model(model: dict) -> int | None:
     """A preset or config model of a validated study, built without weights (StudyError);
-    a block that built before (:func:`checked_marker`) is not built again."""
+    a block that built before (:func:`checked_marker`) is not built again. Returns the model's
+    max_position_embeddings (None when its config has none), remembered with the marker."""
     marker = checked_marker(model)
-    if marker.exists():
-        return
-    _build_model(model)
+    remembered = marker.read_text().strip() if marker.exists() else ""
+    if remembered:  # an older, empty marker: build again to learn the positions
+        return json.loads(remembered)["max_position_embeddings"]
+    positions = _positions(_build_model(model))
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+        marker.write_text(json.dumps({"max_position_embeddings": positions}))
     except OSError:  # a read-only home: build again next time
         pass
+    return positions
 
 
-def _build_model(model: dict) -> None:
+def _positions(config) -> int | None:
+    """max_position_embeddings of a transformers config (gpt2 maps it to n_positions)."""
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _build_model(model: dict):
     overrides = model.get("overrides", {})
     if "preset" in model:
         if model["preset"] not in PRESETS:
@@ -211,14 +220,16 @@ def _build_model(model: dict) -> None:
             raise StudyError(
                 f"model.preset: {model['preset']!r} is unknown; known presets: {known}"
             )
-        build_config(PRESETS[model["preset"]], "model.preset", overrides)
-    elif "config" in model:
-        build_config(model["config"], "model.config", overrides)
+        return build_config(PRESETS[model["preset"]], "model.preset", overrides)
+    if "config" in model:
+        return build_config(model["config"], "model.config", overrides)
+    return None
 
 
-def check_pretrained(name_or_path: str, overrides: dict) -> None:
+def check_pretrained(name_or_path: str, overrides: dict) -> int | None:
     """A pretrained model's config.json must be on this machine: a local folder, or a model the
-    local Hugging Face cache holds (the plan and the runs do not download)."""
+    local Hugging Face cache holds (the plan and the runs do not download). Returns its
+    max_position_embeddings (None when its config has none)."""
     from transformers import AutoConfig
 
     where = f"model.name_or_path: {shown(name_or_path)}"
@@ -236,4 +247,4 @@ def check_pretrained(name_or_path: str, overrides: dict) -> None:
             "not download models (no network is assumed); allowed: a local model folder or a "
             "cached model id (download it first)"
         ) from None
-    build_config(config.to_dict(), "model.name_or_path", overrides)
+    return _positions(build_config(config.to_dict(), "model.name_or_path", overrides))

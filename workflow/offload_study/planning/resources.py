@@ -7,7 +7,8 @@ snakemake-executor-plugin-slurm 2.8 turns into sbatch options:
 key                sbatch option                          when present
 =================  =====================================  ==========================================
 ``nodes``          ``--nodes=N``                          always
-``mem_mb``         ``--mem=<MB>`` (per node)              always
+``mem_mb``         ``--mem=<MB>`` (per node; SLURM reads   always
+                   MiB, so the value is MiB)
 ``runtime``        ``-t <minutes>``                       always
 ``cpus_per_task``  ``--cpus-per-task=N``                  always (one task per node)
 ``tasks``          ``--ntasks=N`` (= nodes)               accelerator cpu only (on GPU jobs the
@@ -39,12 +40,13 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from offload_study.core import units
 from offload_study.core.contracts import RunSpec
 from offload_study.core.study import StudyError
 
 __all__ = [
     "RUNTIME_MARGIN_MIN",
-    "MEM_HEADROOM_MB",
+    "MEM_HEADROOM_MIB",
     "check_fits",
     "sbatch_extra",
     "fit_problems",
@@ -56,15 +58,11 @@ __all__ = [
 #: minutes added to the run's timeout_s (the harness must time out, and write its record,
 #: before SLURM kills the job); at least this, or 10 % of the timeout.
 RUNTIME_MARGIN_MIN = 10
-#: MB requested on top of the scenario's cpu_mem_gb (launcher, Python, DeepSpeed runtime),
+#: MiB requested on top of the scenario's cpu_mem_gb (launcher, Python, DeepSpeed runtime),
 #: dropped (capped at the node's memory) when the node has no room for it.
-MEM_HEADROOM_MB = 1024
+MEM_HEADROOM_MIB = 1024
 #: --mem per rank (gpus_per_node) when neither cpu_mem_gb nor mem_gb_per_node is known.
-DEFAULT_MEM_MB_PER_RANK = 3072
-#: Lower bounds of the NVMe bytes per parameter: optimizer offload swaps the fp32 master weights
-#: and Adam's two moments (4 + 4 + 4 B), param offload the parameters in the training dtype.
-NVME_OPTIMIZER_BYTES_PER_PARAM = 12
-NVME_PARAM_BYTES_PER_PARAM = {"fp16": 2, "bf16": 2, "fp32": 4}
+DEFAULT_MEM_MIB_PER_RANK = 3072
 
 _GRES_TOKEN_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
 
@@ -191,11 +189,11 @@ def fit_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
         ("world_size", spec.world_size, nodes * gpn, "!=",
          f"world_size={spec.world_size} != nodes*gpus_per_node={nodes * gpn}"),
         ("gpu_mem_gb", spec.gpu_mem_gb, cluster.get("gpu_mem_gb"), ">",
-         f"gpu_mem_gb={spec.gpu_mem_gb} GB is more than the cards of cluster {cname!r} have "
-         f"({cluster.get('gpu_mem_gb')} GB); memory can only be capped, not added"),
+         f"gpu_mem_gb={spec.gpu_mem_gb} GiB is more than the cards of cluster {cname!r} have "
+         f"({cluster.get('gpu_mem_gb')} GiB); memory can only be capped, not added"),
         ("cpu_mem_gb", spec.cpu_mem_gb, cluster.get("mem_gb_per_node"), ">",
-         f"cpu_mem_gb={spec.cpu_mem_gb} GB is more than a node of cluster {cname!r} has "
-         f"({cluster.get('mem_gb_per_node')} GB)"),
+         f"cpu_mem_gb={spec.cpu_mem_gb} GiB is more than a node of cluster {cname!r} has "
+         f"({cluster.get('mem_gb_per_node')} GiB)"),
     ]  # fmt: skip
     problems = [
         (key, text)
@@ -222,24 +220,24 @@ def _core_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
 
 
 def _nvme_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
-    """NVMe offload that cannot fit even by the lower bound of what it swaps (refused only when
-    clearly impossible: parameter count and capacity known)."""
+    """NVMe offload that cannot fit even the swap files of its partitions (refused only when
+    clearly impossible: parameter count and capacity known; units.PLACEMENT's bytes per
+    parameter, swap-file alignment left out)."""
     capacity = cluster.get("nvme_capacity_gb")
     if not (spec.uses_nvme and capacity and spec.model_params):
         return []
-    per_param = 0
-    if spec.offload_optimizer == "nvme":
-        per_param += NVME_OPTIMIZER_BYTES_PER_PARAM
-    if spec.offload_param == "nvme":
-        per_param += NVME_PARAM_BYTES_PER_PARAM[spec.dtype]
-    need_gb = spec.model_params * per_param / spec.nodes / 1e9  # ZeRO-3 splits it over the nodes
-    if need_gb <= capacity:
+    per_param = units.bytes_per_param(
+        "nvme", spec.dtype, spec.offload_optimizer, spec.offload_param
+    )
+    need_bytes = spec.model_params * per_param / spec.nodes  # ZeRO-3 splits it over the nodes
+    if need_bytes <= units.gib_to_bytes(capacity):
         return []
     key = "offload_optimizer" if spec.offload_optimizer == "nvme" else "offload_param"
     return [
         (
             key,
-            f"NVMe offload needs at least {need_gb:.1f} GB per node ({spec.model_params} "
+            f"NVMe offload needs at least {units.bytes_to_gib(need_bytes):.1f} GiB per node "
+            f"({spec.model_params} "
             f"parameters x {per_param} B / {spec.nodes} node(s)) but cluster "
             f"{cluster.get('name', '<cluster>')!r} has nvme_capacity_gb={capacity}",
         )
@@ -278,17 +276,19 @@ def _runtime_min(spec: RunSpec, cluster: dict) -> int:
     return max(1, int(runtime))
 
 
-def _mem_mb(spec: RunSpec, cluster: dict) -> int:
-    c_mem = cluster.get("mem_gb_per_node")
-    if spec.cpu_mem_gb is None:
-        if c_mem is not None:
-            return int(c_mem * 1024)  # no budget: the whole node's memory
+def _mem_mib(spec: RunSpec, cluster: dict) -> int:
+    """SLURM's --mem for the run: its cpu_mem_gb (GiB, as the supervisor enforces it) and some
+    headroom, within the node's mem_gb_per_node (GiB)."""
+    node_bytes = units.gib_to_bytes_or_none(cluster.get("mem_gb_per_node"))
+    if spec.cpu_mem_bytes is None:
+        if node_bytes is not None:
+            return units.bytes_to_mib_floor(node_bytes)  # no budget: the whole node's memory
         # nothing known: a modest request per rank (the node's real size decides the rest)
-        return DEFAULT_MEM_MB_PER_RANK * spec.gpus_per_node
-    mb = math.ceil(float(spec.cpu_mem_gb) * 1024) + MEM_HEADROOM_MB
-    if c_mem is not None:
-        mb = min(mb, int(c_mem * 1024))
-    return mb
+        return DEFAULT_MEM_MIB_PER_RANK * spec.gpus_per_node
+    mib = units.bytes_to_mib_ceil(spec.cpu_mem_bytes) + MEM_HEADROOM_MIB
+    if node_bytes is not None:
+        mib = min(mib, units.bytes_to_mib_floor(node_bytes))
+    return mib
 
 
 def _gres(spec: RunSpec, cluster: dict) -> str:
@@ -308,7 +308,7 @@ def train_resources(spec: RunSpec, cluster: dict) -> dict[str, Any]:
     check_fits(spec, cluster)
     res: dict[str, Any] = {
         "nodes": spec.nodes,
-        "mem_mb": _mem_mb(spec, cluster),
+        "mem_mb": _mem_mib(spec, cluster),  # the plugin's name; SLURM reads the value as MiB
         "runtime": _runtime_min(spec, cluster),
         "cpus_per_task": _cpus_per_task(spec, cluster),
     }

@@ -26,7 +26,10 @@ dtype (pinned); with parameter offload the parameters (pinned) and the partition
 copied from; NVMe offload's pinned swap buffers (``buffer_count`` x ``buffer_size``). On CUDA,
 torch's caching host allocator rounds every pinned block up to a power of two. On a CPU
 cluster the "GPU" memory of each rank is host memory too. **NVMe per node**: 16 B per parameter
-of the optimizer (fp32 master, two moments, fp32 gradient) and b per offloaded parameter.
+of the optimizer (fp32 master, two moments, fp32 gradient) and b per offloaded parameter
+(:data:`offload_study.core.units.PLACEMENT`, which says why 16). Sizes are bytes inside; the
+plan.csv row and the budgets it compares are GiB (``cpu_mem_gb`` and the other ``_gb`` keys are
+GiB, :mod:`offload_study.core.units`).
 
 **Step time** (:func:`step_time`) adds, per optimizer step of ``gas`` micro-steps::
 
@@ -68,7 +71,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study.core import devices
+from offload_study.core import devices, units
 from offload_study.core.contracts import (
     Calibration,
     Prediction,
@@ -79,9 +82,11 @@ from offload_study.core.contracts import (
 )
 from offload_study.planning import dsconfig
 
-GIB = 2**30
-GB = 1e9
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+GB, DTYPE_BYTES = units.GB, units.DTYPE_BYTES  # GB: transfer rates (GB/s) only
+#: Bytes per parameter of the fp32 master weights and both Adam moments, and of fp32 gradients
+#: (wherever they are: the table is core.units's).
+ADAM_BYTES = float(units.state_bytes("fp32", "fp32 master weights", "Adam moments"))
+FP32_GRAD_BYTES = float(units.state_bytes("fp32", "fp32 gradients"))
 #: Defaults of DeepSpeed 0.19's ZeRO-3 config for knobs a config leaves out.
 DEEPSPEED_DEFAULTS = {
     "reduce_bucket_size": 5e8, "stage3_max_live_parameters": 1e9,
@@ -262,13 +267,14 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     # a CPU rank's bucket is host memory: only the pages the gradients fill become resident
     bucket = k.reduce_bucket if spec.accelerator == "cuda" else min(k.reduce_bucket, shape.params)
     kept = optimizer_split(spec, shape, k).device_params  # sub-groups whose optimizer is here
+    one_group_grads = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
     return {
         "parameters (partition)": b * part if params_here else 0.0,
         "gradients (partition)": b * part if opt_here else 0.0,
-        "fp32 master + Adam moments": 12.0 * kept,
-        "fp32 gradients of one sub-group": 4.0 * min(k.sub_group, part) if opt_here else 0.0,
+        "fp32 master + Adam moments": ADAM_BYTES * kept,
+        "fp32 gradients of one sub-group": one_group_grads,
         # partial offload: each GPU sub-group keeps its own fp32 gradient tensor
-        "fp32 gradients of the GPU sub-groups": 0.0 if opt_here else 4.0 * kept,
+        "fp32 gradients of the GPU sub-groups": 0.0 if opt_here else FP32_GRAD_BYTES * kept,
         "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
         "persistent small parameters": float(b * small * shape.hidden),
         "reduce bucket": float(b * bucket) if k.contiguous_gradients else 0.0,
@@ -342,12 +348,14 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
     pinned = spec.accelerator == "cuda" and k.pin_memory
     buf = _pow2 if pinned else float
     fit = FITS[spec.accelerator]
-    parts = {"runtime": fit.runtime_gib * GIB, "model as built (partition)": float(b * part)}
+    parts = {"runtime": float(units.gib_to_bytes(fit.runtime_gib)),
+             "model as built (partition)": float(b * part)}  # fmt: skip
     if spec.offload_optimizer == "cpu":
         parts.update(offloaded_optimizer_host_parts(spec, shape, k, buf))
     if spec.offload_optimizer == "nvme":
         largest = max(sub_groups(spec, shape, k))
-        parts["fp32 gradient buffer"] = 4.0 * largest
+        parts["fp32 gradient buffer"] = FP32_GRAD_BYTES * largest
+        # each swap buffer holds one fp32 tensor of the largest sub-group
         parts["optimizer swap buffers (locked)"] = 4.0 * largest * k.optimizer_buffer_count
     if spec.offload_optimizer != "none":
         parts["gradients (pinned)"] = buf(float(b * part))
@@ -369,10 +377,10 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
     block and reuses it: one, of the largest); ZenFlow's extra buffers."""
     split, b = optimizer_split(spec, shape, k), DTYPE_BYTES[spec.dtype]
     parts = {
-        "fp32 master + Adam moments": 12.0 * split.host_params,
-        "fp32 gradients (pinned, per sub-group)": sum(buf(4.0 * g) for g in split.host),
+        "fp32 master + Adam moments": ADAM_BYTES * split.host_params,
+        "fp32 gradients (pinned, per sub-group)": sum(buf(FP32_GRAD_BYTES * g) for g in split.host),
         "fp32 gradient staging of the GPU sub-groups (pinned, cached)":
-            buf(4.0 * max(split.device)) if split.device else 0.0,
+            buf(FP32_GRAD_BYTES * max(split.device)) if split.device else 0.0,
     }  # fmt: skip
     zf = k.zenflow
     if zf is not None and zf.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
@@ -388,13 +396,16 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
 
 
 def nvme_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
-    """Swap-file bytes per node (every rank of the node swaps its partition)."""
+    """Swap-file bytes per node (every rank of the node swaps its partition), per parameter as
+    :func:`offload_study.core.units.bytes_per_param` counts them on NVMe."""
     ranks, part = spec.gpus_per_node, partition(spec, shape)
+    optimizer = units.bytes_per_param("nvme", spec.dtype, offload_optimizer=spec.offload_optimizer)
+    params = units.bytes_per_param("nvme", spec.dtype, offload_param=spec.offload_param)
     parts = {}
-    if spec.offload_optimizer == "nvme":
-        parts["optimizer states + fp32 gradients"] = 16.0 * part * ranks
-    if spec.offload_param == "nvme":
-        parts["parameters"] = float(DTYPE_BYTES[spec.dtype] * part * ranks)
+    if optimizer:
+        parts["optimizer states + fp32 gradients"] = float(optimizer * part * ranks)
+    if params:
+        parts["parameters"] = float(params * part * ranks)
     return parts
 
 
@@ -408,15 +419,15 @@ class Memory:
 
     @property
     def gpu_gib(self) -> float:
-        return sum(self.gpu.values()) / GIB
+        return units.bytes_to_gib(sum(self.gpu.values()))
 
     @property
     def host_gib(self) -> float:
-        return sum(self.host.values()) / GIB
+        return units.bytes_to_gib(sum(self.host.values()))
 
     @property
-    def nvme_gb(self) -> float:
-        return sum(self.nvme.values()) / GB
+    def nvme_gib(self) -> float:
+        return units.bytes_to_gib(sum(self.nvme.values()))
 
 
 def predict_memory(spec: RunSpec, ds_config: dict) -> Memory | None:
@@ -451,7 +462,7 @@ def deepspeed_estimate(spec: RunSpec) -> tuple[float, float] | None:
         cpu_offload_params=spec.offload_param != "none",
         zero_init=True,
     )
-    return gpu / GIB, cpu / GIB
+    return units.bytes_to_gib(gpu), units.bytes_to_gib(cpu)
 
 
 # --------------------------------------------------------------------------- step time
@@ -546,8 +557,8 @@ def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     ranks, part, b = spec.gpus_per_node, partition(spec, shape), DTYPE_BYTES[spec.dtype]
     read = write = 0.0
     if spec.offload_optimizer == "nvme":
-        read += 12.0 * part
-        write += 12.0 * part
+        read += ADAM_BYTES * part
+        write += ADAM_BYTES * part
     if spec.offload_param == "nvme":
         fetches = 1 if part <= k.param_buffers else PARAM_FETCHES * spec.gradient_accumulation_steps
         read += fetches * b * part
@@ -739,15 +750,22 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
 
 
 # --------------------------------------------------------------------------- plan rows, gate
-def budgets(spec: RunSpec) -> dict[str, float | None]:
-    """What the run may use: GiB per GPU (the card it stands for, else the cluster's; none on a
-    CPU cluster), GiB of host memory per node (cpu_mem_gb is in GB), GB of NVMe per node."""
-    gpu = spec.gpu_mem_gb or spec.cluster_gpu_mem_gb
+def budget_bytes(spec: RunSpec) -> dict[str, int | None]:
+    """What the run may use, in bytes: per GPU (the card it stands for, else the cluster's; none
+    on a CPU cluster), host memory per node (cpu_mem_gb), NVMe per node (nvme_capacity_gb)."""
+    gpu = spec.gpu_mem_bytes or spec.cluster_gpu_mem_bytes
     return {
-        "gpu": float(gpu) if gpu and spec.accelerator == "cuda" else None,
-        "host": spec.cpu_mem_gb * GB / GIB if spec.cpu_mem_gb else None,
-        "nvme": float(spec.nvme_capacity_gb) if spec.uses_nvme and spec.nvme_capacity_gb else None,
+        "gpu": gpu if spec.accelerator == "cuda" else None,
+        "host": spec.cpu_mem_bytes,
+        "nvme": spec.nvme_capacity_bytes if spec.uses_nvme else None,
     }
+
+
+def budget_gib(spec: RunSpec) -> dict[str, float | None]:
+    """:func:`budget_bytes` in GiB, as plan.csv states them (6 digits: the GiB the keys gave,
+    less the whole-byte rounding)."""
+    return {k: _rounded(units.bytes_to_gib(v), 6) if v else None
+            for k, v in budget_bytes(spec).items()}  # fmt: skip
 
 
 def refusal(spec: RunSpec, row: Prediction) -> str | None:
@@ -762,7 +780,7 @@ def refusal(spec: RunSpec, row: Prediction) -> str | None:
     checks = [
         ("gpu", row.gpu_gib, row.gpu_budget_gib, "GiB per GPU"),
         ("host", row.host_gib, row.host_budget_gib, "GiB of host memory per node"),
-        ("nvme", row.nvme_gb, row.nvme_budget_gb, "GB of NVMe per node"),
+        ("nvme", row.nvme_gib, row.nvme_budget_gib, "GiB of NVMe per node"),
     ]
     for key, need, have, unit in checks:
         if need is not None and have is not None and need > have * (1 + MARGINS[key]):
@@ -815,7 +833,7 @@ def predict(
     shape = model_shape(spec)
     note = mode_note(spec, shape, knobs(ds_config)) if shape else None
     ds = deepspeed_estimate(spec) if with_deepspeed else None
-    limit, step = budgets(spec), (times.total if times else None)
+    limit, step = budget_gib(spec), (times.total if times else None)
     row = Prediction(
         scenario=spec.scenario, predict_only=spec.predict_only, force=spec.force,
         world_size=spec.world_size,
@@ -823,8 +841,8 @@ def predict(
         gpu_budget_gib=limit["gpu"],
         host_gib=_rounded(memory.host_gib) if memory else None,
         host_budget_gib=_rounded(limit["host"]),
-        nvme_gb=_rounded(memory.nvme_gb) if memory and memory.nvme else None,
-        nvme_budget_gb=limit["nvme"],
+        nvme_gib=_rounded(memory.nvme_gib) if memory and memory.nvme else None,
+        nvme_budget_gib=limit["nvme"],
         ds_gpu_gib=_rounded(ds[0]) if ds and spec.accelerator == "cuda" else None,
         ds_host_gib=_rounded(ds[1]) if ds else None,
         step_time_s=_rounded(step, 4),
@@ -863,11 +881,11 @@ def summarize(rows: list[Prediction], calibration: str | None, cal: Calibration 
     }
 
 
-def launch_refusal(spec: RunSpec, outdir: str | Path) -> str | None:
-    """The runner's question before it launches a run: :func:`refusal` of the plan's row for
-    it (plan.csv of the study the record ``outdir`` belongs to), else of the same memory
-    prediction made here (a run started outside the workflow). None also when the DeepSpeed
-    config cannot be read (launching it then records the config error)."""
+def launch_prediction(spec: RunSpec, outdir: str | Path) -> Prediction | None:
+    """The prediction the runner's gate judges (offload_study.admission.admit.at_launch): the
+    plan's row for the run (plan.csv of the study the record ``outdir`` belongs to), else the
+    same memory prediction made here (a run started outside the workflow). None when the
+    DeepSpeed config cannot be read (launching it then records the config error)."""
     plan_csv = plan_csv_of(Path(outdir))
     row = read_predictions(plan_csv).get(spec.scenario) if plan_csv.is_file() else None
     if row is None:
@@ -875,4 +893,4 @@ def launch_refusal(spec: RunSpec, outdir: str | Path) -> str | None:
             row = predict(spec, read_json(spec.ds_config), None)
         except (OSError, TypeError, ValueError):
             return None
-    return refusal(spec, row)
+    return row

@@ -2,7 +2,8 @@
 
 A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a search:
 
-1. :func:`with_candidates` (called by :class:`offload_study.planning.plan.Plan`) turns the grid (offload
+1. :func:`~offload_study.planning.candidates.with_candidates` (called by
+   :class:`offload_study.planning.plan.Plan`) turns the grid (offload
    mode x partial-offload ratio x micro-batch x ZeRO knobs such as the bucket sizes) into
    candidate scenarios named ``rec-...``, each capped at the budget; the study's own scenarios
    are the references (e.g. plain CPU optimizer offload, uncapped no offload).
@@ -19,14 +20,13 @@ A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a 
 5. ``rule recommend`` (:func:`decide`) collects those records (collect's statistics), picks the
    fastest measured candidate or reference within the budget and unflagged, and writes
    ``recommend/recommendation.json`` (its measured speed, its margin over the runner-up with a
-   paired 95 % CI, "beyond CI" or "within noise", the ratio to every reference, why each other
+   paired 95 % CI and its verdict (core.verdict.speed), the ratio to every reference, why each other
    candidate lost, the search's device time), the DeepSpeed JSON to use, and an HTML page.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import shutil
 import sys
@@ -37,76 +37,12 @@ import numpy as np
 import pandas as pd
 
 from offload_study.analysis import collect, sanity
+from offload_study.core import layout, verdict
 from offload_study.core.contracts import read_json, read_predictions, write_json
-from offload_study.core.study import StudyError, load_schema, load_study
-from offload_study.planning.dsconfig import normalize_number
-from offload_study.planning.plan import expanded_name
+from offload_study.core.study import StudyError
 
-_GRID = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]
-#: grid offload mode -> (name slug, scenario keys); its keys are the schema's enum (a test checks).
-OFFLOAD_MODES: dict[str, tuple[str, dict]] = {
-    "none": ("none", {}),
-    "optimizer": ("opt", {"offload_optimizer": "cpu"}),
-    "optimizer+param": ("optparam", {"offload_optimizer": "cpu", "offload_param": "cpu"}),
-    "zenflow": ("zenflow", {"offload_optimizer": "cpu", "zenflow": {}}),
-    "super_offload": ("super", {"offload_optimizer": "cpu", "super_offload": True}),
-}
-PREFIX = "rec-"
-
-
-# --------------------------------------------------------------------------- 1. the grid
-def _modes(grid: dict) -> list[tuple[str, dict]]:
-    """(mode label, scenario keys) per offload mode and ratio of the grid."""
-    out = []
-    for mode in grid["offload"]:
-        slug, keys = OFFLOAD_MODES[mode]
-        out.append((slug, dict(keys)))
-        if mode == "optimizer":
-            for ratio in grid["offload_optimizer_ratio"]:
-                if ratio != 1:
-                    out.append((f"opt-r{ratio:g}", {**keys, "offload_optimizer_ratio": ratio}))
-    return out
-
-
-def candidates(study: dict) -> list[dict]:
-    """The candidate scenarios of a study's recommend block (empty without one)."""
-    rec = study.get("recommend")
-    if not rec:
-        return []
-    grid = {k: v.get("default") for k, v in _GRID.items()} | rec["grid"]
-    micro = grid.get("micro_batch") or [study["micro_batch"]]
-    knobs = {"micro_batch": micro, **grid["zero"]}
-    combos = [
-        dict(zip(knobs, values, strict=True)) for values in itertools.product(*knobs.values())
-    ]
-    base = {"gpus_per_node": rec["gpus_per_node"], "nodes": rec["nodes"],
-            "gpu_mem_gb": rec["gpu_mem_gb"], "cpu_mem_gb": rec["cpu_mem_gb"]}  # fmt: skip
-    out = []
-    for (slug, keys), combo in itertools.product(_modes(grid), combos):
-        zero = {k: normalize_number(v) for k, v in combo.items() if k != "micro_batch"}
-        out.append({
-            "name": expanded_name(PREFIX + slug, combo), "label": f"candidate {slug}", **base,
-            **keys, "micro_batch": combo["micro_batch"], **({"zero": zero} if zero else {}),
-        })  # fmt: skip
-    return out
-
-
-def with_candidates(study: dict, source: str | None = None) -> dict:
-    """The study with its candidate scenarios after its own (validated again, defaults filled);
-    the study itself when it has no recommend block."""
-    found = candidates(study)
-    if not found:
-        return study
-    limit = study["recommend"]["max_candidates"]
-    if len(found) > limit:
-        raise StudyError(
-            f"recommend.grid: {len(found)} candidates, more than recommend.max_candidates "
-            f"({limit}); shrink the grid or raise the limit"
-        )
-    clash = {s["name"] for s in study["scenarios"]} & {c["name"] for c in found}
-    if clash:
-        raise StudyError(f"scenarios: {sorted(clash)[0]!r}: the prefix {PREFIX!r} is recommend's")
-    return load_study({**study, "scenarios": study["scenarios"] + found}, source=source)
+# the grid -> candidate scenarios is study expansion (planning); recommend names them
+from offload_study.planning.candidates import PREFIX
 
 
 def space(plan) -> dict:
@@ -137,7 +73,9 @@ def space(plan) -> dict:
 def selected_records(selected_json: str, results: str, repeats: Sequence[int]) -> list[str]:
     """metrics.json paths of every run one round of the checkpoint chose."""
     measure = read_json(selected_json)["measure"]
-    return [f"{results}/{name}/rep{k}/metrics.json" for name in measure for k in repeats]
+    return [
+        f"{layout.record_dir(results, name, k)}/metrics.json" for name in measure for k in repeats
+    ]
 
 
 def search_rounds(get_round) -> list[str]:
@@ -247,17 +185,13 @@ def _steps(runs: pd.DataFrame) -> dict:
 
 
 def _ratio(runs, steps, a: str, b: str, seed: int) -> dict:
-    """a's tokens/s over b's, run for run (collect.paired_ratio), with its verdict."""
+    """a's tokens/s over b's, run for run (collect.paired_ratio), with its verdict
+    (core.verdict.speed: faster, slower, no difference shown or inconclusive)."""
     ok = runs[runs["outcome"] == "ok"]
     r, lo, hi, n, how = collect.paired_ratio(ok[ok["scenario"] == a], ok[ok["scenario"] == b],
                                              steps, 2000, seed)  # fmt: skip
-    if math.isnan(r):
-        verdict = "no pair"
-    elif lo > 1 or hi < 1:
-        verdict = "beyond CI"
-    else:
-        verdict = "within noise"
-    return {"of": b, "ratio": r, "ci_low": lo, "ci_high": hi, "pairs": n, "verdict": verdict,
+    word = "no pair" if math.isnan(r) else verdict.speed(r, lo, hi)
+    return {"of": b, "ratio": r, "ci_low": lo, "ci_high": hi, "pairs": n, "verdict": word,
             "note": how}  # fmt: skip
 
 
@@ -333,10 +267,12 @@ def _others(space_, selected, runs, steps, rows, state, winner) -> list[dict]:
         else:
             ratio = _ratio(runs, steps, name, winner, 100 + i) if winner else None
             speed = f"{float(rows[name]['tokens_per_s']):,.0f} tokens/s"
+            word = "slower"  # by the ranking; a paired CI, where there is one, decides the word
             if ratio and not math.isnan(ratio["ratio"]):
+                word = ratio["verdict"]
                 speed += (f" = {ratio['ratio']:.1%} of the winner (95% CI {ratio['ci_low']:.1%}"
-                          f"–{ratio['ci_high']:.1%}, {ratio['verdict']})")  # fmt: skip
-            why = f"{state[name]}: {speed}" if state[name] else f"slower: {speed}"
+                          f"–{ratio['ci_high']:.1%})")  # fmt: skip
+            why = f"{state[name]}: {speed}, {word}" if state[name] else f"{word}: {speed}"
         out.append({"scenario": name, "kind": kind, "measured": name in made, "why": why})
     for row in selected["candidates"]:
         if row["scenario"] not in chosen:
@@ -395,7 +331,7 @@ def main(argv=None) -> int:
         write_json(a.ds_config_out, {"error": "no candidate ran ok within the budget"})
     from offload_study.analysis.report.recommend import write_page
 
-    write_page(result, a.html)
+    write_page(result, a.html, Path(a.configs).parent)  # the study's records
     print(f"recommend: {result['winner'] or 'nothing'} ({a.out})")
     return 0  # no winner is a result too: recommendation.json says why each lost
 

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from offload_study.core.contracts import RunSpec
+from offload_study.core.devices import (
+    free_port,  # the one free-port helper (core: planning uses it)
+)
 
 # Always exported into the launched environment (NVLink multicast/NVLS off: see device notes).
 FIXED_ENV = {
@@ -63,16 +65,6 @@ class Launch:
     def environ(self, inherited: Mapping[str, str]) -> dict[str, str]:
         """The launcher's whole environment: the inherited one less drop_env, plus env."""
         return {**{k: v for k, v in inherited.items() if k not in self.drop_env}, **self.env}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now (bind to port 0). Small race window; recorded per run.
-
-    The one free-port helper (also used for DeepSpeed's one-process config check)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def slurm_port(job_id: str | int, step: int = 0) -> int:

@@ -149,8 +149,8 @@ def ds_skipped_steps(text: str) -> int | None:
 # template over the pattern's named groups; it becomes the first line of the error excerpt.
 # The op-build messages are those of DeepSpeed 0.19 (op_builder/builder.py, async_io.py),
 # torch.utils.cpp_extension and the compiler; tests/fixtures/op_build/ holds real captures.
-# preflight.refusal_line, as the runner logs it for a run it does not launch:
-_REFUSED_BY_PREFLIGHT = r"DeepSpeed op \w+ cannot be built on \S+: .* — (?P<fix>fix: .*)"
+# (The runner's own preflight refusal is no log line to read back: it reaches the outcome as a
+# value, Supervision.killed.)
 _LIBAIO = (
     r"Unable to JIT load the async_io op due to it not being compatible|async_io requires the "
     r"dev libaio|libaio\.h: No such file|cannot find -laio|async_io \.+ \S+ \.+ \S*\[NO\]"
@@ -160,7 +160,6 @@ OUTCOME_PATTERNS: list[tuple[str, str, str | None]] = [
     ("gpu_oom", r"CUBLAS_STATUS_ALLOC_FAILED|NCCL.*(?:Cuda failure 'out of memory'|OOM)", None),
     ("host_oom", r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bMemoryError\b", None),
     ("host_oom", r"DefaultCPUAllocator: (?:can't|not enough memory)|Cannot allocate memory", None),
-    ("op_build_error", _REFUSED_BY_PREFLIGHT, "{fix}"),
     ("op_build_error", _LIBAIO, ops.remedy("libaio", "async_io")),
     (
         "op_build_error",

@@ -11,7 +11,7 @@ import socket
 import statistics
 from dataclasses import dataclass
 
-from offload_study.core import devices
+from offload_study.core import devices, units
 from offload_study.core.contracts import (
     METRICS_FIELDS,
     RankStats,
@@ -26,8 +26,8 @@ from offload_study.training import logparse, steady
 from offload_study.training.provenance import pkg_version
 from offload_study.training.supervise import Supervision
 
-GIB = 2**30
-#: metrics.json keys copied from the run spec as they are.
+#: metrics.json keys copied from the run spec as they are (gpu_mem_gb, cpu_mem_gb: GiB, the
+#: config keys' unit; offload_study.core.units).
 SETUP_KEYS = [
     "nodes", "gpus_per_node", "world_size", "accelerator", "micro_batch",
     "gradient_accumulation_steps", "global_batch", "seq_len", "dtype", "offload_optimizer",
@@ -167,7 +167,7 @@ def _measurement(inp: MetricsInput) -> dict:
 
 def _gib_max(stats: dict[int, RankStats], name: str) -> float | None:
     vals = [v for s in stats.values() if (v := getattr(s, name)) is not None]
-    return max(vals) / GIB if vals else None
+    return units.bytes_to_gib(max(vals)) if vals else None
 
 
 def _memory(inp: MetricsInput) -> dict:
@@ -179,7 +179,7 @@ def _memory(inp: MetricsInput) -> dict:
         # the harness' own getrusage peak, else the runner's sampled peak
         own = stats[r].host_peak_rss_bytes if r in stats else None
         v = max(own or 0, rank_peaks.get(r, 0))
-        per_rank.append(round(v / GIB, 4) if v else None)
+        per_rank.append(round(units.bytes_to_gib(v), 4) if v else None)
         node_of[r] = stats[r].host if r in stats else (local if r in rank_peaks else None)
     nodes = list(dict.fromkeys(n for n in node_of.values() if n is not None))
     per_node = [

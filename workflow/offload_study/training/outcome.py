@@ -1,8 +1,11 @@
 """A run's outcome, decided in one place: supervision facts + logs + rank stats + steps.
 
 ReFrame-style: :data:`RULES` is a table of small pure checks, tried in order; the first that
-speaks decides ``(outcome, excerpt)``. Log patterns (and the remedies that lead an excerpt, e.g.
-"fix: apt-get install libaio-dev ...") come from :data:`logparse.OUTCOME_PATTERNS`.
+speaks decides ``(outcome, excerpt)``. What the runner decided itself comes as values (its
+:class:`Supervision`: a limit it enforced, or a run it did not launch, such as an op the preflight
+found that DeepSpeed cannot build, with the fix); only what DeepSpeed and torch say is read from
+the logs, by :data:`logparse.OUTCOME_PATTERNS` (whose remedies lead an excerpt, e.g.
+"fix: apt-get install libaio-dev ...").
 Every outcome is one of :data:`offload_study.core.contracts.OUTCOMES`.
 """
 
@@ -61,7 +64,9 @@ def _failure_excerpt(ev: Evidence, line: str | None) -> str | None:
 
 # ----------------------------------------------------------------------------- the checks
 def killed_by_runner(ev: Evidence) -> Verdict | None:
-    """A limit was passed or the runner was signalled: supervision says which."""
+    """A limit was passed, the runner was signalled, or the runner did not launch the run (its
+    gate: config_error, infeasible, op_build_error): supervision says which, and why in its
+    detail, which leads the excerpt."""
     if ev.supervision.killed:
         return ev.supervision.killed, logparse.error_excerpt(
             ev.logs.get(LAUNCHER_LOG, "") or ev.all_text
@@ -106,8 +111,8 @@ def disk_full(ev: Evidence) -> Verdict | None:
 
 
 def log_pattern(ev: Evidence) -> Verdict | None:
-    """A known failure in the logs: rank logs first (root cause), then the launcher's summary
-    (where the runner writes a preflight refusal). A known remedy leads the excerpt."""
+    """A known failure in the logs: rank logs first (root cause), then the launcher's output.
+    A known remedy leads the excerpt."""
     found = logparse.classify(ev.rank_text)
     if found.outcome == "error":
         found = logparse.classify(ev.all_text)

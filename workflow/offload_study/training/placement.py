@@ -13,6 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
+from offload_study.core import layout
 from offload_study.core.contracts import RecordDir, sha256_file
 
 
@@ -49,9 +50,9 @@ def _pid_alive(pid: int) -> bool:
 
 def archive_dir(outdir: Path, scenario: str, repeat: int, finished_at: str, sha: str) -> Path:
     """results/<cluster>/<study>/archive/<scenario>/rep<K>/<finished_at>-<sha8>/"""
-    study_dir = outdir.resolve().parent.parent
     stamp = re.sub(r"[^0-9TZ]", "", finished_at)
-    return study_dir / "archive" / scenario / f"rep{repeat}" / f"{stamp}-{sha[:8]}"
+    study = layout.study_of_record(outdir.resolve())
+    return layout.archive_dir(study, scenario, repeat, f"{stamp}-{sha[:8]}")
 
 
 def move_into_place(tmp: Path, outdir: Path) -> None:

@@ -10,23 +10,32 @@ import os
 import resource
 import threading
 
-from offload_study.core import devices
+from offload_study.core import devices, units
 from offload_study.core.contracts import GPU_CAP_LOG_PREFIX, RunSpec
-
-GIB = 2**30
 
 
 # --------------------------------------------------------------------------- GPU cap
-def gpu_cap_gib(spec: RunSpec, card_bytes: int) -> float | None:
-    """The per-process cap (GiB) for the card the scenario stands for; None: run uncapped.
+def gpu_cap_bytes(spec: RunSpec, card_bytes: int) -> int | None:
+    """The per-process cap (bytes) for the card the scenario stands for; None: run uncapped.
 
-    Cards are sold by binary size (an "A100 40GB" has 40960 MiB), so the cap is in GiB; a scenario
-    asking for the cluster's own card size (or more) runs uncapped.
+    Cards are sold by binary size (an "A100 40GB" has 40960 MiB), so gpu_mem_gb is GiB
+    (:mod:`offload_study.core.units`); a scenario asking for the cluster's own card size (or
+    more) runs uncapped.
     """
-    want, card = spec.gpu_mem_gb, spec.cluster_gpu_mem_gb
-    if want and (card is None or want < card) and want * GIB < card_bytes:
-        return float(want)
+    want, card = spec.gpu_mem_bytes, spec.cluster_gpu_mem_bytes
+    if want and (card is None or want < card) and want < card_bytes:
+        return want
     return None
+
+
+def gpu_cap(spec: RunSpec, card_bytes: int) -> tuple[float | None, dict]:
+    """(torch's ``set_per_process_memory_fraction`` argument, None: uncapped; the RankStats
+    fields that record the card and the cap). torch multiplies the fraction by the card's total
+    memory, so the cap in bytes over the card's bytes caps it at exactly the cap."""
+    cap_bytes = gpu_cap_bytes(spec, card_bytes)
+    fraction = cap_bytes / card_bytes if cap_bytes is not None else None
+    cap_gib = units.bytes_to_gib(cap_bytes) if cap_bytes is not None else None
+    return fraction, {"gpu_total_bytes": card_bytes, "gpu_mem_cap_gib": cap_gib}
 
 
 def set_up_device(spec: RunSpec, is_cuda: bool, local_rank: int) -> dict:
@@ -38,17 +47,18 @@ def set_up_device(spec: RunSpec, is_cuda: bool, local_rank: int) -> dict:
     torch.cuda.set_device(local_rank)
     props = torch.cuda.get_device_properties(local_rank)
     total = int(props.total_memory)
-    cap = gpu_cap_gib(spec, total)
-    if cap is not None:
-        torch.cuda.set_per_process_memory_fraction(cap * GIB / total, local_rank)
-        print(f"{GPU_CAP_LOG_PREFIX}{cap:.2f} GiB of {total / GIB:.2f} GiB", flush=True)
-    return {"device_name": props.name, "gpu_total_bytes": total, "gpu_mem_cap_gib": cap}
+    fraction, recorded = gpu_cap(spec, total)
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction, local_rank)
+        cap_gib, total_gib = recorded["gpu_mem_cap_gib"], units.bytes_to_gib(total)
+        print(f"{GPU_CAP_LOG_PREFIX}{cap_gib:.2f} GiB of {total_gib:.2f} GiB", flush=True)
+    return {"device_name": props.name, **recorded}
 
 
 # --------------------------------------------------------------------------- memory peaks
 def host_peak_rss_bytes() -> int:
     # ru_maxrss is in KiB on Linux
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB -> bytes
 
 
 def nvml_used_bytes(device_index: int) -> int | None:

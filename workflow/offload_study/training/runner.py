@@ -5,10 +5,10 @@
 
 Composes the parts, each in its own module:
 
-- :mod:`~offload_study.prediction.predict`    the feasibility gate: a run the plan predicts not to fit its
-  memory or NVMe budget is recorded as ``infeasible`` and never launched (unless ``force``),
-- :mod:`~offload_study.admission.preflight`  a run whose DeepSpeed ops cannot be built on this node is
-  recorded as ``op_build_error`` (the fix first in its excerpt) and never launched,
+- :mod:`~offload_study.admission.admit`  the gate at launch, admission's own checks for this run:
+  an NVMe folder this node cannot write is ``config_error``, a run the plan predicts not to fit
+  its memory or NVMe budget ``infeasible`` (unless ``force``), a run whose DeepSpeed ops cannot
+  be built on this node ``op_build_error`` (the fix first in its excerpt); none is launched,
 - :mod:`~offload_study.training.launch`     the command line (torchrun / srun) of the harness,
 - :mod:`~offload_study.training.supervise`  the process group, its limits (timeout_s, step_timeout_s,
   cpu_mem_gb) and SIGTERM/SIGINT (-> cancelled),
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study.admission import preflight
+from offload_study.admission import admit
 from offload_study.core.contracts import (
     PAIR_DS_CONFIG_FILE,
     PAIR_SPEC_FILE,
@@ -53,7 +53,6 @@ from offload_study.core.contracts import (
     write_steps,
 )
 from offload_study.planning import dsconfig
-from offload_study.prediction import predict
 from offload_study.training import launch, outcome, placement, provenance
 from offload_study.training.metrics import MetricsInput, compute_metrics, metrics_problems
 from offload_study.training.supervise import Cancelled, Supervision, die_with_parent, supervise
@@ -161,31 +160,22 @@ def write_record(run: FinishedRun) -> tuple[dict, list[str]]:
     return metrics, problems
 
 
-def node_path_problem(spec) -> str | None:
-    """The run's first check on the node that trains: can it write its NVMe folder? (The plan
-    checks it only when the cluster runs on the planning machine: plan.json node_checks.)"""
-    if not spec.nvme_path:
-        return None
-    problem = dsconfig.nvme_dir_problem(spec.nvme_path)
-    return f"config_error: nvme_path {problem}" if problem else None
-
-
 def gate(spec: RunSpec, plan_outdir: Path, say: RunnerLog, what: str) -> Supervision | None:
-    """Why the run is not launched, as the Supervision its record gets (None: launch it).
+    """Why the run is not launched, as the Supervision its record gets (None: launch it): the
+    first problem admission finds at launch (offload_study.admission.admit.at_launch).
     ``plan_outdir``: the record folder whose study's plan.csv holds the run's prediction."""
-    bad_path = node_path_problem(spec)
-    refused = None if bad_path else predict.launch_refusal(spec, plan_outdir)
-    op_refused = None if bad_path or refused else preflight.refusal(spec)
-    if bad_path:  # the plan could not check it (not this machine): config_error, not launched
-        say(f"{what}: not launched: {bad_path}")
-        return Supervision(rc=None, killed="config_error", detail=bad_path)
-    if refused:  # predicted not to fit: recorded as infeasible, nothing launched
-        say(f"{what}: not launched: {refused}")
-        return Supervision(rc=None, killed="infeasible", detail=refused)
-    if op_refused:  # an op DeepSpeed cannot build here: the logged line -> op_build_error
-        say(f"{what}: not launched: {op_refused}")
-        return Supervision(rc=None)
-    return None
+    found = admit.at_launch(spec, plan_outdir)
+    if found is None:
+        return None
+    if found.outcome == "config_error":  # the plan could not check it (not this machine)
+        detail = f"config_error: nvme_path {found.message}"
+        say(f"{what}: not launched: {detail}")
+        return Supervision(rc=None, killed="config_error", detail=detail)
+    say(f"{what}: not launched: {found.message}")
+    if found.outcome == "infeasible":  # predicted not to fit: nothing launched
+        return Supervision(rc=None, killed="infeasible", detail=found.message)
+    # op_build_error: a value, not the logged line read back; its fix leads the excerpt
+    return Supervision(rc=None, killed="op_build_error", detail=found.fix)
 
 
 @dataclass(frozen=True)
@@ -196,7 +186,7 @@ class Attempt:
     spec_path: str
     repeat: int
     record: RecordDir
-    plan_outdir: Path  # where launch_refusal finds the study's plan.csv
+    plan_outdir: Path  # where admit.at_launch finds the study's plan.csv
     cores: int
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from offload_study.core import units
 from offload_study.core.contracts import Progress, RecordDir, RunSpec, read_progress
 
 POLL_S = 0.2
@@ -32,8 +33,10 @@ class Supervision:
     """What supervision saw: exit status, why the runner killed the group (None: it did not)."""
 
     rc: int | None  # the launcher's exit status (negative: killed by that signal; None: no launch)
-    killed: str | None = None  # outcome when the runner killed it: timeout | host_oom | cancelled
-    detail: str | None = None  # the limit that was passed, in words
+    # outcome the runner decided: it killed the run (timeout | host_oom | cancelled) or did not
+    # launch it (config_error | infeasible | op_build_error)
+    killed: str | None = None
+    detail: str | None = None  # the limit that was passed or why not launched (a fix), in words
     peak_tree_rss: int = 0  # bytes, the process tree summed
     rank_peaks: dict[int, int] = field(default_factory=dict)  # rank -> peak RSS bytes
     elapsed: float = 0.0  # seconds
@@ -183,13 +186,13 @@ class Watch:
 
 def limit_passed(spec: RunSpec, watch: Watch, now: float, signum) -> tuple[str, str] | None:
     """(outcome, detail) of the first limit passed, in order: signal, memory, run time, step time."""
-    budget = spec.cpu_mem_gb
+    budget_bytes = spec.cpu_mem_bytes  # GiB, as SLURM's --mem and the plan's budget count it
     if signum is not None:
         return "cancelled", f"received signal {signum}"
-    if budget and watch.rss > float(budget) * 1e9:
+    if budget_bytes and watch.rss > budget_bytes:
         return "host_oom", (
-            f"host memory budget exceeded: process tree RSS {watch.rss / 1e9:.3f} GB > "
-            f"cpu_mem_gb {budget} GB"
+            f"host memory budget exceeded: process tree RSS "
+            f"{units.bytes_to_gib(watch.rss):.3f} GiB > cpu_mem_gb {spec.cpu_mem_gb} GiB"
         )
     if now - watch.started > float(spec.timeout_s):
         return "timeout", f"run exceeded timeout_s={spec.timeout_s}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -20,16 +21,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.ticker import MaxNLocator, StrMethodFormatter  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from offload_study.analysis.report.views import Row, isnum  # noqa: E402
+from offload_study.core import contracts  # noqa: E402
 
 FIGURES = {
     "relative_speed": "relative_speed.png",
     "speed_vs_gpu_memory": "speed_vs_gpu_memory.png",
+    "memory_tradeoff": "memory_tradeoff.png",
     "step_breakdown": "step_breakdown.png",
     "speed_vs_gas": "speed_vs_gas.png",
+    "step_series": "step_series.png",
 }
 BREAKDOWN_PARTS = [  # (label, summary columns summed)
     ("forward", ["breakdown_ms.forward"]),
@@ -40,12 +45,17 @@ BREAKDOWN_PARTS = [  # (label, summary columns summed)
 PALETTE = {"none": "#4c72b0", "cpu": "#dd8452", "nvme": "#8172b3", "failed": "#c44e52"}
 MAX_BARS = 30  # rows of a bar plot before it shows one row per base scenario
 MAX_LABELS = 16  # labelled points of the speed/memory plot before only the front is labelled
-DPI = 110
+MAX_SERIES = 24  # runs drawn as small multiples of their step times (the first ones)
+# Every figure is FIG_WIDTH_IN x DPI = 1280 px wide (>= 1200: legible when the page scales it)
+FIG_WIDTH_IN = 8.0
+DPI = 160
+LABEL_WIDTH = 30  # characters per line of a wrapped label (labels wrap, never cut)
+CUT_KEY = "Labels cut"  # PNG text key: labels over the figure's edge or over each other (none)
 
 
 # --------------------------------------------------------------------------- shared
 def _no_data(path: Path, title: str, why: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 3.2))
     ax.axis("off")
     ax.text(0.5, 0.62, title, ha="center", va="center", fontsize=13, weight="bold")
     ax.text(0.5, 0.4, f"no data: {why}", ha="center", va="center", fontsize=11, color="#555")
@@ -53,18 +63,68 @@ def _no_data(path: Path, title: str, why: str) -> None:
 
 
 def _save(fig, path: Path) -> None:
-    fig.savefig(path, dpi=DPI)
+    """The PNG, with every label drawn in it as its Description (PNG text): the page's alt text
+    can say what the figure shows, and a test can read that no label was cut."""
+    fig.draw_without_rendering()  # tick labels set by locators exist only once drawn
+    meta = {"Description": "\n".join(t.get_text() for t in figure_texts(fig))}
+    texts = figure_texts(fig)
+    cut = [t.get_text() for t in texts if not _inside(t, fig)]
+    cut += [f"{a.get_text()} / {b.get_text()}" for a, b in _overlapping(texts)]
+    if cut:  # a layout bug, not a reason to lose the figure: the test reads this
+        meta[CUT_KEY] = "\n".join(cut)
+    fig.savefig(path, dpi=DPI, metadata=meta)
     plt.close(fig)
 
 
-def _short(label: str, n: int = 40) -> str:
-    return label if len(label) <= n else label[: n - 1] + "…"
+def _drawn_ticks(axis) -> list:
+    """Tick labels inside the view (a locator also makes ticks beyond it, never drawn)."""
+    if not axis.get_visible():  # a twin's shared axis
+        return []
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = zip(axis.get_majorticklocs(), axis.get_majorticklabels(), strict=False)
+    return [t for x, t in ticks if lo <= x <= hi and t.get_visible()]
+
+
+def _overlapping(texts: list) -> list[tuple]:
+    """Pairs of labels drawn over each other (one hides part of the other)."""
+    boxes = [(t, Text.get_window_extent(t)) for t in texts]  # an annotation: its text only
+    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1 :]
+            if box.overlaps(other) and box.width and other.width]  # fmt: skip
+
+
+def _inside(text, fig, slack_px: float = 2.0) -> bool:
+    box, frame = text.get_window_extent(), fig.bbox
+    return (box.x0 >= frame.x0 - slack_px and box.x1 <= frame.x1 + slack_px
+            and box.y0 >= frame.y0 - slack_px and box.y1 <= frame.y1 + slack_px)  # fmt: skip
+
+
+def figure_texts(fig) -> list:
+    """Every title, axis label, tick label, legend entry and annotation with text."""
+    texts = [*fig.texts, *(t for leg in fig.legends for t in leg.get_texts())]
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        texts += [*_drawn_ticks(ax.xaxis), *_drawn_ticks(ax.yaxis)] if ax.axison else []
+        legend = ax.get_legend()
+        texts += [*legend.get_texts(), legend.get_title()] if legend else []
+    return [t for t in texts if t is not None and t.get_visible() and t.get_text()]
+
+
+def _wrap(label: str, width: int = LABEL_WIDTH) -> str:
+    """The whole label on as many lines as it needs: a cut label ("paramete…") can name two
+    scenarios alike; tight_layout makes room for the lines."""
+    return textwrap.fill(str(label), width, break_on_hyphens=False) or str(label)
 
 
 def _tick_label(v: Row) -> str:
-    """Label, and the sweep point on a second line (where sweeps differ, so it must show)."""
-    label = _short(v["label"])
-    return f"{label}\n{_short(v['sweep_text'])}" if v["sweep_text"] else label
+    """Label, and the sweep point below it (where sweeps differ, so it must show)."""
+    label = _wrap(v["label"])
+    return f"{label}\n{_wrap(v['sweep_text'])}" if v["sweep_text"] else label
+
+
+def _bars_height(labels: list[str], extra: float) -> float:
+    """Inches for a bar plot with these tick labels: each row as tall as its wrapped label's
+    lines, plus ``extra`` for the title, axis label and legend."""
+    return sum(max(0.55, 0.19 * (t.count("\n") + 1) + 0.12) for t in labels) + extra
 
 
 def _speed(v: Row) -> float:
@@ -99,7 +159,9 @@ def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> b
     if not any(v[key] is not None for v, _ in rows):
         _no_data(path, "Training speed", "no successful run")
         return False
-    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(rows) + 1.4))
+    fig, ax = plt.subplots(
+        figsize=(FIG_WIDTH_IN, _bars_height([_tick_label(v) for v, _ in rows], 1.4))
+    )
     y = np.arange(len(rows))
     vals = np.array([scale * (v[key] or 0.0) for v, _ in rows])
     colors = [PALETTE["failed"] if v["n_ok"] == 0 else PALETTE[v["offload_kind"]] for v, _ in rows]
@@ -118,7 +180,7 @@ def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> b
         ax.legend(loc="lower right", fontsize=8)
     ax.set_yticks(y, [_tick_label(v) for v, _ in rows], fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlabel(f"training speed, % of baseline\n(baseline: {_short(baseline or '?', 50)})"
+    ax.set_xlabel(f"training speed, % of baseline\n(baseline: {_wrap(baseline or '?', 60)})"
                   if use_rel else "tokens/s (no baseline measured)", fontsize=10)  # fmt: skip
     top = max([*ends, *vals, *refs])
     ax.set_xlim(0, top * 1.25)
@@ -208,7 +270,7 @@ def plot_speed_vs_memory(views: list[Row], path: Path) -> bool:
         return False
     xs, ys = [v[xkey] for v in pts], [scale * v[ykey] for v in pts]
     front = pareto_front(list(zip(xs, ys, strict=True)))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 5.2))
     if len(front) > 1:
         ax.step([xs[i] for i in front], [ys[i] for i in front], where="post", color="#999",
                 ls="--", lw=1.2, label="Pareto front")  # fmt: skip
@@ -228,33 +290,57 @@ def plot_speed_vs_memory(views: list[Row], path: Path) -> bool:
                  fontsize=11)  # fmt: skip
     fig.tight_layout()
     points = list(zip(xs, ys, strict=True))
-    place_labels(ax, [points[i] for i in labelled], [_tick_label(pts[i]) for i in labelled], points)
+    texts = [_tick_label(pts[i]) for i in labelled]
+    note_left_out(ax, place_labels(ax, [points[i] for i in labelled], texts, points))
     _save(fig, path)
     return True
 
 
-def place_labels(ax, points, texts, obstacles, fontsize: float = 8) -> None:
-    """Annotate points so that no label overlaps another label or any marker (``obstacles``).
+def place_labels(ax, points, texts, obstacles, fontsize: float = 8) -> int:
+    """Annotate points so that no label overlaps another label or any marker (``obstacles``);
+    returns how many labels found no free place and were left out (never drawn over another:
+    the report's tables name every scenario).
 
     Each label tries, in order, right of its point then left of it, at its own height, then one
-    line lower, one higher, two lower, ...; a label that had to move gets a thin leader line. A
-    label with no free place inside the axes keeps the first spot. Call once the layout is
-    final (after tight_layout): boxes are measured in display pixels.
+    line lower, one higher, ... up to three lines away; a label that had to move gets a thin leader line.
+    Call once the layout is final (after tight_layout): boxes are measured in display pixels.
     """
     renderer = ax.figure.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     taken = [_marker_box(ax, p) for p in obstacles]
-    shifts = [0, *(s * k for k in range(1, 9) for s in (-1, 1))]
+    # at most 3 lines away: a longer leader line reads worse than a label left out
+    shifts = [0, *(s * k for k in range(1, 4) for s in (-1, 1))]
+    left_out = 0
     for i in sorted(range(len(points)), key=lambda i: -points[i][1]):
         sides = [
             (dx, _label_box(ax, points[i], texts[i], dx, fontsize, renderer)) for dx in (7, -7)
         ]
         spots = [(dx, k, box.translated(0, k * box.height)) for k in shifts for dx, box in sides]
-        dx, k, box = next((s for s in spots if _is_free(s[2], frame, taken)), spots[0])
+        free = next((s for s in spots if _is_free(s[2], frame, taken)), None)
+        if free is None:
+            left_out += 1
+            continue
+        dx, k, box = free
         taken.append(box)
         leader = {"arrowstyle": "-", "lw": 0.5, "color": "#888"} if k else None
         dy = k * box.height * 72 / ax.figure.dpi  # pixels -> points
         ax.annotate(texts[i], points[i], **_label_style(dx, dy, fontsize), arrowprops=leader)
+    return left_out
+
+
+def note_left_out(ax, left_out: int) -> None:
+    """Say on the figure how many labels had no room (their points are still drawn)."""
+    if left_out:
+        ax.text(
+            0.99,
+            0.01,
+            f"{left_out} label(s) left out: no room beside their points",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="#666",
+        )
 
 
 def _label_style(dx: float, dy: float, fontsize: float) -> dict:
@@ -272,6 +358,7 @@ def _label_box(ax, point, text, dx, fontsize, renderer) -> Bbox:
 
 
 def _is_free(box: Bbox, frame: Bbox, taken: list[Bbox]) -> bool:
+    box = box.padded(3)  # pixels of air, so that two labels never touch
     inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
     return inside and not any(box.overlaps(t) for t in taken)
 
@@ -300,26 +387,52 @@ def breakdown_parts(v: Row) -> dict[str, float] | None:
     return parts
 
 
+def tokens_per_step(v: Row) -> float | None:
+    """Tokens one optimizer step trains (global batch x sequence length; else tokens/s x step
+    time); None when neither is known."""
+    if isnum(v["global_batch"]) and isnum(v["seq_len"]):
+        return float(v["global_batch"]) * float(v["seq_len"])
+    if isnum(v["tokens_per_s"]) and isnum(v["step_time_s"]):
+        return float(v["tokens_per_s"]) * float(v["step_time_s"])
+    return None
+
+
+def breakdown_per_1k_tokens(v: Row) -> dict[str, float] | None:
+    """breakdown_parts in ms per 1,000 tokens trained: a step at gas 16 trains 4x the tokens
+    of one at gas 4, so only per-token times compare across gradient accumulation."""
+    parts, tokens = breakdown_parts(v), tokens_per_step(v)
+    if parts is None or not tokens:
+        return None
+    return {name: ms * 1000.0 / tokens for name, ms in parts.items()}
+
+
 def plot_breakdown(views: list[Row], path: Path) -> bool:
     rows, note = bar_rows(views)
-    bars = [(_tick_label(v), p) for v, _ in rows if (p := breakdown_parts(v)) is not None]
+    bars = [(_tick_label(v), p) for v, _ in rows if (p := breakdown_per_1k_tokens(v)) is not None]
     if not bars:
         _no_data(path, "Step-time breakdown", "no step time or DeepSpeed timers recorded")
         return False
-    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(bars) + 1.6))
+    labels = [label for label, _ in bars]
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, _bars_height(labels, 2.0)))
     colors = [*sns.color_palette("Set2", len(BREAKDOWN_PARTS)), (0.8, 0.8, 0.8)]
     left = np.zeros(len(bars))
     for k, name in enumerate([n for n, _ in BREAKDOWN_PARTS] + ["other / unattributed"]):
         vals = np.array([p[name] for _, p in bars])
         ax.barh(range(len(bars)), vals, left=left, color=colors[k], label=name, height=0.6)
         left += vals
-    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=9)
+    ax.set_yticks(range(len(bars)), labels, fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlabel("median time per optimizer step (ms, rank 0)")
-    ax.xaxis.set_major_locator(MaxNLocator(6))
-    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    ax.set_title("Where the step time goes" + (f"\n{note}" if note else ""), fontsize=10)
+    ax.set_xlabel(
+        "median ms per 1,000 tokens trained\n(step time ÷ tokens per step; rank 0's timers)"
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+    # whole numbers once the scale is large ("1,500", never "1.5e+03": wide labels collide)
+    ax.xaxis.set_major_formatter(
+        FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}")
+    )
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title("Where the time goes, per 1,000 tokens (compares across gradient accumulation)"
+                 + (f"\n{note}" if note else ""), fontsize=10)  # fmt: skip
     fig.tight_layout()
     _save(fig, path)
     return True
@@ -343,8 +456,8 @@ def plot_speed_vs_gas(runs: pd.DataFrame, views: list[Row], path: Path) -> bool:
     by_base = "base_scenario" in ok and ok["base_scenario"].notna().all()
     labels = {v["base_scenario" if by_base else "scenario"]: v["label"] for v in views}
     key = "base_scenario" if by_base else "scenario"
-    ok["configuration"] = ok[key].map(lambda n: _short(labels.get(n) or str(n), 34))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ok["configuration"] = ok[key].map(lambda n: _wrap(labels.get(n) or str(n), 40))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 5.2))
     sns.lineplot(
         data=ok, x="gas", y="tokens/s", hue="configuration", marker="o", errorbar=None, ax=ax
     )
@@ -367,6 +480,125 @@ def plot_speed_vs_gas(runs: pd.DataFrame, views: list[Row], path: Path) -> bool:
     return True
 
 
+# --------------------------------------------------------------------------- memory tradeoff
+def _speed_axis(views: list[Row]) -> tuple[str, float, str]:
+    """(column, scale, its words): % of baseline when measured, else tokens/s."""
+    if any(v["relative_speed"] is not None for v in views):
+        return "relative_speed", 100.0, "% of baseline speed"
+    return "tokens_per_s", 1.0, "tokens/s"
+
+
+def plot_memory_tradeoff(views: list[Row], path: Path) -> bool:
+    """The tradeoff itself: peak GPU memory per GPU against peak host memory per node, each
+    scenario a labelled point whose size and colour are its speed (offload moves memory from
+    the GPU to the host and costs speed: down-right is the price paid for left)."""
+    key, scale, words = _speed_axis(views)
+    pts = [v for v in views if all(isnum(v[k]) for k in
+                                   ("peak_gpu_allocated_gib", "host_peak_rss_gib", key))]  # fmt: skip
+    if not pts:
+        _no_data(path, "GPU vs host memory", "no successful run with GPU and host memory measured")
+        return False
+    pts.sort(key=lambda v: -float(v[key]))  # the slow (small) points drawn over the fast
+    data = pd.DataFrame({
+        "gpu": [float(v["peak_gpu_allocated_gib"]) for v in pts],
+        "host": [float(v["host_peak_rss_gib"]) for v in pts],
+        words: [scale * float(v[key]) for v in pts],
+    })  # fmt: skip
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 5.6))
+    sns.scatterplot(data=data, x="gpu", y="host", hue=words, size=words, sizes=(60, 420),
+                    palette="viridis", edgecolor="black", linewidth=0.5, ax=ax, zorder=3)  # fmt: skip
+    ax.set_xlabel("peak GPU memory allocated per GPU (GiB)")
+    ax.set_ylabel("peak host memory per node (GiB)")
+    ax.set_xlim(0, data["gpu"].max() * 1.4 + 1)
+    ax.set_ylim(0, data["host"].max() * 1.25 + 1)
+    legend = ax.legend(title=words, fontsize=8, title_fontsize=8, loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0), frameon=False)  # fmt: skip
+    fmt = "{:.0f}%" if scale == 100.0 else "{:,.0f} tok/s"
+    for t in legend.get_texts():  # seaborn writes the raw floats
+        t.set_text(fmt.format(float(t.get_text())))
+    fastest = sorted(range(len(pts)), key=lambda i: -data[words].iloc[i])[:MAX_LABELS]
+    more = "" if len(pts) <= MAX_LABELS else f"\nlabels: the {MAX_LABELS} fastest scenarios"
+    ax.set_title(f"GPU memory vs host memory (size and colour: speed){more}", fontsize=11)
+    fig.tight_layout()
+    xy = list(zip(data["gpu"], data["host"], strict=True))
+    texts = [f"{_tick_label(pts[i])}\n{fmt.format(data[words].iloc[i])}" for i in fastest]
+    note_left_out(ax, place_labels(ax, [xy[i] for i in fastest], texts, xy))
+    _save(fig, path)
+    return True
+
+
+# --------------------------------------------------------------------------- step series
+def run_series(runs: pd.DataFrame, views: list[Row]) -> list[tuple[str, list]]:
+    """(title, steps.csv rows) of each run with steps, in the order of the views, up to one
+    more than MAX_SERIES (enough to say that some were left out): the small multiples' panels."""
+    if runs.empty or not {"scenario", "record_dir"} <= set(runs.columns):
+        return []
+    order = {v["scenario"]: i for i, v in enumerate(views)}
+    labels = {v["scenario"]: v["plot_label"] or v["label"] for v in views}
+    rows = sorted(runs.to_dict("records"), key=lambda r: (order.get(r["scenario"], 1e9),
+                                                          str(r.get("repeat"))))  # fmt: skip
+    out = []
+    for r in rows:
+        if not isinstance(r["record_dir"], str) or not r["record_dir"]:
+            continue
+        steps = contracts.read_steps(Path(r["record_dir"]) / contracts.STEPS_FILE)
+        if steps:
+            rep = r.get("repeat")
+            title = labels.get(r["scenario"]) or str(r["scenario"])
+            out.append((_wrap(f"{title} · rep {rep}" if isnum(rep) else title, 36), steps))
+        if len(out) > MAX_SERIES:
+            break
+    return out
+
+
+def plot_step_series(runs: pd.DataFrame, views: list[Row], path: Path) -> bool:
+    """Small multiples, one per run: step time of every step (warm-up grey, measured blue),
+    steps DeepSpeed skipped (fp16 overflow) as red crosses, the loss scale on the right axis."""
+    series = run_series(runs, views)
+    more = f" (the first {MAX_SERIES} runs)" if len(series) > MAX_SERIES else ""
+    series = series[:MAX_SERIES]
+    if not series:
+        _no_data(path, "Step time per run", "no run wrote steps.csv")
+        return False
+    ncol = min(3, len(series))
+    nrow = math.ceil(len(series) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_WIDTH_IN, 2.4 * nrow + 0.9),
+                             squeeze=False, layout="constrained")  # fmt: skip
+    for ax, (title, steps) in zip(axes.flat, series, strict=False):
+        _draw_series(ax, steps)
+        ax.set_title(title, fontsize=8)
+        ax.set_xlabel("step", fontsize=7)
+        ax.tick_params(labelsize=7)
+    for ax in axes.flat[len(series) :]:
+        ax.axis("off")
+    fig.supylabel("step time (s)", fontsize=9)
+    handles = [plt.Line2D([], [], color=c, marker=m, ls=ls, label=lb) for c, m, ls, lb in (
+        ("#999", ".", "-", "warm-up step"), (PALETTE["none"], ".", "-", "measured step"),
+        ("#c44e52", "x", "", "skipped (fp16 overflow)"), ("#dd8452", "", "--", "loss scale (right)"))]  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle(f"Step time, loss scale and skipped steps per run{more}", fontsize=11)
+    _save(fig, path)
+    return True
+
+
+def _draw_series(ax, steps: list) -> None:
+    for phase, color in (("warmup", "#999"), ("measured", PALETTE["none"])):
+        mine = [s for s in steps if s.phase == phase]
+        ax.plot([s.step for s in mine], [s.step_time_s for s in mine], ".-", color=color, lw=1)
+    skipped = [s for s in steps if s.skipped]
+    ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
+    ax.plot([s.step for s in skipped], [s.step_time_s for s in skipped], "x", color="#c44e52",
+            ms=7, mew=2)  # fmt: skip
+    ax.set_ylim(bottom=0)
+    scaled = [s for s in steps if s.loss_scale]
+    if any(s.loss_scale != 1 for s in scaled):  # bf16 and fp32 keep 1: nothing to show
+        twin = ax.twinx()
+        twin.plot([s.step for s in scaled], [s.loss_scale for s in scaled], "--", color="#dd8452")
+        twin.set_yscale("log", base=2)
+        twin.tick_params(labelsize=7, colors="#dd8452")
+        twin.grid(False)
+
+
 # --------------------------------------------------------------------------- all figures
 def make_figures(runs: pd.DataFrame, views: list[Row], figdir: Path, baseline) -> list[dict]:
     """Every figure as a PNG under figdir (fixed names, FIGURES) and as a data: URI."""
@@ -375,8 +607,10 @@ def make_figures(runs: pd.DataFrame, views: list[Row], figdir: Path, baseline) -
     specs = [
         ("relative_speed", "Relative training speed", plot_relative_speed, (views, baseline)),
         ("speed_vs_gpu_memory", "Speed vs memory tradeoff", plot_speed_vs_memory, (views,)),
-        ("step_breakdown", "Step-time breakdown", plot_breakdown, (views,)),
+        ("memory_tradeoff", "GPU vs host memory, with speed", plot_memory_tradeoff, (views,)),
+        ("step_breakdown", "Step-time breakdown per 1k tokens", plot_breakdown, (views,)),
         ("speed_vs_gas", "Speed vs gradient accumulation", plot_speed_vs_gas, (runs, views)),
+        ("step_series", "Step time per run", plot_step_series, (runs, views)),
     ]
     out = []
     for key, title, plot, args in specs:

@@ -5,7 +5,7 @@
 summary into the plain data of ``templates/_predicted.html.j2``: each scenario's predicted peak
 GPU memory, host memory, step time and tokens/s beside the measured ones with the error of each,
 DeepSpeed's own estimator beside them, each offload overhead against its physical bound
-("PCIe-bound 0.10 s of 1.24 s overhead"), and the predict-only scenarios, labelled as
+("PCIe 0.10 s of 1.24 s overhead"), the bound by the same parts (:func:`bound_text`), and the predict-only scenarios, labelled as
 predictions. Missing numbers are None.
 """
 
@@ -18,9 +18,9 @@ import pandas as pd
 from offload_study.analysis.report.views import isnum
 from offload_study.core.contracts import (
     Prediction,
+    no_offload_pairs,
     offloads_nothing,
     read_predictions,
-    settings_of,
 )
 
 #: The parts of a predicted step an offload adds, by their physical bound.
@@ -34,15 +34,10 @@ def _pair(predicted, measured) -> dict:
 
 
 def reference_of(name: str, planned: dict[str, dict]) -> str | None:
-    """The scenario without offload that ``name`` is compared with: the first of the plan with
-    the same GPUs, micro-batch and accumulation (contracts.settings_of); None if none is."""
-    mine = settings_of(planned[name])
-    return next(
-        (other for other, s in planned.items() if other != name and mine is not None
-         and offloads_nothing(s["offload_optimizer"], s["offload_param"])
-         and settings_of(s) == mine),
-        None,
-    )  # fmt: skip
+    """The other scenario without offload that ``name`` is compared with: its first no-offload
+    pair in the plan (contracts.no_offload_pairs, collect's rule); None if none is."""
+    pairs = no_offload_pairs(planned[name], planned.values())
+    return next((s["name"] for s in pairs if s["name"] != name), None)
 
 
 def overhead_text(
@@ -56,7 +51,7 @@ def overhead_text(
         setup.get("offload_optimizer"), setup.get("offload_param")
     ):
         return None
-    parts = [f"{name}-bound {v:.2f} s" for key, name in BOUNDS if (v := getattr(row, key)) > 0.005]
+    parts = [f"{name} {v:.2f} s" for key, name in BOUNDS if (v := getattr(row, key)) > 0.005]
     mine, theirs = measured.get(row.scenario), measured.get(ref.scenario) if ref else None
     if ref and isnum(mine) and isnum(theirs):
         total, of = float(mine) - float(theirs), f"measured overhead over {ref.scenario}"
@@ -64,7 +59,18 @@ def overhead_text(
         total, of = row.step_time_s - ref.step_time_s, f"predicted overhead over {ref.scenario}"
     else:
         total, of = row.step_time_s - row.compute_s, "predicted overhead over its compute"
-    return f"{' + '.join(parts) or 'no transfer bound'} of {total:.2f} s {of}"
+    return f"{' + '.join(parts) or 'no transfer'} of {total:.2f} s {of}"
+
+
+def bound_text(p: Prediction) -> str | None:
+    """The bound as the largest part of the predicted step, with its seconds, from the same
+    parts as :func:`overhead_text` ('compute 21.27 s of 30.23 s'): the model's rule
+    (predict.StepTime.bound); compute, dispatch and interconnect overlap in plan.csv's compute_s."""
+    if p.bound is None or p.step_time_s is None:
+        return p.bound
+    key, name = next(((k, n) for k, n in BOUNDS if k == f"{p.bound}_s"), ("compute_s", p.bound))
+    part = getattr(p, key)
+    return f"{name} {part:.2f} s of {p.step_time_s:.2f} s" if part is not None else name
 
 
 def _row(p: Prediction, m: dict, label: str | None, overhead: str | None) -> dict:
@@ -75,7 +81,7 @@ def _row(p: Prediction, m: dict, label: str | None, overhead: str | None) -> dic
         "feasible": p.feasible,
         "force": p.force,
         "reason": p.reason,
-        "bound": p.bound,
+        "bound": bound_text(p),
         "outcome": m.get("status"),
         "gpu": _pair(p.gpu_gib, m.get("peak_gpu_allocated_gib")),
         "ds_gpu": _pair(p.ds_gpu_gib, m.get("peak_gpu_allocated_gib")),

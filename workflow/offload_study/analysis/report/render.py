@@ -3,7 +3,7 @@
 CLI::
 
     python -m offload_study.analysis.report --runs runs.csv --summary summary.csv --plan plan.json \
-        --out reports/<study>/report.html --figures-dir reports/<study>/figures \
+        --out reports/<cluster>/<study>/report.html --figures-dir reports/<cluster>/<study>/figures \
         [--other-cluster-summary other/summary.csv ...]
 
 The HTML has no external reference at all: CSS inline, figures as base64 PNG, DeepSpeed configs as
@@ -24,9 +24,9 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from offload_study.analysis import collect
-from offload_study.analysis.report import figures, predicted, views
+from offload_study.analysis.report import figures, predicted, seed, views
 from offload_study.analysis.report import recommend as recommend_view
-from offload_study.core import contracts
+from offload_study.core import contracts, references
 
 
 def baseline_of(summary: pd.DataFrame, plan: dict) -> tuple[str | None, str | None]:
@@ -39,6 +39,12 @@ def baseline_of(summary: pd.DataFrame, plan: dict) -> tuple[str | None, str | No
         notes = summary["relative_speed_note"].dropna().astype(str)
         note = next((n for n in notes if n.startswith(("no baseline", "baseline '"))), None)
     return baseline or plan.get("baseline") or None, note
+
+
+def _seed_view(plan: dict, scenarios: list, baseline: str | None) -> dict | None:
+    path = (plan.get("prediction") or {}).get("plan_csv")
+    predictions = contracts.read_predictions(path) if path and Path(path).is_file() else {}
+    return seed.seed_view(plan, scenarios, predictions, references.published_or_none(), baseline)
 
 
 def _environment() -> Environment:
@@ -99,6 +105,8 @@ def render(
         baseline_note=note,
         verdict_head=head,
         verdict_lines=lines,
+        seed=_seed_view(plan, scenarios, baseline),
+        common_cautions=views.common_cautions(scenarios),
         scenarios=scenarios,
         figures=figures.make_figures(runs, scenarios, Path(figures_dir), baseline),
         failures=views.failures(runs, scenarios),

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from offload_study.analysis import collect, sanity
-from offload_study.core import contracts
+from offload_study.core import contracts, verdict
 
 
 class Row(dict):
@@ -119,7 +119,28 @@ def scenario_views(summary: pd.DataFrame, plan: dict, baseline: str | None) -> l
     views = [scenario_view(sc, rows.get(str(sc["name"])), baseline) for sc in planned]
     seen = {v["scenario"] for v in views}
     views += [scenario_view({"name": n}, r, baseline) for n, r in rows.items() if n not in seen]
+    common = {c["name"] for c in common_cautions(views)}
+    for v in views:  # a caution said once at the top is not repeated on each row
+        v["row_flags"] = [f for f in v["flag_list"] if f["name"] not in common]
     return views
+
+
+def common_cautions(views: list[Row]) -> list[dict]:
+    """The cautions (flags that do not block) that most measured scenarios carry: the page says
+    each once, at the top, with its meaning, and names the measured scenarios without it; the
+    rows then show only the flags in which they differ."""
+    measured = [v for v in views if v["tokens_per_s"] is not None]
+    counts: dict[str, dict] = {}
+    for v in measured:
+        for f in v["flag_list"]:
+            if not f["blocks"]:
+                counts.setdefault(f["name"], {"flag": f, "on": []})["on"].append(v)
+    return [
+        {"name": name, "meaning": c["flag"]["meaning"], "n": len(c["on"]), "of": len(measured),
+         "without": [v["plot_label"] for v in measured if v not in c["on"]]}
+        for name, c in counts.items()
+        if len(c["on"]) >= 2 and 2 * len(c["on"]) > len(measured)
+    ]  # fmt: skip
 
 
 def scenario_view(planned: dict, row: dict | None, baseline: str | None) -> Row:
@@ -164,8 +185,8 @@ def _display_fields(v: Row) -> dict:
         "flag_list": sanity.parse_flags(v["flags"], v["flag_details"]),
         "blocking": sanity.blocking(v["flags"]),  # implausible: its numbers are no finding
         "pair_text": _pair_text(v),
-        "pair_within_noise": within_noise(v["paired_ratio_ci_low"], v["paired_ratio_ci_high"]),
-        "within_noise": within_noise(v["relative_speed_ci_low"], v["relative_speed_ci_high"]),
+        "pair_verdict": _speed_verdict(v, "paired_ratio"),
+        "speed_verdict": _speed_verdict(v, "relative_speed"),
         "unit": unit,
         "gpu_setup": gpu_setup,
         "offload_kind": kind,
@@ -187,9 +208,24 @@ def _pair_text(v: Row) -> str:
     return text + (", same allocation" if v["pairing"] == "same allocation" else "")
 
 
-def within_noise(lo, hi) -> bool:
-    """Whether a ratio's 95 % CI includes 1: the two speeds differ by less than the noise."""
-    return isnum(lo) and isnum(hi) and float(lo) <= 1.0 <= float(hi)
+def _speed_verdict(v: Row, column: str) -> str | None:
+    """The one verdict rule (core.verdict.speed) on a ratio column and its CI; None where
+    the ratio is not measured."""
+    if not isnum(v[column]):
+        return None
+    return verdict.speed(v[column], v[f"{column}_ci_low"], v[f"{column}_ci_high"])
+
+
+def worded_ratio(word: str | None, ratio_text: str, of: str) -> str:
+    """A ratio with its verdict, one way everywhere: 'slower: 74% [68%–82%] of baseline speed',
+    'no difference shown from baseline speed: 100% [97%–103%]', 'inconclusive: 70% [64%–110%]
+    of baseline speed (the CI is too wide to decide)'."""
+    if word == verdict.NO_DIFFERENCE:
+        return f"{word} from {of}: {ratio_text}"
+    if word == verdict.INCONCLUSIVE:
+        why = "the CI is too wide to decide" if "[" in ratio_text else "no CI"
+        return f"{word}: {ratio_text} of {of} ({why})"
+    return f"{word}: {ratio_text} of {of}" if word else f"{ratio_text} of {of}"
 
 
 def _ratio_text(ratio, lo, hi) -> str:
@@ -209,8 +245,8 @@ def _sweep_text(v: Row) -> str:
 def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[str, list[str]]:
     """(headline sentence, one sentence per other scenario). A number with a blocking sanity
     flag (implausible) is never stated as a finding, nor anything relative to it; a caution
-    leaves it standing with its CI and the caution named; a ratio whose CI includes 100 % is
-    "within noise"."""
+    leaves it standing with its CI and the caution named; each ratio carries its verdict
+    (core.verdict.speed: faster, slower, no difference shown or inconclusive)."""
     base = next((v for v in views if v["scenario"] == baseline), None)
     blocked = {v["scenario"] for v in views if v["blocking"]}
     if base is None or base["tokens_per_s"] is None:
@@ -245,8 +281,10 @@ def _blocked_line(v: Row) -> str | None:
 
 
 def _caution_clause(v: Row) -> str:
-    """'; caution: ci-target-missed' for the cautions of a number that stands."""
-    names = [f["name"] for f in v["flag_list"] if not f["blocks"]]
+    """'; caution: ci-target-missed' for the cautions of a number that stands (those the page
+    says once at the top for most scenarios left out: common_cautions)."""
+    flags = v["flag_list"] if v["row_flags"] is None else v["row_flags"]
+    names = [f["name"] for f in flags if not f["blocks"]]
     return f"; caution: {', '.join(names)}" if names else ""
 
 
@@ -270,31 +308,27 @@ def _relative_line(v: Row, base: Row, mem: str, mem_name: str, blocked: set[str]
     rel = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
     if base["scenario"] in blocked:
         t = f"{v['plot_label']}: {fmt(v['tokens_per_s'], 0)} tokens/s (the baseline is flagged)"
-    elif within_noise(*rel[1:]):
-        t = f"{v['plot_label']}: within noise of baseline speed ({_ratio_text(*rel)})"
     else:
-        t = f"{v['plot_label']}: {_ratio_text(*rel)} of baseline speed"
+        t = f"{v['plot_label']}: {worded_ratio(v['speed_verdict'], _ratio_text(*rel), 'baseline speed')}"
     if v[mem] is not None and isnum(base[mem]) and base[mem] > 0:
         t += f" at {v[mem] / base[mem]:#.2g}× the {mem_name}"
     if v["world_size"] and base["world_size"] and v["world_size"] != base["world_size"]:
         t += f", on {v['world_size']} instead of {count_of(base['world_size'], base['unit'])}"
-    if isnum(v["reference_speed_pct"]):
-        t += f" (seed: ~{v['reference_speed_pct']:g}%)"
     return t + _pair_clause(v, blocked) + _caution_clause(v) + "."
 
 
 def _pair_clause(v: Row, blocked: set[str]) -> str:
-    """'; 76% [70%–82%] of its no-offload pair 'x' (same settings)', or within noise of it;
-    nothing stated against a pair whose number is blocked (a caution on it does not block)."""
+    """'; slower: 76% [70%–82%] of its no-offload pair 'x' (same settings)', with the verdict of
+    core.verdict; nothing stated against a pair whose number is blocked (a caution on it
+    does not block)."""
     if v["pair_kind"] != "same-settings" or not isnum(v["paired_ratio"]):
         return ""
     if v["pair"] in blocked:
         return f"; its no-offload pair '{v['pair']}' is flagged, so no paired ratio is stated"
     ratio = (v["paired_ratio"], v["paired_ratio_ci_low"], v["paired_ratio_ci_high"])
-    if within_noise(*ratio[1:]):
-        return f"; within noise of its no-offload pair '{v['pair']}' ({_ratio_text(*ratio)})"
     where = ", same allocation" if v["pairing"] == "same allocation" else ""
-    return f"; {_ratio_text(*ratio)} of its no-offload pair '{v['pair']}' (same settings{where})"
+    of = f"its no-offload pair '{v['pair']}' (same settings{where})"
+    return "; " + worded_ratio(v["pair_verdict"], _ratio_text(*ratio), of)
 
 
 # --------------------------------------------------------------------------- sections
@@ -407,6 +441,8 @@ def provenance_rows(runs: pd.DataFrame) -> list[dict]:
             "host": prov["host"] or "—",
             "slurm": r["slurm_job_id"] or "—",
             "device": r["device_name"] or prov["gpu_model"] or "—",
+            "driver": prov["gpu_driver"] or "—",
+            "cuda": prov["cuda_version"] or "—",  # the CUDA runtime torch was built with
             "torch": r["torch_version"] or "—",
             "deepspeed": r["deepspeed_version"] or "—",
             "git": git,

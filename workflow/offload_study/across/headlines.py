@@ -1,0 +1,115 @@
+"""The landing page's list of published pages: every report and recommend page under
+reports/<cluster>/<study>/ (core.layout), each with a one-line headline (cluster, model, and the
+verdict or the winner) read from the study's records.
+
+A page's records are the study's results folder (results/<cluster>/<study>, layout.study_dir)
+or, for a committed page, the copy committed under docs/results/ whose plan.json names the same
+study and cluster (a folder named "...superseded..." loses to any other). Without records the
+page is still listed, its headline saying so.
+
+The verdict: the seed rows' verdicts (analysis.report.seed, the report's first block) where the
+study carries a published table; else the fastest scenario against the baseline, worded by the
+one verdict rule (core.verdict.speed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from offload_study.analysis import collect
+from offload_study.analysis.report import recommend as recommend_view
+from offload_study.analysis.report import seed, views
+from offload_study.core import contracts, layout, references, verdict
+
+#: Where committed records lie (docs/results/<cluster>/<study>, by convention; found by plan.json).
+PUBLISHED_RECORDS = Path("docs/results")
+PAGES = {"report.html": "report", "recommend.html": "recommend"}
+
+
+def local_pages(reports_root: str | Path, index: str | Path, root: str | Path = ".") -> list[dict]:
+    """One entry per reports/<cluster>/<study>/{report,recommend}.html, sorted by cluster and
+    study: its link from ``index`` and its headline."""
+    reports, out = Path(reports_root), []
+    for name, kind in PAGES.items():
+        for page in reports.glob(f"*/*/{name}"):
+            cluster, study = page.parent.parent.name, page.parent.name
+            if cluster in ("site", "compare"):  # the site's own folders (layout)
+                continue
+            records = records_of(cluster, study, Path(root))
+            out.append({"cluster": cluster, "study": study, "kind": kind,
+                        "href": _rel(page, Path(index)),
+                        "headline": headline(kind, records)})  # fmt: skip
+    return sorted(out, key=lambda e: (e["cluster"], e["study"], e["kind"]))
+
+
+def _rel(target: Path, page: Path) -> str:
+    return Path(os.path.relpath(target.resolve(), page.resolve().parent)).as_posix()
+
+
+def records_of(cluster: str, study: str, root: Path = Path(".")) -> Path | None:
+    """The records folder of a study on a cluster: results/<cluster>/<study>, else the copy
+    committed under docs/results/; None when neither is found."""
+    own = root / layout.study_dir(cluster, study)
+    if (own / layout.PLAN_JSON).is_file():
+        return own
+    found = []
+    for plan_path in (root / PUBLISHED_RECORDS).glob(f"**/{layout.PLAN_JSON}"):
+        plan = contracts.read_json(plan_path)
+        if plan.get("study") == study and plan.get("cluster") == cluster:
+            found.append(plan_path.parent)
+    found.sort(key=lambda d: ("superseded" in d.name, len(d.parts), str(d)))
+    return found[0] if found else None
+
+
+def headline(kind: str, records: Path | None) -> str:
+    """'<model> · <verdict or winner>' (the page's row names its cluster)."""
+    if records is None:
+        return "no records found for this page (results/ or docs/results/)"
+    plan = contracts.read_json(records / layout.PLAN_JSON)
+    model = views.model_name(plan.get("model"), plan.get("model_params"))
+    if kind == "recommend":
+        return f"{model} · {winner_line(records)}"
+    return f"{model} · {verdict_line(records, plan)}"
+
+
+def winner_line(records: Path) -> str:
+    rec = recommend_view.beside(records / layout.PLAN_JSON)
+    if rec is None:
+        return "no recommendation.json"
+    if not rec.get("winner"):
+        return f"no config ran ok within {rec['gpu_mem_gb']:g} GiB per GPU"
+    return (f"winner {rec['winner']}: {rec['tokens_per_s']:,.0f} tokens/s within "
+            f"{rec['gpu_mem_gb']:g} GiB per GPU")  # fmt: skip
+
+
+def verdict_line(records: Path, plan: dict) -> str:
+    """The seed rows' verdicts where the study has a published table, else the fastest
+    scenario against the baseline; 'no run collected' without summary.csv."""
+    path = records / layout.SUMMARY_CSV
+    if not path.is_file():
+        return "no run collected"
+    summary = collect.read_table(path)
+    baseline = (
+        next(iter(summary["baseline"].dropna().astype(str)), None)
+        if "baseline" in summary
+        else None
+    )
+    scenarios = views.scenario_views(summary, plan, baseline or plan.get("baseline"))
+    beside = records / layout.PLAN_CSV
+    predictions = contracts.read_predictions(beside) if beside.is_file() else {}
+    table = seed.seed_view(plan, scenarios, predictions, references.published_or_none(), baseline)
+    if table:
+        return "seed " + " · ".join(f"{r['seed_pct']:g} %: {r['verdict']}" for r in table["rows"])
+    return fastest_line(scenarios)
+
+
+def fastest_line(scenarios: list) -> str:
+    """'<fastest non-baseline scenario>: 74% [68%–82%] of baseline speed (slower)'."""
+    rated = [v for v in scenarios if not v["is_baseline"] and not v["blocking"]
+             and views.isnum(v["relative_speed"])]  # fmt: skip
+    if not rated:
+        return "no scenario measured against a baseline"
+    v = max(rated, key=lambda v: float(v["relative_speed"]))
+    ci = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
+    return f"fastest: {v['plot_label']}, {verdict.ratio_text(*ci)} of baseline speed ({verdict.speed(*ci)})"

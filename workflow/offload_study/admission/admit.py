@@ -1,0 +1,240 @@
+"""May the runs go ahead? The one judgement, made where each answer can first be known.
+
+:func:`admit` judges a :class:`Case` with a tuple of checks and returns every problem, each
+with the key (or file) that causes it:
+
+- :data:`STUDY` when the workflow is parsed (the Snakefile, before any job): input that passes
+  the schema but makes no sense, DeepSpeed keys, modes, the cluster fit, the host
+  (offload_study.admission.study_checks). Any problem refuses the study (:func:`admitted_plan`).
+- :data:`CONFIGS` in rule ``plan`` (``python -m offload_study.admission.admit``), once the
+  DeepSpeed configs are written: DeepSpeed's own parser, the op preflight, the prediction.
+- :data:`LAUNCH` in the runner, just before it launches one run: its NVMe folder on the node
+  that trains, the prediction, the op preflight. A problem there is recorded as the run's
+  outcome (``Problem.outcome``), the run is not launched.
+
+The walk is top-down: the planning stage expands (offload_study.planning.plan, pure), this
+module admits, then the configs are written (rule deepspeed_config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from offload_study.admission import preflight, study_checks
+from offload_study.core.contracts import (
+    Prediction,
+    RunSpec,
+    read_calibration,
+    read_json,
+    read_run_spec,
+    sha256_file,
+    write_json,
+    write_predictions,
+)
+from offload_study.core.study import StudyError
+from offload_study.planning import dsconfig
+from offload_study.planning.plan import Plan, expand_plan
+from offload_study.prediction import predict
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a study or run may not go ahead: the key path (or file) that causes it and
+    what is wrong. ``outcome``: ``invalid`` refuses the study; at launch, what the refused run is
+    recorded as (config_error, infeasible, op_build_error)."""
+
+    key: str
+    message: str
+    outcome: str = "invalid"
+    fix: str | None = None  # op_build_error: the fix, which leads the refused run's excerpt
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+def problem(text: str, outcome: str = "invalid") -> Problem:
+    """A Problem of a check's "key path: message" text."""
+    key, sep, message = text.partition(": ")
+    return Problem(key, message, outcome) if sep else Problem("study", text, outcome)
+
+
+@dataclass(frozen=True)
+class Case:
+    """What admission judges: the runs, and what each stage knows of them."""
+
+    runs: Sequence[RunSpec]
+    study: dict | None = None  # None at launch: the runner has its run spec only
+    cluster: dict | None = None
+    #: scenario -> its DeepSpeed config (rule plan: the written configs, predict-only built)
+    ds_configs: Mapping[str, dict] = field(default_factory=dict)
+    #: scenario -> its prediction (rule plan: plan.csv's rows; at launch: the plan's row)
+    predictions: Mapping[str, Prediction] = field(default_factory=dict)
+
+
+Check = Callable[[Case], list[Problem]]
+
+
+def study_expansion(case: Case) -> list[Problem]:
+    return [problem(t) for t in study_checks.study_problems(case.study, case.cluster, case.runs)]
+
+
+def study_host(case: Case) -> list[Problem]:
+    return [problem(t) for t in study_checks.host_problems(case.study, case.cluster, case.runs)]
+
+
+def deepspeed_parser(case: Case) -> list[Problem]:
+    """Every DeepSpeed config through DeepSpeed's own parser (batch arithmetic, pydantic keys)."""
+    problems = []
+    for spec in case.runs:
+        try:
+            dsconfig.parse_with_deepspeed(case.ds_configs[spec.scenario], spec.world_size)
+        except Exception as exc:  # DeepSpeed raises AssertionError, ValueError, ValidationError
+            where = spec.ds_config or "predict-only config"
+            problems.append(Problem(f"{where} (scenario {spec.scenario!r})",
+                                    f"DeepSpeed refused it: {exc}"))  # fmt: skip
+    return problems
+
+
+def op_preflight(case: Case) -> list[Problem]:
+    """DeepSpeed ops each trained run needs that cannot be built on this machine."""
+    result = preflight.check_runs(s for s in case.runs if not s.predict_only)
+    return [Problem(f"scenario {name}", line, "op_build_error", result.fixes.get(name))
+            for name, line in result.refusals.items()]  # fmt: skip
+
+
+def prediction(case: Case) -> list[Problem]:
+    """Runs predicted not to fit their memory or NVMe budget (predict.refusal)."""
+    problems = []
+    for spec in case.runs:
+        row = case.predictions.get(spec.scenario)
+        refused = predict.refusal(spec, row) if row is not None else None
+        if refused:
+            problems.append(Problem(f"scenario {spec.scenario}", refused, "infeasible"))
+    return problems
+
+
+def node_path(case: Case) -> list[Problem]:
+    """On the node that trains: can each run write its NVMe folder?"""
+    return [
+        Problem(f"nvme_path (scenario {s.scenario})", problem_text, "config_error")
+        for s in case.runs
+        if s.nvme_path and (problem_text := dsconfig.nvme_dir_problem(s.nvme_path))
+    ]
+
+
+STUDY: tuple[Check, ...] = (study_expansion, study_host)
+CONFIGS: tuple[Check, ...] = (deepspeed_parser, op_preflight, prediction)
+LAUNCH: tuple[Check, ...] = (node_path, prediction, op_preflight)
+
+
+def admit(case: Case, checks: Sequence[Check] = STUDY) -> list[Problem]:
+    """Every problem ``checks`` find in ``case``, in their order (empty: it may go ahead)."""
+    return [found for check in checks for found in check(case)]
+
+
+def refusal_text(problems: Sequence[Problem]) -> str:
+    """One error for a refused study: the first problem, then every other one on its line."""
+    first, *rest = problems
+    more = "".join(f"\n  - {p}" for p in rest)
+    return f"{first}" + (f"\n{len(rest)} more problem(s):{more}" if rest else "")
+
+
+class Refused(StudyError):
+    """A study admission refused; ``problems`` lists every reason."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        super().__init__(refusal_text(problems))
+        self.problems = list(problems)
+
+
+def first_problem(err: StudyError) -> str:
+    """The first reason of a refusal (a schema error has one; admission lists every one)."""
+    return str(err.problems[0]) if isinstance(err, Refused) else str(err)
+
+
+def admitted_plan(config, cluster_dir=None, source=None) -> Plan:
+    """Expand the study (Plan), then admit it: the Plan, or :class:`Refused` naming every
+    problem. What the Snakefile builds once, in the main Snakemake process."""
+    plan = Plan(config, cluster_dir=cluster_dir, source=source)
+    problems = admit(Case(plan.planned, plan.study, plan.cluster))
+    if problems:
+        raise Refused(problems)
+    return plan
+
+
+def admitted_runs(study: dict, cluster: dict) -> list[RunSpec]:
+    """expand_plan's runs of a loaded study with its expansion admitted (:class:`Refused`
+    otherwise); not the host checks: these specs may be for a machine other than this one."""
+    runs = expand_plan(study, cluster)
+    problems = admit(Case(runs, study, cluster), (study_expansion,))
+    if problems:
+        raise Refused(problems)
+    return runs
+
+
+def at_launch(spec: RunSpec, plan_outdir: str | Path) -> Problem | None:
+    """The runner's question just before it launches ``spec``: the first problem (recorded as
+    its outcome, nothing launched), or None. ``plan_outdir``: the record folder whose study's
+    plan.csv holds the run's prediction (else the same prediction is made here)."""
+    row = predict.launch_prediction(spec, plan_outdir)
+    case = Case([spec], predictions={spec.scenario: row} if row else {})
+    return next(iter(admit(case, LAUNCH)), None)
+
+
+# --------------------------------------------------------------------------- rule plan
+def predict_plan(plan: dict, pairs, calibration: str | None, plan_csv: str) -> dict:
+    """plan.csv (one prediction per scenario, predict-only ones too) and what plan.json says of
+    it (predicted GPU-hours, the calibration used)."""
+    cal = read_calibration(calibration) if calibration else None
+    rows = [predict.predict(s, c, cal, plan["repeats"], with_deepspeed=True) for s, c in pairs]
+    write_predictions(plan_csv, rows)
+    return {"plan_csv": plan_csv, **predict.summarize(rows, calibration, cal)}
+
+
+def predict_only_configs(plan: dict) -> list[tuple[RunSpec, dict]]:
+    """(run spec, DeepSpeed config) of each predict-only scenario of a plan summary."""
+    specs = [
+        RunSpec.from_dict(s["spec"], "plan: predict_only") for s in plan.get("predict_only", [])
+    ]
+    return [(spec, dsconfig.build_ds_config(spec)) for spec in specs]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Admit the written DeepSpeed configs (DeepSpeed's parser, the op preflight, "
+        "the prediction) and write plan.json"
+    )
+    parser.add_argument("--plan-json", required=True, help="plan summary written by the workflow")
+    parser.add_argument("--out", required=True, help="validated plan to write")
+    parser.add_argument("--plan-csv", help="plan.csv to write: predictions per scenario")
+    parser.add_argument("--calibration", help="the cluster's calibration.json (step times)")
+    parser.add_argument("specs", nargs="+", help="run specs (configs/<scenario>.run.json)")
+    args = parser.parse_args(argv)
+    plan = read_json(args.plan_json)
+    specs = [read_run_spec(path) for path in args.specs]
+    pairs = [(spec, read_json(spec.ds_config)) for spec in specs] + predict_only_configs(plan)
+    case = Case([s for s, _ in pairs], ds_configs={s.scenario: c for s, c in pairs})
+    refused = admit(case, (deepspeed_parser,))
+    if refused:
+        print("\n".join(map(str, refused)), file=sys.stderr)
+        return 1
+    plan["preflight"], lines, stops = preflight.plan_gate(specs, plan["preflight"])
+    if lines:
+        print("\n".join(lines), file=sys.stderr)
+    if stops:  # an op DeepSpeed cannot build here: nothing trains (study key preflight)
+        return 1
+    plan["deepspeed_checked"] = True
+    plan["ds_config_sha256"] = {spec.scenario: sha256_file(spec.ds_config) for spec in specs}
+    if args.plan_csv:  # plan.csv's feasible/reason: predict.refusal, the check LAUNCH repeats
+        plan["prediction"] = predict_plan(plan, pairs, args.calibration, args.plan_csv)
+        print(plan["prediction"]["summary"])
+    write_json(args.out, plan)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Where every file of a study lives: the one owner of the results layout.
+
+Every path is relative to the workflow's working directory (where ``snakemake`` runs, or
+``--directory``), never to where this package is installed: a site environment installed from
+one checkout runs the studies of another. A study run on cluster X reads and writes only under
+X's folders, so it never reads, overwrites or is shadowed by cluster Y's records or report::
+
+    config/clusters/<cluster>.yaml            cluster descriptions
+    config/calibration/<cluster>.json         calibration shipped for clusters we cannot measure
+    config/references/                        reference values with tolerances (check)
+    results/<cluster>/calibration.json        calibration measured on the cluster
+    results/<cluster>/<study>/                a study's records on one cluster   (study_dir)
+        configs/<scenario>.json               DeepSpeed config
+        configs/<scenario>.run.json           run spec
+        plan.unchecked.json, plan.json, plan.csv
+        <scenario>/rep<k>/                    one run's record                    (record_dir)
+        archive/<scenario>/rep<k>/<stamp>/    superseded copies of records
+        runs.csv, runs.parquet, summary.csv   collect's tables
+        recommend/                            recommend's rounds and decision
+        logs/                                 the rules' logs
+    reports/<cluster>/<study>/report.html     the study's report on that cluster  (report_dir)
+    reports/index.html, reports/site/         the published site (publish)
+    reports/compare/<name>.html               bundles compared (compare)
+    bundles/<study>--<cluster>.tar.gz         a study's records packed (bundle)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CLUSTER_DIR = Path("config/clusters")
+SHIPPED_CALIBRATION_DIR = Path("config/calibration")
+REFERENCES_DIR = Path("config/references")
+RESULTS_ROOT = "results"
+REPORTS_ROOT = "reports"
+BUNDLES_DIR = "bundles"
+CALIBRATION_FILE = "calibration.json"
+PLAN_JSON = "plan.json"
+PLAN_UNCHECKED_JSON = "plan.unchecked.json"
+PLAN_CSV = "plan.csv"
+CONFIGS_DIR = "configs"
+ARCHIVE_DIR = "archive"
+RECOMMEND_DIR = "recommend"
+LOGS_DIR = "logs"
+SUMMARY_CSV = "summary.csv"
+
+
+def cluster_file(cluster: str, cluster_dir: str | Path = CLUSTER_DIR) -> Path:
+    return Path(cluster_dir) / f"{cluster}.yaml"
+
+
+def cluster_results(cluster: str) -> str:
+    """results/<cluster>: what was measured on one cluster (its studies, its calibration)."""
+    return f"{RESULTS_ROOT}/{cluster}"
+
+
+def study_dir(cluster: str, study: str) -> str:
+    """results/<cluster>/<study>"""
+    return f"{cluster_results(cluster)}/{study}"
+
+
+def measured_calibration(cluster: str) -> str:
+    return f"{cluster_results(cluster)}/{CALIBRATION_FILE}"
+
+
+def shipped_calibration(cluster: str) -> str:
+    return str(SHIPPED_CALIBRATION_DIR / f"{cluster}.json")
+
+
+def ds_config_path(study: str | Path, scenario: str) -> str:
+    """The DeepSpeed config of a scenario of the study folder ``study``."""
+    return f"{study}/{CONFIGS_DIR}/{scenario}.json"
+
+
+def run_spec_path(study: str | Path, scenario: str) -> str:
+    return f"{study}/{CONFIGS_DIR}/{scenario}.run.json"
+
+
+def record_dir(study: str | Path, scenario: str, repeat: int | str) -> str:
+    """One run's record: <study>/<scenario>/rep<k> (a Snakemake pattern with "{rep}")."""
+    return f"{study}/{scenario}/rep{repeat}"
+
+
+def study_of_record(record: str | Path) -> Path:
+    """results/<cluster>/<study>/<scenario>/rep<k> -> results/<cluster>/<study>"""
+    return Path(record).parents[1]
+
+
+def archive_dir(study: str | Path, scenario: str, repeat: int, stamp: str) -> Path:
+    """<study>/archive/<scenario>/rep<k>/<stamp>: a superseded copy of a record."""
+    return Path(study) / ARCHIVE_DIR / scenario / f"rep{repeat}" / stamp
+
+
+def report_dir(cluster: str, study: str) -> str:
+    """reports/<cluster>/<study>: a study's report as measured on one cluster."""
+    return f"{REPORTS_ROOT}/{cluster}/{study}"
+
+
+def report_html(cluster: str, study: str) -> str:
+    return f"{report_dir(cluster, study)}/report.html"
+
+
+def other_cluster_summaries(cluster: str, study: str, root: str | Path = ".") -> list[str]:
+    """summary.csv of the same study collected here from other clusters (side by side)."""
+    found = Path(root).glob(f"{RESULTS_ROOT}/*/{study}/{SUMMARY_CSV}")
+    return sorted(str(p) for p in found if p.parent.parent.name != cluster)

@@ -1,0 +1,82 @@
+"""One verdict rule for every comparison the project words (report, compare, check, recommend).
+
+Two questions, each answered from a ratio's point estimate and its 95 % CI:
+
+- :func:`speed` — is A faster than B? ``faster`` / ``slower`` when the whole CI lies on one side
+  of 1; ``no difference shown`` only when the CI contains 1 *and* lies inside the equivalence
+  band of :data:`THRESHOLDS` (any difference is smaller than that); ``inconclusive`` otherwise
+  (the CI contains 1 but is too wide to say the two are alike, or there is no CI at all).
+- :func:`band` — does a measured figure reproduce a published one within its tolerance band?
+  ``reproduced`` when the whole CI lies inside the band, ``not reproduced`` when it lies wholly
+  outside, ``inconclusive`` when it straddles an edge of the band, ``not measured`` without a
+  figure.
+
+The thresholds are data, not code: change :data:`THRESHOLDS` and every page follows.
+"""
+
+from __future__ import annotations
+
+import math
+
+FASTER, SLOWER, NO_DIFFERENCE, INCONCLUSIVE = (
+    "faster",
+    "slower",
+    "no difference shown",
+    "inconclusive",
+)
+REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"
+
+#: equivalence: a CI that contains 1 says "no difference shown" only when it lies within
+#: [1 - equivalence, 1 + equivalence]: ±20 % is the smallest speed change a user of these
+#: reports acts on (a study's repeats on one machine spread by up to ~15 %, docs/results), so a
+#: CI wider than that around 1 cannot tell "alike" from "a fifth slower".
+THRESHOLDS = {"equivalence": 0.20}
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def speed(ratio, ci_low, ci_high, thresholds: dict = THRESHOLDS) -> str:
+    """The verdict on a ratio (A over B, e.g. tokens/s) with its 95 % CI: faster / slower /
+    no difference shown / inconclusive (see the module docstring)."""
+    r, lo, hi = _num(ratio), _num(ci_low), _num(ci_high)
+    if r is None or lo is None or hi is None:
+        return INCONCLUSIVE
+    if lo > 1:
+        return FASTER
+    if hi < 1:
+        return SLOWER
+    eq = thresholds["equivalence"]
+    return NO_DIFFERENCE if lo >= 1 - eq and hi <= 1 + eq else INCONCLUSIVE
+
+
+def band(value, ci_low, ci_high, band_low, band_high) -> str:
+    """The verdict on a measured figure against a published tolerance band [band_low,
+    band_high] (None: unbounded on that side). Without a CI the point estimate is all the
+    evidence there is, and is judged alone."""
+    v = _num(value)
+    if v is None:
+        return NOT_MEASURED
+    lo, hi = _num(ci_low), _num(ci_high)
+    lo, hi = (v, v) if lo is None or hi is None else (min(lo, v), max(hi, v))
+    b_lo = -math.inf if _num(band_low) is None else float(band_low)
+    b_hi = math.inf if _num(band_high) is None else float(band_high)
+    if hi < b_lo or lo > b_hi:
+        return NOT_REPRODUCED
+    if lo >= b_lo and hi <= b_hi:
+        return REPRODUCED
+    return INCONCLUSIVE
+
+
+def ratio_text(ratio, ci_low, ci_high) -> str:
+    """'74% [68%–82%]' (no CI: '74%')."""
+    r, lo, hi = _num(ratio), _num(ci_low), _num(ci_high)
+    if r is None:
+        return "—"
+    ci = f" [{100 * lo:.0f}%–{100 * hi:.0f}%]" if lo is not None and hi is not None else ""
+    return f"{100 * r:.0f}%{ci}"
