@@ -25,8 +25,8 @@ import psutil
 import pytest
 import yaml
 from conftest import SMALL_LLAMA, copy_repo_for_run, make_spec
+from runs import NVME_AIO, load_record, run_runner
 from slurm_cluster import slurm_fixture_gen
-from test_runner import NVME_AIO, load_record, run_runner
 
 from offload_study.core.contracts import read_json, write_json
 from offload_study.planning.plan import write_scenario_files

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 from conftest import REPO as REPO_ROOT
-from test_workflow import snakemake
+from runs import snakemake
 
 from offload_study.core.study import StudyError, load_schema
 from offload_study.planning import plan as P

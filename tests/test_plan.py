@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import ast
-import copy
 import json
-import re
 import subprocess
 import sys
 
 import pytest
 import yaml
+from bad_inputs import BAD_INPUT, SHIPPED_STUDIES, Swept, shipped, with_change
 from conftest import REPO as REPO_ROOT
 
 from offload_study.admission import admit
@@ -20,14 +19,6 @@ from offload_study.core.study import StudyError, load_cluster, load_study
 from offload_study.planning import dsconfig
 from offload_study.planning.names import format_value
 from offload_study.planning.plan import Plan, expand_plan
-
-SHIPPED_STUDIES = ["config/config.yaml"] + sorted(
-    str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "config" / "studies").glob("*.yaml")
-)
-
-
-def shipped(path: str) -> dict:
-    return yaml.safe_load((REPO_ROOT / path).read_text())
 
 
 @pytest.fixture
@@ -42,100 +33,7 @@ def plan_error(config: dict, cluster_dir=None) -> str:
     return first_problem(info.value)
 
 
-def with_change(config: dict, path: str, value) -> dict:
-    """Copy of config with one key set; path like 'scenarios[1].offload_optimizer'."""
-    config = copy.deepcopy(config)
-    for other, other_value in getattr(value, "also", {}).items():
-        config = with_change(config, other, other_value)
-    value = str(value) if isinstance(value, Swept) else value
-    node = config
-    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
-    for part in parts[:-1]:
-        node = node[int(part[1:-1])] if part.startswith("[") else node[part]
-    last = parts[-1]
-    if value is DELETE:
-        del node[last]
-    elif last.startswith("["):
-        node[int(last[1:-1])] = value
-    else:
-        node[last] = value
-    return config
-
-
-DELETE = object()
-
-
-class Swept(str):
-    """A value set together with other changes (path -> value) that it depends on."""
-
-    def __new__(cls, value: str, also: dict):
-        self = super().__new__(cls, value)
-        self.also = also
-        return self
-
-
-# (change, value, words the one error message must contain)
-BAD_INPUT = [
-    ("steps", "ten", ["steps", "wrong type", "integer"]),
-    ("seq_len", 0, ["seq_len", "too small", ">= 1"]),
-    ("micro_batch", -2, ["micro_batch", "too small"]),
-    ("global_batch", 0, ["global_batch", "too small"]),
-    ("repeats", 0, ["repeats", "too small"]),
-    ("dtype", "fp8", ["dtype", "'fp8'", "'fp16'", "'bf16'"]),
-    ("stepz", 3, ["stepz", "unknown key"]),
-    (
-        "scenarios[1].offload_optimizer",
-        "gpu",
-        ["scenarios[1].offload_optimizer", "'none'", "'cpu'", "'nvme'"],
-    ),
-    ("scenarios[2].offload_param", "disk", ["scenarios[2].offload_param", "allowed values"]),
-    ("scenarios[0].gpus", 2, ["scenarios[0].gpus", "unknown key", "gpus_per_node"]),
-    ("scenarios[0].gpus_per_node", DELETE, ["scenarios[0].gpus_per_node", "required"]),
-    ("scenarios[0].gpus_per_node", 0, ["scenarios[0].gpus_per_node", "too small"]),
-    ("scenarios[0].gpu_mem_gb", -40, ["scenarios[0].gpu_mem_gb", "too small"]),
-    ("scenarios[0].cpu_mem_gb", 0, ["scenarios[0].cpu_mem_gb", "too small"]),
-    ("scenarios[1].name", "../evil", ["scenarios[1].name", "not a valid name"]),
-    ("scenarios[1].name", "has space", ["scenarios[1].name", "not a valid name"]),
-    ("scenarios[1].name", "a;rm -rf", ["scenarios[1].name", "not a valid name"]),
-    ("scenarios[1].name", "..", ["scenarios[1].name", "not a valid name"]),
-    ("scenarios[1].name", "a/b", ["scenarios[1].name", "not a valid name"]),
-    ("study", "my study", ["study", "not a valid name"]),
-    ("cluster", "../clusters/x", ["cluster", "not a valid name"]),
-    ("model", {}, ["model", "exactly one of preset, config or name_or_path"]),
-    ("model", {"preset": "llama2-7b", "name_or_path": "x"}, ["model", "exactly one"]),
-    ("model", {"preset": "llama9-1t"}, ["model.preset", "llama2-7b"]),
-    ("model", {"config": {"hidden_size": 8}}, ["model.config.model_type", "required"]),
-    ("scenarios", [], ["scenarios", "should be non-empty"]),
-    ("model", DELETE, ["model", "required"]),
-    ("timeout_min", 0, ["timeout_min", "too small"]),
-    ("zero", {"reduce_bucket_sise": 5e8}, ["zero.reduce_bucket_sise", "reduce_bucket_size"]),
-    ("zero", {"stage": 2}, ["zero.stage", "set by the scenario"]),
-    ("scenarios[1].zero", {"offload_optimizer": {}}, ["scenarios[1].zero.offload_optimizer"]),
-    ("aio", {"thread_count": 8}, ["aio.thread_count", "intra_op_parallelism"]),
-    ("aio", {"queue_dept": 8}, ["aio.queue_dept", "queue_depth"]),
-    (
-        "scenarios[0].sweep",
-        {"reduce_bucket_sise": [1, 2]},
-        ["scenarios[0].sweep.reduce_bucket_sise"],
-    ),
-    ("scenarios[0].sweep", {"micro_batch": []}, ["scenarios[0].sweep.micro_batch"]),
-    ("scenarios[0].sweep", {"micro_batch": [0]}, ["scenarios[0].sweep.micro_batch", "positive"]),
-    ("baseline", "nope", ["baseline", "'nope'", "zero3-2rank"]),
-    ("scenarios[0].reference", {"speed_pct": "fast"}, ["scenarios[0].reference.speed_pct"]),
-    # input that passes the schema but makes no sense (admission, not the schema, refuses it)
-    ("seq_len", 100_000, ["seq_len", "max_position_embeddings (512)"]),
-    ("global_batch", 10**30, ["global_batch", "64-bit", "no cluster can run it"]),
-    ("scenarios[1].gpus_per_node", 3, ["scenarios[1].gpus_per_node", "local-cpu", "(2)"]),
-    ("scenarios[0].gpu_mem_gb", 1e308, ["scenarios[0].gpu_mem_gb", "overflows"]),
-    ("scenarios[0].cpu_mem_gb", 10**400, ["scenarios[0].cpu_mem_gb", "overflows"]),
-    (
-        "baseline",
-        Swept("zero3-2rank", {"scenarios[0].sweep": {"micro_batch": [1, 2]}}),
-        ["baseline: 'zero3-2rank'", "zero3-2rank__mb-1, zero3-2rank__mb-2"],
-    ),
-]
-
-
+@pytest.mark.refuses_bad_input
 @pytest.mark.parametrize(
     ("path", "value", "words"), BAD_INPUT, ids=[f"{p}={v!r}"[:60] for p, v, _ in BAD_INPUT]
 )

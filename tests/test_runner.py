@@ -11,73 +11,14 @@ import sys
 import time
 from pathlib import Path
 
-import jsonschema
 import pytest
-from conftest import SMALL_LLAMA, make_spec
+from conftest import make_spec
+from runs import load_record, make_run, run_runner
 
 from offload_study.core import contracts
-from offload_study.core.contracts import RankStats, StepRow, read_run_spec
-from offload_study.planning.plan import write_scenario_files
+from offload_study.core.contracts import RankStats, StepRow
 from offload_study.training import metrics, outcome, placement, probes, provenance
 from offload_study.training.supervise import Supervision
-
-NVME_AIO = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
-            "single_submit": False, "overlap_events": True}  # fmt: skip
-
-
-def make_run(
-    tmp_path: Path, offload_optimizer="none", offload_param="none", world=1, *,
-    ds_over=None, scenario=None, **study,
-):  # fmt: skip
-    """Plan a one-scenario study (conftest.make_spec) and write its run spec + DeepSpeed config
-    as the plan rules do; return (spec_path, outdir, spec).
-
-    ``scenario``/``study`` keys go into the study; ``ds_over`` (dict) is merged into the written
-    DeepSpeed config afterwards (a config DeepSpeed refuses at run time).
-    """
-    nvme = "nvme" in (offload_optimizer, offload_param)
-    name = f"z3-{offload_optimizer}-{offload_param}-w{world}"
-    # NVMe: big enough that partitions pass DeepSpeed's 1 MiB min_aio_bytes and are swapped
-    model = dict(SMALL_LLAMA, vocab_size=8192) if nvme else SMALL_LLAMA
-    scenario = {
-        "name": name, "gpus_per_node": world, "gpu_mem_gb": 40, "cpu_mem_gb": 64,
-        "offload_optimizer": offload_optimizer, "offload_param": offload_param,
-        "nvme_path": str(tmp_path / "nvme") if nvme else None, **(scenario or {}),
-    }  # fmt: skip
-    study = {"model": {"config": model}, "aio": NVME_AIO if nvme else {}, **study}
-    spec_path, ds_path = tmp_path / f"{name}.run.json", tmp_path / f"{name}.json"
-    write_scenario_files(make_spec("local-cpu", scenario, **study), str(ds_path), str(spec_path))
-    ds = contracts.read_json(ds_path)
-    for k, v in (ds_over or {}).items():
-        if isinstance(v, dict) and isinstance(ds.get(k), dict):
-            ds[k].update(v)
-        else:
-            ds[k] = v
-    contracts.write_json(ds_path, ds)
-    outdir = tmp_path / "results" / "local-cpu" / "test" / name / "rep0"
-    return spec_path, outdir, read_run_spec(spec_path)
-
-
-def run_runner(spec_path, outdir, timeout=300):
-    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
-           "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-def load_record(outdir: Path) -> dict:
-    assert outdir.is_dir(), f"no record at {outdir}"
-    assert not list(outdir.parent.glob("rep0.tmp-*")), "temporary record left behind"
-    for name in ("metrics.json", "steps.csv", "provenance.json", "logs/launcher.log"):
-        assert (outdir / name).is_file(), name
-    m = json.loads((outdir / "metrics.json").read_text())
-    jsonschema.validate(m, contracts.metrics_schema())
-    prov = json.loads((outdir / "provenance.json").read_text())
-    jsonschema.validate(prov, contracts.provenance_schema())
-    assert prov["schema_problems"] == []
-    archived = list((outdir.parents[1] / "archive" / outdir.parent.name / "rep0").glob("*"))
-    assert len(archived) == 1 and (archived[0] / "metrics.json").is_file()
-    return m
-
 
 # --------------------------------------------------------------------------- real runs
 MODES = [("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "nvme")]

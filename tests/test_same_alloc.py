@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from builders import DRIFT, build_report, by_name, make_record
 from conftest import SMALL_LLAMA, make_cluster
-from test_runner import run_runner
+from runs import run_runner
 
 from offload_study.analysis import collect as C
 from offload_study.core import contracts

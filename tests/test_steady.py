@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SMALL_LLAMA, make_cluster, make_spec
-from test_runner import load_record, make_run, run_runner
+from runs import load_record, make_run, run_runner
 
 from offload_study.admission.admit import admitted_runs
 from offload_study.core import contracts

@@ -6,21 +6,14 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO as REPO_ROOT
+from runs import snakemake
 
 from offload_study import readme_sync
-
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-
-
-def snakemake(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def job_counts(output: str) -> dict[str, int]:
