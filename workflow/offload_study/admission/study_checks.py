@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from offload_study.core import units
 from offload_study.core.contracts import RunSpec
 from offload_study.core.study import StudyError, shown
 from offload_study.planning import dsconfig, modes, presets
@@ -22,8 +23,8 @@ from offload_study.planning.plan import (
 )
 from offload_study.planning.resources import fit_problems
 
-#: Memory sizes are converted to bytes (caps, SLURM, NVML): above this they overflow 64 bits.
-MAX_MEMORY_GB = (2**63 - 1) / 2**30
+#: Memory sizes (GiB) are converted to bytes (caps, SLURM, NVML): above this they overflow 64 bits.
+MAX_MEMORY_GIB = units.bytes_to_gib(dsconfig.MAX_INT)
 
 
 def _raised(check, *args) -> list[str]:
@@ -95,13 +96,13 @@ def memory_problems(study: dict, cluster: dict) -> list[str]:
         if value is None:
             continue
         try:
-            fits = math.isfinite(float(value)) and float(value) <= MAX_MEMORY_GB
+            fits = math.isfinite(float(value)) and float(value) <= MAX_MEMORY_GIB
         except OverflowError:  # an int too big for a float
             fits = False
         if not fits:
             problems.append(
-                f"{key}: {shown(value)} GB overflows when converted to bytes; allowed: a size "
-                f"below {MAX_MEMORY_GB:.3g} GB"
+                f"{key}: {shown(value)} GiB overflows when converted to bytes; allowed: a size "
+                f"below {MAX_MEMORY_GIB:.3g} GiB"
             )
     return problems
 

@@ -66,8 +66,8 @@ def _save(fig, path: Path) -> None:
     """The PNG, with every label drawn in it as its Description (PNG text): the page's alt text
     can say what the figure shows, and a test can read that no label was cut."""
     fig.draw_without_rendering()  # tick labels set by locators exist only once drawn
-    meta = {"Description": "\n".join(t.get_text() for t in figure_texts(fig))}
     texts = figure_texts(fig)
+    meta = {"Description": "\n".join(t.get_text() for t in texts)}
     cut = [t.get_text() for t in texts if not _inside(t, fig)]
     cut += [f"{a.get_text()} / {b.get_text()}" for a, b in _overlapping(texts)]
     if cut:  # a layout bug, not a reason to lose the figure: the test reads this
