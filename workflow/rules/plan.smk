@@ -1,5 +1,6 @@
 localrules:
     deepspeed_config,
+    catalog_calibration,
     plan_summary,
     plan,
 
@@ -36,27 +37,44 @@ rule plan_summary:
 
 CALIBRATION_MEASURED = layout.measured_calibration(PLAN.cluster["name"])
 CALIBRATION_SHIPPED = layout.shipped_calibration(PLAN.cluster["name"])
+CALIBRATION_CATALOG = layout.catalog_calibration(PLAN.cluster["name"])
 
 
-# The cluster's calibration: what was measured on it, else the file config/calibration ships
-# for it (clusters we cannot measure now), else measure it (rule calibrate).
-CALIBRATION = (
-    CALIBRATION_SHIPPED
-    if os.path.exists(CALIBRATION_SHIPPED) and not os.path.exists(CALIBRATION_MEASURED)
-    else CALIBRATION_MEASURED
-)
-# Calibration runs once per cluster, on a node like the first run's (not per scenario).
+def planning_calibration():
+    """What the plan predicts from: the cluster's measured calibration, else the file
+    config/calibration ships for it, else for a CUDA cluster the GPU catalog's values
+    (uncalibrated: plan works on any machine; `snakemake calibrate` measures), else (a CPU
+    cluster, whose accelerator every node has) measure it (rule calibrate)."""
+    if os.path.exists(CALIBRATION_MEASURED):
+        return CALIBRATION_MEASURED
+    if os.path.exists(CALIBRATION_SHIPPED):
+        return CALIBRATION_SHIPPED
+    if PLAN.cluster["accelerator"] == "cuda":
+        return CALIBRATION_CATALOG
+    return CALIBRATION_MEASURED
+
+
+CALIBRATION = planning_calibration()
+# Calibration runs once per cluster, on a node like the first run's (not per scenario): with the
+# slurm profile, a node with the cluster's GPUs.
 CALIBRATION_NODE = RESOURCES_BY_SCENARIO[SCENARIOS[0]] if SCENARIOS else {}
 CALIBRATION_THREADS = (
     workflow.cores
     if PLAN.cluster["scheduler"] == "local"
     else CALIBRATION_NODE.get("cpus_per_task", 1)
 )
+# A failed job's log ends with why: its last lines go to the terminal too.
+TAIL_ON_FAILURE = (
+    " || {{ status=$?; echo 'failed; the end of' {log:q} >&2;"
+    " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"
+)
 
 
 rule calibrate:
     """The cluster's own rates (matmul, host<->GPU copies, CPU Adam, disk), measured in seconds
-    on a node of it and kept for every study planned there."""
+    on a node of it and kept for every study planned there. `snakemake calibrate` asks for it
+    (add --profile slurm on a SLURM cluster); it refuses on a machine without the cluster's
+    accelerator."""
     output:
         CALIBRATION_MEASURED,
     log:
@@ -73,7 +91,25 @@ rule calibrate:
     shell:
         "python -m offload_study.prediction.calibrate --cluster {params.cluster:q}"
         " --cluster-dir {params.cluster_dir:q} --cores {threads}"
-        " --out {output:q} > {log:q} 2>&1"
+        " --out {output:q} > {log:q} 2>&1" + TAIL_ON_FAILURE
+
+
+rule catalog_calibration:
+    """A CUDA cluster not calibrated yet: the GPU catalog's values (CPU Adam measured here when
+    this machine is the cluster's node), labelled uncalibrated; no GPU needed."""
+    output:
+        CALIBRATION_CATALOG,
+    log:
+        f"{layout.cluster_results(PLAN.cluster['name'])}/logs/catalog_calibration.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        cluster=PLAN.cluster["name"],
+        cluster_dir=str(layout.CLUSTER_DIR),
+    shell:
+        "python -m offload_study.prediction.catalog --cluster {params.cluster:q}"
+        " --cluster-dir {params.cluster_dir:q} --out {output:q} > {log:q} 2>&1"
+        + TAIL_ON_FAILURE
 
 
 rule plan:
@@ -97,4 +133,6 @@ rule plan:
         "python -m offload_study.admission.admit --plan-json {input.summary:q} --out {output.json:q}"
         " --plan-csv {output.csv:q} --calibration {input.calibration:q} {input.specs:q}"
         " > {log:q} 2>&1 || {{ status=$?; echo 'plan refused; the end of' {log:q} >&2;"
-        " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"
+        " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }};"
+        # uncalibrated predictions say so in the terminal, not only in the log
+        " grep -h '^plan: UNCALIBRATED' {log:q} >&2 || true"

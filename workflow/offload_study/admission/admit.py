@@ -19,6 +19,7 @@ module admits, then the configs are written (rule deepspeed_config).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from offload_study.admission import preflight, study_checks
 from offload_study.core.contracts import (
+    Calibration,
     Prediction,
     RunSpec,
     read_calibration,
@@ -38,7 +40,7 @@ from offload_study.core.contracts import (
 from offload_study.core.study import StudyError
 from offload_study.planning import dsconfig
 from offload_study.planning.plan import Plan, expand_plan
-from offload_study.prediction import predict
+from offload_study.prediction import error_bands, predict
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,31 @@ def predict_plan(plan: dict, pairs, calibration: str | None, plan_csv: str) -> d
     it (predicted GPU-hours, the calibration used)."""
     cal = read_calibration(calibration) if calibration else None
     rows = [predict.predict(s, c, cal, plan["repeats"], with_deepspeed=True) for s, c in pairs]
+    labelled = cal is not None and any(s.accelerator == "cuda" for s, _ in pairs)
+    band = error_bands.bands(cal.calibrated) if labelled else {}
+    if labelled:  # every row says how its step time was predicted, with its error band
+        said = {"calibration": error_bands.label(cal.calibrated),
+                "step_time_band": band["step_time"]}  # fmt: skip
+        rows = [dataclasses.replace(r, **said) for r in rows]
     write_predictions(plan_csv, rows)
-    return {"plan_csv": plan_csv, **predict.summarize(rows, calibration, cal)}
+    summary = predict.summarize(rows, calibration, cal)
+    if labelled:
+        summary |= {"calibrated": cal.calibrated, "error_bands": band}
+    if labelled and not cal.calibrated:
+        summary["summary"] = uncalibrated_line(cal, band) + "\n" + summary["summary"]
+    return {"plan_csv": plan_csv, **summary}
+
+
+def uncalibrated_line(cal: Calibration, band: dict) -> str:
+    """The terminal's warning for a plan made from the GPU catalog's values."""
+    model = cal.provenance.get("catalog_model", "its GPU model")
+    return (
+        f"plan: UNCALIBRATED predictions for cluster {cal.cluster!r} ({model}: GPU catalog"
+        f" values, no calibration measured): step time {error_bands.text(band['step_time'])},"
+        f" GPU memory {error_bands.text(band['gpu_allocated'])}, host memory"
+        f" {error_bands.text(band['host'])}; measure it on a node with its GPU:"
+        " snakemake calibrate (with --profile slurm for a SLURM cluster)"
+    )
 
 
 def predict_only_configs(plan: dict) -> list[tuple[RunSpec, dict]]:

@@ -581,6 +581,9 @@ class Calibration:
     # "backward": s, "rest": s}} and how they grow with the size (calibrate._size_costs)
     collective_latency_s: float | None = None
     zero3_layer_s: dict | None = None
+    # False: no measurement of the cluster's accelerator, the GPU catalog's datasheet values
+    # (offload_study.prediction.catalog); predictions made from it are labelled uncalibrated
+    calibrated: bool = True
     provenance: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -632,6 +635,11 @@ class Prediction:
     feasible: bool
     reason: str | None  # why it does not fit (None when it does)
     note: str | None = None  # what the model assumes or leaves out for this run's offload mode
+    # "calibrated" (the cluster's calibration) or "uncalibrated" (GPU catalog values, no
+    # calibration yet: offload_study.prediction.catalog), and the step time's relative error
+    # band for that case (config/calibration/error_bands.json)
+    calibration: str | None = None
+    step_time_band: float | None = None
 
 
 PREDICTION_COLUMNS: list[str] = [f.name for f in dataclasses.fields(Prediction)]

@@ -1,6 +1,7 @@
 """Device peaks, model FLOPs and MFU.
 
-Peaks are vendor datasheet *dense* (no 2:4 sparsity) bf16/fp16 tensor-core TFLOP/s of one device.
+Peaks are vendor datasheet *dense* (no 2:4 sparsity) bf16/fp16 tensor-core TFLOP/s of one device,
+from the one GPU catalog (``data/gpu_catalog.yaml``: :func:`gpu_spec`).
 
 Model FLOPs per token (training, forward + backward), N = parameter count:
 
@@ -15,59 +16,55 @@ Model FLOPs per token (training, forward + backward), N = parameter count:
 
 from __future__ import annotations
 
+import functools
 import platform
 import socket
+from importlib import resources
 from pathlib import Path
 
-# dense bf16/fp16 peak TFLOP/s per device (datasheet, without sparsity)
-PEAK_TFLOPS: dict[str, float] = {
-    "H200": 989.0,
-    "H100 SXM": 989.0,
-    "H100 NVL": 835.0,
-    "H100 PCIe": 756.0,
-    "H100": 989.0,
-    "GH200": 989.0,
-    "H800": 989.0,
-    "H20": 148.0,
-    "B200": 2250.0,
-    "B100": 1750.0,
-    "GB200": 2500.0,
-    "A100": 312.0,
-    "A800": 312.0,
-    "A40": 149.7,
-    "A30": 165.0,
-    "A10G": 70.0,
-    "A10": 125.0,
-    "L40S": 362.0,
-    "L40": 181.0,
-    "L4": 121.0,
-    "RTX 6000 Ada": 364.0,
-    "RTX A6000": 154.8,
-    "V100": 125.0,
-    "T4": 65.0,
-    "MI300X": 1307.0,
-    "MI250X": 383.0,
-}
+import yaml
+
+#: The one catalog of GPU models (datasheet peaks, memory, host link, NVLink): package data.
+GPU_CATALOG = "data/gpu_catalog.yaml"
+_GPU_KEYS = {"aliases", "peak_tflops", "memory_gib", "host_link_gb_s", "interconnect_gb_s"}
 
 
-def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:
-    """Peak for a device name such as "NVIDIA H200" or "NVIDIA H100 80GB HBM3"; None if unknown.
+@functools.lru_cache(maxsize=1)
+def catalog() -> dict:
+    """The GPU catalog ({"gpus": {model: entry}, "cpu": defaults}), checked once: every entry
+    has exactly the catalog's keys (a wrong one is named)."""
+    text = resources.files("offload_study").joinpath(GPU_CATALOG).read_text()
+    data = yaml.safe_load(text)
+    for model, entry in data["gpus"].items():
+        if set(entry) != _GPU_KEYS:
+            raise ValueError(
+                f"{GPU_CATALOG}: {model}: keys {sorted(entry)}, not {sorted(_GPU_KEYS)}"
+            )
+    return data
 
-    The longest table key contained in the name wins ("H100 PCIe" before "H100").
-    """
-    if override:
-        return float(override)
+
+def gpu_spec(device_name: str | None) -> tuple[str, dict] | None:
+    """(catalog model, its entry) for a device name such as "NVIDIA H200" or "NVIDIA
+    A100-SXM4-80GB"; None if no alias matches. The longest alias contained in the name wins
+    ("H100 PCIE" before "H100")."""
     if not device_name:
         return None
     name = device_name.upper().replace("-", " ")
-    best = None
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key.upper() in name:
-            best = PEAK_TFLOPS[key]
-            break
-    if best is None and "H100" in name and ("PCIE" in name or "PCI" in name):
-        best = PEAK_TFLOPS["H100 PCIe"]
-    return best
+    aliases = [(alias.upper(), model) for model, entry in catalog()["gpus"].items()
+               for alias in entry["aliases"]]  # fmt: skip
+    for alias, model in sorted(aliases, key=lambda am: len(am[0]), reverse=True):
+        if alias in name:
+            return model, catalog()["gpus"][model]
+    return None
+
+
+def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:
+    """Peak for a device name (:func:`gpu_spec`); ``override`` (the cluster's) wins; None if
+    unknown."""
+    if override:
+        return float(override)
+    spec = gpu_spec(device_name)
+    return float(spec[1]["peak_tflops"]) if spec else None
 
 
 def flops_per_token(

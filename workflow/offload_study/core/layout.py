@@ -35,6 +35,7 @@ RESULTS_ROOT = "results"
 REPORTS_ROOT = "reports"
 BUNDLES_DIR = "bundles"
 CALIBRATION_FILE = "calibration.json"
+UNCALIBRATED_FILE = "calibration.uncalibrated.json"
 PLAN_JSON = "plan.json"
 PLAN_UNCHECKED_JSON = "plan.unchecked.json"
 PLAN_CSV = "plan.csv"
@@ -61,6 +62,12 @@ def study_dir(cluster: str, study: str) -> str:
 
 def measured_calibration(cluster: str) -> str:
     return f"{cluster_results(cluster)}/{CALIBRATION_FILE}"
+
+
+def catalog_calibration(cluster: str) -> str:
+    """The uncalibrated stand-in of a CUDA cluster not yet calibrated (GPU catalog values:
+    offload_study.prediction.catalog)."""
+    return f"{cluster_results(cluster)}/{UNCALIBRATED_FILE}"
 
 
 def shipped_calibration(cluster: str) -> str:

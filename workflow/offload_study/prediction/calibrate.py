@@ -498,6 +498,24 @@ def calibrate(cluster: dict, cores: int) -> Calibration:
     )
 
 
+def missing_accelerator(cluster: dict) -> str | None:
+    """Why this machine cannot calibrate ``cluster`` (it lacks the cluster's accelerator), or
+    None: a CUDA cluster is measured only where torch sees a CUDA GPU."""
+    import torch
+
+    if cluster["accelerator"] != "cuda" or torch.cuda.is_available():
+        return None
+    return (
+        f"calibrate: cluster {cluster['name']!r} has accelerator cuda "
+        f"({cluster.get('gpu_model') or 'GPU model not given'}), and this machine "
+        f"({platform.node()}) has no CUDA GPU (torch {torch.__version__}: "
+        "torch.cuda.is_available() is False); nothing measured. Calibrate on a node of the "
+        "cluster: `snakemake calibrate --profile slurm` sends the job to one (for a local "
+        "cluster, run it on the machine with the GPU). Until then `snakemake plan` predicts "
+        "from the GPU catalog, labelled uncalibrated."
+    )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cluster", help="cluster name (config/clusters/<name>.yaml)")
@@ -511,7 +529,12 @@ def main(argv=None) -> int:
         return 0
     if not (a.cluster and a.out):
         p.error("--cluster and --out are required")
-    calibration = calibrate(load_cluster(a.cluster, a.cluster_dir), max(1, a.cores))
+    cluster = load_cluster(a.cluster, a.cluster_dir)
+    missing = missing_accelerator(cluster)
+    if missing:  # never measure a cluster's rates on a machine that lacks its accelerator
+        print(missing, file=sys.stderr)
+        return 2
+    calibration = calibrate(cluster, max(1, a.cores))
     write_calibration(a.out, calibration)
     print(f"calibrate: {a.out}: " + ", ".join(
         f"{k}={v:.4g}" for k, v in calibration.to_dict().items() if isinstance(v, float)
