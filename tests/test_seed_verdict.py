@@ -13,6 +13,7 @@ from offload_study.analysis import collect as C
 from offload_study.analysis.report import seed, views
 from offload_study.analysis.report.render import render
 from offload_study.core import contracts, references
+from offload_study.prediction import error_bands
 
 REFS = references.load_references()  # config/references/seed.yaml: the seed's bands
 OFFLOAD = {"offload_optimizer": "cpu", "offload_param": "cpu", "cpu_mem_gb": 512}
@@ -37,7 +38,8 @@ def plan_of(names_run: list[str], baseline: str) -> dict:
              "reference": {"speed_pct": pct, "gpu_memory": f"{80 if gpus == 2 else 40}GB × {gpus}"}}  # fmt: skip
         (scenarios if name in names_run else predict_only).append(s)
     return {"study": "seed", "baseline": baseline, "scenarios": scenarios,
-            "predict_only": predict_only}  # fmt: skip
+            "predict_only": predict_only,  # predicted with the shipped calibration
+            "prediction": {"calibration": "config/calibration/h200-2gpu.json"}}  # fmt: skip
 
 
 def summary_views(tmp_path, speeds: dict[str, float], baseline: str, noise: float = 0.02):
@@ -98,16 +100,19 @@ def test_a_2gpu_cluster_measures_over_a_predicted_baseline(tmp_path):
     two = rows["offload-2gpu-80gb"]
     assert two["how"] == "measured over a predicted baseline"
     assert abs(two["share"] - 0.20) < 0.01
-    # the prediction's ±25 % (x 1/1.25 to 1/0.75) widens the CI past the 15-25 % band's top
+    # the calibrated step-time band of error_bands.json (x 1/(1+p) to 1/(1-p)) widens the CI
+    # past the 15-25 % band's top
+    p = error_bands.bands(calibrated=True)["step_time"]
+    assert view["error"] == p and view["error_case"] == "calibrated"
     assert 0.15 < two["ci"][0] < 0.20 < 0.25 < two["ci"][1] and two["verdict"] == "inconclusive"
     four = rows["offload-4gpu-40gb"]
     assert four["how"] == "predicted" and four["verdict"] == "not measured"
     assert four["share"] == 0.35
-    assert four["ci"] == pytest.approx((0.35 * 0.75 / 1.25, 0.35 * 1.25 / 0.75))
-    assert four["predicted_verdict"] == "inconclusive"
+    assert four["ci"] == pytest.approx((0.35 * (1 - p) / (1 + p), 0.35 * (1 + p) / (1 - p)))
+    assert four["predicted_verdict"] == "predicted across the band's edge"
     assert rows["zero3-8gpu-40gb"]["verdict"] == "not measured"  # the basis was not run here
     assert "of the 8-GPU run's predicted per-GPU speed" in view["per_gpu"]
-    assert "prediction accuracy" in view["error_source"]
+    assert "error_bands.json" in view["error_source"]
     assert view["band_files"] == ["config/references/seed.yaml"]
 
 
@@ -146,3 +151,27 @@ def test_the_report_opens_on_the_seed_block_with_one_verdict_per_seed_row(tmp_pa
     # below the tradeoff table everything sits in a collapsible section, titled once
     rest = html[html.index("</table>", html.index('id="headline-table"')) :]
     assert rest.count("<h2") == rest.count("<summary><h2>") > 3
+
+
+def test_predicted_seed_rows_carry_the_uncalibrated_band_and_never_say_reproduced(tmp_path):
+    """A plan made from the GPU catalog (uncalibrated): the 8- and 4-GPU rows it cannot run are
+    predictions with the wider band, worded as predictions, in the page too."""
+    plan, vs = summary_views(tmp_path, {"offload-2gpu-80gb": 1000.0}, "offload-2gpu-80gb")
+    plan["prediction"] = {"calibration": "x.json", "calibrated": False}
+    predictions = {"zero3-8gpu-40gb": prediction("zero3-8gpu-40gb", 5000.0, 8),
+                   "offload-4gpu-40gb": prediction("offload-4gpu-40gb", 1750.0, 4)}  # fmt: skip
+    view = seed.seed_view(plan, vs, predictions, REFS, "offload-2gpu-80gb")
+    p = error_bands.bands(calibrated=False)["step_time"]
+    assert view["error"] == p > error_bands.bands(calibrated=True)["step_time"]
+    assert view["error_case"] == "uncalibrated"
+    four = by_scenario(view)["offload-4gpu-40gb"]
+    assert four["verdict"] == "not measured" and four["predicted_verdict"].startswith("predicted")
+    html = render_seed(view)
+    assert f"predicted</span> 35% ±{round(100 * p)}% (uncalibrated plan.csv)" in html
+    assert not re.search(r">\s*reproduced", html.split("offload-4gpu-40gb")[1].split("</tr>")[0])
+
+
+def render_seed(view: dict) -> str:
+    from offload_study.analysis.report.render import _environment
+
+    return _environment().get_template("_seed.html.j2").render(seed=view)

@@ -25,6 +25,12 @@ FASTER, SLOWER, NO_DIFFERENCE, INCONCLUSIVE = (
     "inconclusive",
 )
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"
+#: a prediction is judged against a band in words of its own: it reproduces nothing
+PREDICTED_IN, PREDICTED_OUT, PREDICTED_ACROSS = (
+    "predicted inside the band",
+    "predicted outside the band",
+    "predicted across the band's edge",
+)
 
 #: equivalence: a CI that contains 1 says "no difference shown" only when it lies within
 #: [1 - equivalence, 1 + equivalence]: ±20 % is the smallest speed change a user of these
@@ -71,6 +77,13 @@ def band(value, ci_low, ci_high, band_low, band_high) -> str:
     if lo >= b_lo and hi <= b_hi:
         return REPRODUCED
     return INCONCLUSIVE
+
+
+def predicted(value, ci_low, ci_high, band_low, band_high) -> str:
+    """:func:`band` for a predicted figure (its CI = its error band), in a prediction's words."""
+    said = band(value, ci_low, ci_high, band_low, band_high)
+    words = {REPRODUCED: PREDICTED_IN, NOT_REPRODUCED: PREDICTED_OUT, INCONCLUSIVE: PREDICTED_ACROSS}
+    return words.get(said, said)
 
 
 def ratio_text(ratio, ci_low, ci_high) -> str:

@@ -11,9 +11,10 @@ reference's tolerance band (config/references/*.yaml) with the one band rule
   row is the study baseline, else the ratio of the two tokens/s CIs, widest case);
 - measured over a predicted baseline: the row ran, the 100 % row needs more GPUs than this
   cluster has and is plan.csv's prediction, with the prediction's error band
-  (:data:`PREDICTION_ERROR`);
+  (:func:`prediction_error`: config/calibration/error_bands.json, calibrated or uncalibrated);
 - predicted: the row did not run here either; labelled, with the error band, and judged "not
-  measured" (a prediction reproduces nothing);
+  measured" (a prediction reproduces nothing); what the prediction says of the band is worded
+  as a prediction (:func:`offload_study.core.verdict.predicted`).
 - not measured: no figure at all, or a figure flagged implausible (analysis.sanity).
 
 The per-GPU reading is a different quantity; it gets one sentence of its own (``per_gpu``).
@@ -26,15 +27,20 @@ from collections.abc import Sequence
 
 from offload_study.analysis.report.views import Row, isnum
 from offload_study.core import verdict
+from offload_study.prediction import error_bands
 
-#: How far a measured tokens/s may lie from plan.csv's prediction: the step-time target the
-#: committed GPU records all meet (docs/benchmarks.md, "prediction accuracy": step time within
-#: 25 % of what was measured on every committed GPU record). tokens/s measured / predicted =
-#: step predicted / measured, so the band is ±25 % of the predicted tokens/s.
-PREDICTION_ERROR = 0.25
-PREDICTION_ERROR_SOURCE = (
-    'docs/benchmarks.md, "prediction accuracy": step time within 25 % on every committed GPU record'
-)
+#: Where the prediction's error band comes from: tokens/s measured / predicted = step predicted
+#: / measured, so the band is ±p of the predicted tokens/s, p the step-time band of the plan's case
+#: (calibrated or uncalibrated) in config/calibration/error_bands.json.
+PREDICTION_ERROR_SOURCE = "config/calibration/error_bands.json"
+
+
+def prediction_error(plan: dict) -> tuple[float | None, str]:
+    """(step-time band, "calibrated"/"uncalibrated") of the plan's predictions."""
+    calibrated = error_bands.plan_is_calibrated(plan.get("prediction"))
+    return error_bands.bands(calibrated)["step_time"], error_bands.label(calibrated)
+
+
 #: The band where no reference file gives one: the seed reference's own tolerance
 #: (config/references/seed.yaml explains it).
 DEFAULT_TOLERANCE = 0.25
@@ -46,7 +52,7 @@ MEASURED, PREDICTED, OVER_PREDICTED = (
 )
 
 
-def _tokens(name: str, views: dict[str, Row], predictions: dict) -> tuple | None:
+def _tokens(name: str, views: dict[str, Row], predictions: dict, error: float) -> tuple | None:
     """(tokens/s, CI low, CI high, how) of one scenario: measured when it ran and is not
     flagged implausible, else plan.csv's prediction with its error band; None when neither."""
     v = views.get(name)
@@ -57,7 +63,7 @@ def _tokens(name: str, views: dict[str, Row], predictions: dict) -> tuple | None
     p = predictions.get(name)
     if p is not None and isnum(p.tokens_per_s) and p.tokens_per_s > 0:
         tps = float(p.tokens_per_s)
-        return tps, tps * (1 - PREDICTION_ERROR), tps * (1 + PREDICTION_ERROR), PREDICTED
+        return tps, tps * (1 - error), tps * (1 + error), PREDICTED
     return None
 
 
@@ -87,13 +93,13 @@ def _band(name: str, reference: dict, references: Sequence) -> tuple[float, floa
     return lo, hi, f"no reference file names it: ±{100 * DEFAULT_TOLERANCE:g} %"
 
 
-def _row(s: dict, views: dict, predictions: dict, basis, references, baseline) -> dict:
+def _row(s: dict, views: dict, predictions: dict, basis, references, baseline, error) -> dict:
     name, ref = s["name"], s["reference"]
     lo, hi, band_source = _band(name, ref, references)
     out = {"scenario": name, "label": s.get("label") or name, "seed_pct": ref["speed_pct"],
            "seed_gpu_memory": ref.get("gpu_memory"), "band": (lo, hi),
            "band_source": band_source, "share": None, "ci": (None, None), "how": None}  # fmt: skip
-    mine = _tokens(name, views, predictions)
+    mine = _tokens(name, views, predictions, error)
     v = views.get(name)
     if v is not None and v["blocking"]:
         out["note"] = "flagged implausible: " + ", ".join(f["name"] for f in v["flag_list"])
@@ -111,8 +117,8 @@ def _row(s: dict, views: dict, predictions: dict, basis, references, baseline) -
     out.update(share=value, ci=(ci_lo, ci_hi), how=how, tokens_per_s=mine[0])
     judged = verdict.band(value, ci_lo, ci_hi, lo, hi)
     out["verdict"] = verdict.NOT_MEASURED if how == PREDICTED else judged
-    if how == PREDICTED and name != basis[1]:
-        out["predicted_verdict"] = judged  # what the prediction alone would say, labelled
+    if how == PREDICTED and name != basis[1]:  # what the prediction says, in its own words
+        out["predicted_verdict"] = verdict.predicted(value, ci_lo, ci_hi, lo, hi)
     return out
 
 
@@ -126,9 +132,12 @@ def seed_view(plan: dict, views: Sequence[Row], predictions: dict, references: S
     rows.sort(key=lambda s: -float(s["reference"]["speed_pct"]))
     by_name = {v["scenario"]: v for v in views}
     base = next((s for s in rows if float(s["reference"]["speed_pct"]) == 100), None)
-    basis_tokens = _tokens(base["name"], by_name, predictions) if base else None
+    error, case = prediction_error(plan)
+    # a band nobody measured: the prediction stands without an interval (judged alone)
+    error = error if error is not None else 0.0
+    basis_tokens = _tokens(base["name"], by_name, predictions, error) if base else None
     basis = (basis_tokens, base["name"]) if basis_tokens else None
-    out = [_row(s, by_name, predictions, basis, references, baseline) for s in rows]
+    out = [_row(s, by_name, predictions, basis, references, baseline, error) for s in rows]
     return {
         "rows": out,
         "basis": base["name"] if base else None,
@@ -137,8 +146,9 @@ def seed_view(plan: dict, views: Sequence[Row], predictions: dict, references: S
         "basis_tokens_per_s": basis_tokens[0] if basis_tokens else None,
         "per_gpu": per_gpu_sentence(out, base, basis_tokens, by_name),
         "band_files": sorted({r["band_source"].split(": ")[0] for r in out}),
-        "error": PREDICTION_ERROR,
-        "error_source": PREDICTION_ERROR_SOURCE,
+        "error": error,
+        "error_case": case,
+        "error_source": f"{PREDICTION_ERROR_SOURCE} ({case} step time)",
     }
 
 
