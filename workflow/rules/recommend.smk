@@ -61,6 +61,7 @@ rule recommend:
         metrics=lambda wc: rounds_records(
             recommend_search.search_rounds(recommend_round)
         ),
+        plan_csv=rules.plan.output.csv,
     output:
         json=f"{RECOMMEND_DIR}/recommendation.json",
         ds_config=f"{RECOMMEND_DIR}/recommended.ds_config.json",
@@ -75,4 +76,6 @@ rule recommend:
         "python -m offload_study.prediction.recommend decide --space {input.space:q}"
         " --rounds {input.rounds:q} --configs {params.configs:q}"
         " --ds-config-out {output.ds_config:q} --html {output.html:q} --out {output.json:q}"
-        " {input.metrics:q} > {log:q} 2>&1"
+        " --plan-csv {input.plan_csv:q} {input.metrics:q} > {log:q} 2>&1"
+        # what the search spent and saved, in the terminal too
+        " && grep -h '^recommend: ' {log:q} >&2"

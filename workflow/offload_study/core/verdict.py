@@ -82,7 +82,11 @@ def band(value, ci_low, ci_high, band_low, band_high) -> str:
 def predicted(value, ci_low, ci_high, band_low, band_high) -> str:
     """:func:`band` for a predicted figure (its CI = its error band), in a prediction's words."""
     said = band(value, ci_low, ci_high, band_low, band_high)
-    words = {REPRODUCED: PREDICTED_IN, NOT_REPRODUCED: PREDICTED_OUT, INCONCLUSIVE: PREDICTED_ACROSS}
+    words = {
+        REPRODUCED: PREDICTED_IN,
+        NOT_REPRODUCED: PREDICTED_OUT,
+        INCONCLUSIVE: PREDICTED_ACROSS,
+    }
     return words.get(said, said)
 
 

@@ -281,6 +281,33 @@ def _others(space_, selected, runs, steps, rows, state, winner) -> list[dict]:
     return out
 
 
+def spending(space_: dict, device_time: dict, predictions: dict) -> dict:
+    """What the search spent (device-minutes measured, from the records) and what measuring the
+    whole grid would have cost: every feasible candidate and reference at plan.csv's predicted
+    GPU-hours (the study's repeats and measuring method); saved = the grid's less the spent."""
+    names = [*space_["candidates"], *space_["references"]]
+    rows = [predictions[n] for n in names if n in predictions and predictions[n].feasible]
+    hours = [r.gpu_hours for r in rows if r.gpu_hours is not None]
+    grid = 60 * sum(hours) if hours else None
+    spent = device_time["device_minutes"]
+    return {"spent_device_minutes": spent, "grid_runs": len(rows),
+            "grid_not_predicted": len(rows) - len(hours),
+            "grid_predicted_device_minutes": grid,
+            "saved_device_minutes": None if grid is None else grid - spent}  # fmt: skip
+
+
+def spending_line(spend: dict) -> str:
+    """The terminal's line of what the search spent and saved."""
+    grid = spend["grid_predicted_device_minutes"]
+    line = f"recommend: spent {spend['spent_device_minutes']:.1f} GPU-minutes measured"
+    if grid is None:
+        return line + " (the grid's cost is not predicted: no step time in plan.csv)"
+    return line + (
+        f"; measuring the whole grid ({spend['grid_runs']} feasible configs) would take "
+        f"{grid:.1f} GPU-minutes predicted, saved {spend['saved_device_minutes']:.1f}"
+    )
+
+
 def _device_time(runs: pd.DataFrame) -> dict:
     """The search's device time: each run's wall time x its GPUs (ranks on a CPU cluster)."""
     runs = runs[runs["outcome"] != "missing"]  # a run never made took no device time
@@ -312,6 +339,7 @@ def main(argv=None) -> int:
         "candidate was not measured",
     )
     dec.add_argument("--configs", required=True, help="the study's configs/ folder")
+    dec.add_argument("--plan-csv", help="the plan's predictions (what the whole grid would cost)")
     dec.add_argument("--ds-config-out", required=True, help="the winner's DeepSpeed JSON")
     dec.add_argument("--html", required=True, help="the recommendation page")
     dec.add_argument("metrics", nargs="*", help="metrics.json of every measured run")
@@ -324,6 +352,8 @@ def main(argv=None) -> int:
             write_json(a.out, select(space_, read_predictions(a.plan_csv)))
         return 0
     result = decide(space_, read_json(a.rounds[-1]), a.metrics)
+    if a.plan_csv:
+        result["spending"] = spending(space_, result["device_time"], read_predictions(a.plan_csv))
     write_json(a.out, result)
     if result["winner"]:
         shutil.copyfile(Path(a.configs) / f"{result['winner']}.json", a.ds_config_out)
@@ -333,6 +363,8 @@ def main(argv=None) -> int:
 
     write_page(result, a.html, Path(a.configs).parent)  # the study's records
     print(f"recommend: {result['winner'] or 'nothing'} ({a.out})")
+    if result.get("spending"):
+        print(spending_line(result["spending"]))
     return 0  # no winner is a result too: recommendation.json says why each lost
 
 
