@@ -63,13 +63,6 @@ CALIBRATION_THREADS = (
     if PLAN.cluster["scheduler"] == "local"
     else CALIBRATION_NODE.get("cpus_per_task", 1)
 )
-# A failed job's log ends with why: its last lines go to the terminal too.
-TAIL_ON_FAILURE = (
-    " || {{ status=$?; echo 'failed; the end of' {log:q} >&2;"
-    " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"
-)
-
-
 rule calibrate:
     """The cluster's own rates (matmul, host<->GPU copies, CPU Adam, disk), measured in seconds
     on a node of it and kept for every study planned there. `snakemake calibrate` asks for it
@@ -91,7 +84,9 @@ rule calibrate:
     shell:
         "python -m offload_study.prediction.calibrate --cluster {params.cluster:q}"
         " --cluster-dir {params.cluster_dir:q} --cores {threads}"
-        " --out {output:q} > {log:q} 2>&1" + TAIL_ON_FAILURE
+        " --out {output:q} > {log:q} 2>&1"
+        " || {{ status=$?; echo 'failed; the end of' {log:q} >&2;"
+        " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"
 
 
 rule catalog_calibration:
@@ -109,7 +104,8 @@ rule catalog_calibration:
     shell:
         "python -m offload_study.prediction.catalog --cluster {params.cluster:q}"
         " --cluster-dir {params.cluster_dir:q} --out {output:q} > {log:q} 2>&1"
-        + TAIL_ON_FAILURE
+        " || {{ status=$?; echo 'failed; the end of' {log:q} >&2;"
+        " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"
 
 
 rule plan:
