@@ -63,6 +63,8 @@ CALIBRATION_THREADS = (
     if PLAN.cluster["scheduler"] == "local"
     else CALIBRATION_NODE.get("cpus_per_task", 1)
 )
+
+
 rule calibrate:
     """The cluster's own rates (matmul, host<->GPU copies, CPU Adam, disk), measured in seconds
     on a node of it and kept for every study planned there. `snakemake calibrate` asks for it
