@@ -15,6 +15,8 @@ import yaml
 from conftest import REPO as REPO_ROOT
 from conftest import SMALL_LLAMA
 
+from offload_study.across.bundle import LIMITS
+
 NAN, INF = float("nan"), float("inf")
 BIG_SWEEP = {"reduce_bucket_size": list(range(1, 101)), "sub_group_size": list(range(1, 101))}
 NVME = "scenarios[3]"  # the default study's NVMe scenario (config/config.yaml)
@@ -336,3 +338,17 @@ CLUSTER_CASES = [
 
 
 BAD_FILES = sorted((REPO_ROOT / "tests/fixtures/bad").glob("*.yaml"))
+
+
+#: Members a bundle from elsewhere may hold that extraction refuses, each with the words of its
+#: one error (which also names the bundle file and the member): member below the bundle's top
+#: folder (one the bundle has is replaced), a function making its bytes (made when used: one is
+#: 64 MiB), words. The JSON is refused on its bytes, before a parser recurses.
+BAD_BUNDLE_MEMBERS = {
+    "deep-json": ("results/unit-cluster/unit-study/base/rep0/metrics.json",
+                  lambda: b"[" * 100_000 + b"]" * 100_000,
+                  [f"JSON nested deeper than {LIMITS.json_depth} levels"]),
+    "path-traversal": ("../../escaped.txt", lambda: b"x", ["'..'"]),
+    "oversized-json": ("results/unit-cluster/unit-study/plan.json",
+                       lambda: b" " * (LIMITS.json_bytes + 1), [f"larger than {LIMITS.json_bytes} bytes"]),
+}  # fmt: skip

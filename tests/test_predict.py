@@ -505,7 +505,7 @@ def test_report_section_puts_predicted_beside_measured(tmp_path):
 
 
 def test_report_partial_renders_predictions_and_labels_predict_only(tmp_path):
-    from offload_study.analysis.report.render import _environment
+    from offload_study.analysis.report.html import environment as _environment
 
     config = load_study(REPO_ROOT / "config/studies/seed-2gpu.yaml")
     plan, _ = plan_study(tmp_path, config)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offload_study import __version__
-from offload_study.core import layout, yamlsafe
+from offload_study.core import contracts, layout, yamlsafe
 from offload_study.core.contracts import read_json, sha256_file
 from offload_study.core.study import load_schema
 
@@ -75,11 +75,16 @@ class BundleError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What one bundle may hold once extracted (a bundle from elsewhere must not fill a disk)."""
+    """What one bundle may hold, checked on each member as it is read, before anything parses it
+    (a bundle from elsewhere must not fill a disk, exhaust memory or a parser's recursion)."""
 
+    members: int = 200_000  # files and folders: a 1,000-run study has about 20,000
     member_bytes: int = 2 << 30  # one raw log of a long run is megabytes; 2 GiB is far beyond
-    total_bytes: int = 16 << 30
-    members: int = 200_000
+    total_bytes: int = 16 << 30  # all members, extracted
+    json_bytes: int = 64 << 20  # one JSON member: a record is kilobytes, a large plan megabytes
+    json_depth: int = contracts.JSON_MAX_DEPTH  # nesting of one JSON member (records: < 10)
+    name_chars: int = 1024  # a member's whole path (names of the layout are 100 characters)
+    name_parts: int = 16  # parts of its path (the deepest a study writes: 9, <top>/results/<c>/<s>/<scen>/rep<k>/pair/logs/<log>)
 
 
 LIMITS = Limits()
@@ -88,7 +93,12 @@ LIMITS = Limits()
 def valid_name(name) -> bool:
     """A study, cluster or scenario name as the study schema allows it: it can make no path
     outside its folder (letters, digits, '.', '_', '-'; not dots only)."""
-    return isinstance(name, str) and bool(_NAME_RE.match(name)) and not _DOTS_RE.match(name)
+    return (
+        isinstance(name, str)
+        and len(name) <= _NAME["maxLength"]
+        and bool(_NAME_RE.match(name))
+        and not _DOTS_RE.match(name)
+    )
 
 
 def bundle_name(study: str, cluster: str) -> str:
@@ -336,8 +346,10 @@ def _extract_members(path: Path, into: Path, limits: Limits) -> tuple[str, dict]
         with tarfile.open(path, mode="r:gz") as tar:
             for count, info in enumerate(tar, 1):
                 if count > limits.members:
-                    raise BundleError(f"{path}: more than {limits.members} members")
-                parts = safe_parts(info.name, path)
+                    raise BundleError(
+                        f"{path}: member {info.name!r}: more than {limits.members} members"
+                    )
+                parts = safe_parts(info.name, path, limits)
                 top = top or parts[0]
                 member = "/".join(parts[1:])
                 if parts[0] != top:
@@ -349,8 +361,12 @@ def _extract_members(path: Path, into: Path, limits: Limits) -> tuple[str, dict]
                 _check_file_member(path, info, member, found, limits)
                 total += info.size
                 if total > limits.total_bytes:
-                    raise BundleError(f"{path}: more than {limits.total_bytes} bytes extracted")
-                found[member] = _write_member(tar, info, into.joinpath(*parts))
+                    raise BundleError(
+                        f"{path}: member {info.name!r}: more than {limits.total_bytes} bytes "
+                        "extracted in all"
+                    )
+                target = into.joinpath(*parts)
+                found[member] = _write_member(tar, info, target, _depth_check(path, info, limits))
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         raise BundleError(f"{path}: not a readable bundle (.tar.gz): {e}") from e
     if top is None:
@@ -358,14 +374,20 @@ def _extract_members(path: Path, into: Path, limits: Limits) -> tuple[str, dict]
     return top, found
 
 
-def safe_parts(name: str, path: Path) -> list[str]:
+def safe_parts(name: str, path: Path, limits: Limits = LIMITS) -> list[str]:
     """A member name's folders, refused when it could land outside the extraction folder or
-    is not a plain relative path (absolute, '..' or '.', empty parts, backslash, control)."""
+    is not a plain relative path (absolute, '..' or '.', empty parts, backslash, control), or
+    is longer or deeper than the limits."""
     if name.startswith("/") or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise BundleError(f"{path}: member {name!r}: not a plain relative path")
     parts = name.rstrip("/").split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise BundleError(f"{path}: member {name!r}: '..', '.' or an empty folder name in its path")
+    if len(name) > limits.name_chars or len(parts) > limits.name_parts:
+        raise BundleError(
+            f"{path}: member {name!r}: a path longer than {limits.name_chars} characters or "
+            f"deeper than {limits.name_parts} folders"
+        )
     return parts
 
 
@@ -379,19 +401,43 @@ def _check_file_member(path: Path, info: tarfile.TarInfo, member: str, found, li
         raise BundleError(f"{path}: member {info.name!r}: a file in place of the top folder")
     if member in found:
         raise BundleError(f"{path}: member {info.name!r} appears twice")
-    if info.size > limits.member_bytes:
+    cap = limits.json_bytes if _is_json(info.name) else limits.member_bytes
+    if info.size > cap:
         raise BundleError(
-            f"{path}: member {info.name!r} is larger than {limits.member_bytes} bytes"
+            f"{path}: member {info.name!r} is larger than {cap} bytes ({info.size} bytes)"
         )
 
 
-def _write_member(tar: tarfile.TarFile, info: tarfile.TarInfo, target: Path) -> tuple[str, int]:
-    """Copy one member into a new file (mode 0644 by umask), hashing it on the way."""
+def _is_json(name: str) -> bool:
+    return name.lower().endswith(".json")
+
+
+def _depth_check(path: Path, info: tarfile.TarInfo, limits: Limits):
+    """For a JSON member, a function of each chunk read that refuses it once it nests deeper
+    than the limit (counted on the bytes: nothing has parsed it yet); None for other members."""
+    if not _is_json(info.name):
+        return None
+    depth = contracts.JsonDepth()
+
+    def check(chunk: bytes) -> None:
+        if depth.feed(chunk) > limits.json_depth:
+            raise BundleError(
+                f"{path}: member {info.name!r}: JSON nested deeper than {limits.json_depth} levels"
+            )
+
+    return check
+
+
+def _write_member(tar: tarfile.TarFile, info: tarfile.TarInfo, target: Path, check=None):
+    """Copy one member into a new file (mode 0644 by umask), hashing it on the way and giving
+    each chunk to ``check`` first; returns (sha256, bytes)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
     source = tar.extractfile(info)
     with source, open(target, "xb") as fh:  # "x": a name seen twice can never overwrite
         while chunk := source.read(_CHUNK):
+            if check:
+                check(chunk)
             digest.update(chunk)
             size += len(chunk)
             fh.write(chunk)

@@ -25,7 +25,6 @@ import argparse
 import datetime as dt
 import json
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -38,8 +37,8 @@ from jinja2 import Environment
 
 from offload_study.across import bundle
 from offload_study.analysis import collect, sanity
+from offload_study.analysis.report import html as pages
 from offload_study.analysis.report import views
-from offload_study.analysis.report.render import _environment as _report_environment
 from offload_study.core import contracts, layout
 from offload_study.core import verdict as verdict_rule
 
@@ -437,7 +436,7 @@ def side_labels(bundles: Sequence[bundle.Bundle]) -> list[str]:
 def html_environment() -> Environment:
     """The report's jinja2 environment (autoescaped, its number filters): the compare and site
     templates sit beside report.html.j2 and render the same way."""
-    return _report_environment()
+    return pages.environment()
 
 
 def generated() -> str:
@@ -460,7 +459,7 @@ def compare_bundles(paths: Sequence[str | Path], out: str | Path, index_link=Non
     with bundle.opened(paths) as bundles:
         sides = [load_side(b, label, seed=1000 * i)
                  for i, (b, label) in enumerate(zip(bundles, side_labels(bundles), strict=True))]  # fmt: skip
-        links = {b.name: os.path.relpath(b.path.resolve(), out.resolve().parent) for b in bundles}
+        links = {b.name: pages.href(b.path, out) for b in bundles}
         view = comparison(sides)
         html = render(view, links, index_link)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,12 +14,11 @@ one verdict rule (core.verdict.speed).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from offload_study.analysis import collect
+from offload_study.analysis.report import html, seed, views
 from offload_study.analysis.report import recommend as recommend_view
-from offload_study.analysis.report import seed, views
 from offload_study.core import contracts, layout, references, verdict
 
 #: Where committed records lie (docs/results/<cluster>/<study>, by convention; found by plan.json).
@@ -38,13 +37,9 @@ def local_pages(reports_root: str | Path, index: str | Path, root: str | Path = 
                 continue
             records = records_of(cluster, study, Path(root))
             out.append({"cluster": cluster, "study": study, "kind": kind,
-                        "href": _rel(page, Path(index)),
+                        "href": html.href(page, index),
                         "headline": headline(kind, records)})  # fmt: skip
     return sorted(out, key=lambda e: (e["cluster"], e["study"], e["kind"]))
-
-
-def _rel(target: Path, page: Path) -> str:
-    return Path(os.path.relpath(target.resolve(), page.resolve().parent)).as_posix()
 
 
 def records_of(cluster: str, study: str, root: Path = Path(".")) -> Path | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from offload_study.across import bundle, compare, headlines
+from offload_study.analysis.report.html import href
 from offload_study.training import placement
 
 CSP = (
@@ -44,11 +45,6 @@ CSP = (
 )
 _DOCTYPE_RE = re.compile(r"\A\s*<!DOCTYPE[^>]*>", re.I)
 _BODY_RE = re.compile(r"<body[^>]*>", re.I)
-
-
-def rel(target: Path, page: Path) -> str:
-    """The link from ``page`` to ``target`` (both paths of this machine)."""
-    return Path(os.path.relpath(target.resolve(), page.resolve().parent)).as_posix()
 
 
 def report_page(html: str, index_href: str, bundle_href: str, bundle_name: str) -> str:
@@ -94,7 +90,7 @@ def _publish_bundle(b: bundle.Bundle, side: compare.Side, site: Layout) -> dict:
     if b.report is not None:
         page = site.final / "pages" / f"{b.name}.html"
         text = b.report.read_text(encoding="utf-8", errors="replace")
-        html = report_page(text, rel(site.index, page), rel(copy, page), b.path.name)
+        html = report_page(text, href(site.index, page), href(copy, page), b.path.name)
         site.building(page).write_text(html, encoding="utf-8")
         entry["page"] = page
     return entry
@@ -103,8 +99,8 @@ def _publish_bundle(b: bundle.Bundle, side: compare.Side, site: Layout) -> dict:
 def _publish_compare(study: str, entries: list[dict], site: Layout) -> dict:
     page = site.final / "compare" / f"{study}.html"
     view = compare.comparison([e["side"] for e in entries])
-    links = {e["bundle"].name: rel(e["bundle_file"], page) for e in entries}
-    html = compare.render(view, links, rel(site.index, page))
+    links = {e["bundle"].name: href(e["bundle_file"], page) for e in entries}
+    html = compare.render(view, links, href(site.index, page))
     site.building(page).write_text(html, encoding="utf-8")
     return {"study": study, "page": page, "verdicts": view["verdicts"]}
 
@@ -156,13 +152,13 @@ def _index_view(groups: dict[str, list[dict]], compares: dict, index: Path) -> d
     studies = []
     for study, entries in groups.items():
         rows = [
-            {**e, "page_href": e["page"] and rel(e["page"], index),
-             "bundle_href": rel(e["bundle_file"], index)}
+            {**e, "page_href": e["page"] and href(e["page"], index),
+             "bundle_href": href(e["bundle_file"], index)}
             for e in entries
         ]  # fmt: skip
         cmp = compares.get(study)
         studies.append({"study": study, "rows": rows,
-                        "compare_href": cmp and rel(cmp["page"], index),
+                        "compare_href": cmp and href(cmp["page"], index),
                         "verdicts": cmp["verdicts"] if cmp else []})  # fmt: skip
     return {"studies": studies, "generated": compare.generated()}
 

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from offload_study.analysis import sanity
-from offload_study.core import contracts, layout
+from offload_study.core import contracts, csvsafe, layout
 
 _METRICS = contracts.metrics_schema()["properties"]
 
@@ -724,9 +724,9 @@ def write_tables(runs: pd.DataFrame, summary: pd.DataFrame, runs_csv, runs_parqu
     """runs.csv, runs.parquet (same rows) and summary.csv."""
     for p in (runs_csv, runs_parquet, summary_csv):
         Path(p).parent.mkdir(parents=True, exist_ok=True)
-    runs.to_csv(runs_csv, index=False)
+    csvsafe.write_frame(runs, runs_csv)  # a person opens these: no cell may run as a formula
     runs.to_parquet(runs_parquet, index=False)
-    summary.to_csv(summary_csv, index=False)
+    csvsafe.write_frame(summary, summary_csv)
 
 
 def read_table(path: str | Path | None) -> pd.DataFrame:
@@ -736,7 +736,7 @@ def read_table(path: str | Path | None) -> pd.DataFrame:
         return pd.DataFrame()
     p = Path(path)
     try:
-        return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+        return pd.read_parquet(p) if p.suffix == ".parquet" else csvsafe.read_frame(p)
     except (OSError, ValueError, pd.errors.EmptyDataError):
         return pd.DataFrame()
 

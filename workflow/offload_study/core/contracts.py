@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Any
 
 import jsonschema
 
-from offload_study.core import layout, units
+from offload_study.core import csvsafe, layout, units
 from offload_study.core.study import StudyError, load_schema
 
 # --------------------------------------------------------------------------- file names
@@ -158,8 +159,52 @@ def write_json(path: str | Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+#: The deepest nesting of a JSON file this workflow reads (its own nest a few levels). Python's
+#: json parser is recursive: a file of 100,000 '[' would end in a RecursionError, not in an
+#: error naming the file, so the depth is counted on the bytes first (:class:`JsonDepth`).
+JSON_MAX_DEPTH = 64
+_JSON_TOKENS = re.compile(rb'[\[\]{}"\\]')
+_OPEN, _CLOSE, _QUOTE, _BACKSLASH = b"[{", b"]}", ord('"'), ord("\\")
+
+
+class JsonDepth:
+    """The nesting depth of JSON text, counted on its bytes (fed in pieces, as they are read)
+    before anything parses it; brackets inside strings do not count."""
+
+    def __init__(self) -> None:
+        self.depth = self.deepest = 0
+        self._in_string = self._escaped = False
+
+    def feed(self, data: bytes) -> int:
+        """Count one more piece; returns the deepest nesting so far."""
+        skip = 0 if self._escaped else -1  # the piece before ended in a string's backslash
+        self._escaped = False
+        for match in _JSON_TOKENS.finditer(data):
+            i = match.start()
+            if i == skip:
+                continue
+            c = data[i]
+            if self._in_string:
+                if c == _BACKSLASH:
+                    skip, self._escaped = i + 1, i + 1 == len(data)
+                elif c == _QUOTE:
+                    self._in_string = False
+            elif c == _QUOTE:
+                self._in_string = True
+            elif c in _OPEN:
+                self.depth += 1
+                self.deepest = max(self.deepest, self.depth)
+            else:  # a closing bracket (a backslash outside a string is for json to refuse)
+                self.depth -= c in _CLOSE
+        return self.deepest
+
+
 def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """A JSON file; ValueError naming the file when it nests deeper than JSON_MAX_DEPTH."""
+    data = Path(path).read_bytes()
+    if JsonDepth().feed(data) > JSON_MAX_DEPTH:
+        raise ValueError(f"{path}: JSON nested deeper than {JSON_MAX_DEPTH} levels")
+    return json.loads(data.decode())
 
 
 def sha256_file(path: str | Path, missing_ok: bool = False) -> str | None:
@@ -506,7 +551,7 @@ class StepsWriter:
         self._file.flush()
 
     def write(self, row: StepRow) -> None:
-        self._csv.writerow(row.cells())
+        self._csv.writerow(csvsafe.row(row.cells()))
         self._file.flush()
 
     def close(self) -> None:
@@ -547,7 +592,7 @@ def _cell(row: Mapping[str, str | None], kind, column: str):
     """One typed cell; a column the file lacks gives its default (a row cut short raises)."""
     if column not in row and column in _STEP_DEFAULTS:
         return _STEP_DEFAULTS[column]
-    return kind(row[column])
+    return kind(csvsafe.read_cell(row[column]))
 
 
 # --------------------------------------------------------------------------- predictions
@@ -649,6 +694,7 @@ def _prediction_cell(text: str, kind: str):
     """A plan.csv cell back to its field's type (``kind`` is the annotation text)."""
     if text == "":
         return None
+    text = csvsafe.read_cell(text)
     if kind.startswith("bool"):
         return text == "True"
     if kind.startswith("int"):
@@ -669,7 +715,7 @@ def write_predictions(path: str | Path, rows: Iterable[Prediction]) -> None:
         out = csv.writer(fh)
         out.writerow(PREDICTION_COLUMNS)
         for row in rows:
-            out.writerow(["" if v is None else v for v in dataclasses.astuple(row)])
+            out.writerow(csvsafe.row("" if v is None else v for v in dataclasses.astuple(row)))
     os.replace(tmp, path)
 
 

@@ -111,8 +111,10 @@ def figure_texts(fig) -> list:
 
 def _wrap(label: str, width: int = LABEL_WIDTH) -> str:
     """The whole label on as many lines as it needs: a cut label ("paramete…") can name two
-    scenarios alike; tight_layout makes room for the lines."""
-    return textwrap.fill(str(label), width, break_on_hyphens=False) or str(label)
+    scenarios alike; tight_layout makes room for the lines. A '$' is drawn as itself: labels
+    are data (a bundle's), never matplotlib's math text (an unmatched '$\\frac' loses the figure)."""
+    text = textwrap.fill(str(label), width, break_on_hyphens=False) or str(label)
+    return text.replace("$", r"\$")
 
 
 def _tick_label(v: Row) -> str:

@@ -23,8 +23,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, select_autoescape
-
+from offload_study.analysis.report import html as pages
 from offload_study.analysis.report import views
 from offload_study.core import contracts, layout, verdict
 from offload_study.core.contracts import read_json
@@ -76,15 +75,6 @@ def beside(plan_path: str | Path) -> dict | None:
     """recommendation.json of the study whose plan.json is ``plan_path`` (None: no search)."""
     path = Path(plan_path).parent / RECOMMENDATION
     return worded(read_json(path)) if path.is_file() else None
-
-
-def _environment() -> Environment:
-    env = Environment(
-        loader=PackageLoader("offload_study", "templates"),
-        autoescape=select_autoescape(["html", "j2", "html.j2"], default=True),
-    )
-    env.filters.update(fmt=views.fmt, pct=views.fmt_pct)
-    return env
 
 
 def worded(recommendation: dict) -> dict:
@@ -180,7 +170,7 @@ def write_page(recommendation: dict, out: str | Path, study_dir: str | Path | No
     """The standalone recommendation page; ``study_dir``: the study's records (the winner's
     memory, config and provenance come from there)."""
     html = (
-        _environment()
+        pages.environment()
         .from_string(_PAGE)
         .render(recommend=worded(recommendation), page=page_view(recommendation, study_dir))
     )

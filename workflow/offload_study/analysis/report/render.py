@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from jinja2 import Environment, PackageLoader, select_autoescape
 
 from offload_study.analysis import collect
-from offload_study.analysis.report import figures, predicted, seed, views
+from offload_study.analysis.report import figures, html, predicted, seed, views
 from offload_study.analysis.report import recommend as recommend_view
 from offload_study.core import contracts, references
 
@@ -45,17 +44,6 @@ def _seed_view(plan: dict, scenarios: list, baseline: str | None) -> dict | None
     path = (plan.get("prediction") or {}).get("plan_csv")
     predictions = contracts.read_predictions(path) if path and Path(path).is_file() else {}
     return seed.seed_view(plan, scenarios, predictions, references.published_or_none(), baseline)
-
-
-def _environment() -> Environment:
-    env = Environment(
-        loader=PackageLoader("offload_study", "templates"),
-        autoescape=select_autoescape(["html", "j2", "html.j2"], default=True),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(fmt=views.fmt, pct=views.fmt_pct, bytes=views.fmt_bytes)
-    return env
 
 
 def _versions() -> dict:
@@ -94,7 +82,7 @@ def render(
         else "?"
     )
     base_view = next((v for v in scenarios if v["is_baseline"]), None)
-    template = _environment().get_template("report.html.j2")
+    template = html.environment().get_template("report.html.j2")
     return template.render(
         study=plan.get("study") or "?",
         cluster=cluster,
