@@ -50,7 +50,8 @@ if workflow.is_main_process:
         RESULTS,
         [(s, r) for s in SCENARIOS for r in REPEATS],
         PLAN.study["retries"],
-        move=not workflow.dryrun,
+        # the API's output settings say -n at parse time (workflow.dryrun does not, yet)
+        move=not workflow.output_settings.dryrun,
     ):
         if note.retryable:  # re-run now, or not any more (budget spent): say which
             print(f"retry policy: {note}", file=sys.stderr)
