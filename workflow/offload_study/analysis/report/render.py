@@ -24,7 +24,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from offload_study.analysis import collect
-from offload_study.analysis.report import figures, predicted, seed, views
+from offload_study.analysis.report import engines, figures, predicted, seed, views
 from offload_study.analysis.report import recommend as recommend_view
 from offload_study.core import contracts, references
 
@@ -113,6 +113,7 @@ def render(
         run_rows=views.run_rows(runs, scenarios),
         run_breakdown=[name for name, _ in views.RUN_BREAKDOWN],
         checks=views.sanity_rows(scenarios),
+        engines=engines.engines_view(runs, summary),
         predicted=predicted.predicted_view(plan, summary),
         recommend=plan.get("recommendation"),
         blocked_names={v["scenario"] for v in scenarios if v["blocking"]},
