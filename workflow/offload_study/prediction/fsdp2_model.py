@@ -21,7 +21,7 @@ above 1 (all-gather each unit twice per micro-step, reduce-scatter fp32 gradient
 offload the fp32 shards go up twice per micro-step and the fp32 gradients come down once; the
 optimizer step is torch AdamW: fused on the GPU (the device rate of :data:`predict.FITS`),
 foreach on the CPU at the calibrated ``torch_adam_params_per_s`` (older calibrations: the
-DeepSpeedCPUAdam rate, which the note says).
+DeepSpeedCPUAdam rate stands in).
 """
 
 from __future__ import annotations
