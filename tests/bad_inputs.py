@@ -35,7 +35,7 @@ def with_change(config: dict, path: str, value) -> dict:
     config = copy.deepcopy(config)
     for other, other_value in getattr(value, "also", {}).items():
         config = with_change(config, other, other_value)
-    value = str(value) if isinstance(value, Swept) else value
+    value = str(value) if isinstance(value, Together) else value
     node = config
     parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
     for part in parts[:-1]:
@@ -53,13 +53,20 @@ def with_change(config: dict, path: str, value) -> dict:
 DELETE = object()
 
 
-class Swept(str):
+class Together(str):
     """A value set together with other changes (path -> value) that it depends on."""
 
     def __new__(cls, value: str, also: dict):
         self = super().__new__(cls, value)
         self.also = also
         return self
+
+    def __repr__(self) -> str:  # distinct cases: the same value with other changes
+        return f"{str.__repr__(self)}+{self.also!r}"
+
+
+class Swept(Together):
+    """A value that a sweep set together with it renames (the dry-run test holds them out)."""
 
 
 # (change, value, words the one error message must contain)
@@ -105,6 +112,36 @@ BAD_INPUT = [
         "scenarios[0].sweep",
         {"reduce_bucket_sise": [1, 2]},
         ["scenarios[0].sweep.reduce_bucket_sise"],
+    ),
+    # engine fsdp2: keys of DeepSpeed's, offloads its one CPUOffloadPolicy cannot map
+    ("scenarios[0].engine", "megatron", ["scenarios[0].engine", "'deepspeed'", "'fsdp2'"]),
+    (
+        "scenarios[0].engine",
+        Together("fsdp2", {"scenarios[0].zero": {"reduce_bucket_size": 5e7}}),
+        ["scenarios[0].zero", "DeepSpeed key", "engine fsdp2"],
+    ),
+    (
+        "scenarios[0].engine",
+        Together("fsdp2", {"scenarios[0].sweep": {"reduce_bucket_size": [5e7, 5e8]}}),
+        ["scenarios[0].sweep.reduce_bucket_size", "engine fsdp2"],
+    ),
+    ("scenarios[3].engine", "fsdp2", ["scenarios[3].offload_optimizer", "nvme", "fsdp2"]),
+    (
+        "scenarios[1].engine",
+        "fsdp2",
+        ["scenarios[1].offload_param", "CPUOffloadPolicy", "together"],
+    ),
+    (
+        "scenarios[1].engine",
+        Together(
+            "fsdp2", {"scenarios[1].offload_param": "cpu", "scenarios[1].super_offload": True}
+        ),
+        ["scenarios[1].super_offload", "DeepSpeed key", "engine fsdp2"],
+    ),
+    (
+        "scenarios[2].engine",
+        Together("fsdp2", {"scenarios[2].offload_optimizer_ratio": 0.5}),
+        ["scenarios[2].offload_optimizer_ratio", "engine fsdp2"],
     ),
     ("scenarios[0].sweep", {"micro_batch": []}, ["scenarios[0].sweep.micro_batch"]),
     ("scenarios[0].sweep", {"micro_batch": [0]}, ["scenarios[0].sweep.micro_batch", "positive"]),

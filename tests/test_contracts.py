@@ -89,7 +89,10 @@ def test_steps_csv_round_trip(tmp_path):
     contracts.write_steps(tmp_path / "steps.csv", rows)
     text = (tmp_path / "steps.csv").read_text().splitlines()
     assert text[0] == ",".join(contracts.STEPS_COLUMNS)
-    assert text[0] == "step,phase,step_time_s,tokens_per_s,samples_per_s,loss,skipped,loss_scale"
+    assert text[0] == (
+        "step,phase,step_time_s,tokens_per_s,samples_per_s,loss,skipped,loss_scale,"
+        "forward_s,backward_s,optimizer_s"
+    )
     with open(tmp_path / "steps.csv", "a") as fh:
         fh.write("3,measured,0.2")  # a row cut short by a kill
     assert contracts.read_steps(tmp_path / "steps.csv") == [rows[0], StepRow(*rows[1])]

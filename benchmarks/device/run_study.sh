@@ -4,6 +4,9 @@
 #                bash benchmarks/device/run_study.sh", carry=[".whl"])
 # STUDIES   space-separated STUDY_YAML[:TARGETS] (TARGETS: comma-separated Snakemake targets, e.g.
 #           "recommend" or one repeat's metrics.json files; default: all of the study)
+# RAW_FSDP2 space-separated fsdp2 scenarios of the first study: after the studies, the plain FSDP2
+#           loop (benchmarks/raw_fsdp2.py, 3 warm-up + 8 steps) on each one's run spec, the
+#           fidelity reference; its JSON lines and workflow/raw ratios come back in extra.tar.gz.
 # CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.prediction.calibrate,
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
@@ -53,7 +56,21 @@ pack() {
   # shellcheck disable=SC2046
   tar -czhf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "${dirs[@]}" \
     results/*/calibration.json .snakemake/log 2>/dev/null)
-  tar -czf "$OUT/extra.tar.gz" -C /tmp logs
+  tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw 2>/dev/null)
+}
+
+raw_fsdp2() { # raw_fsdp2 RESULTS_DIR SCENARIO: the plain loop, then workflow (rep0) / raw tokens/s
+  local out=/tmp/raw/fsdp2/$2.json
+  mkdir -p /tmp/raw/fsdp2
+  OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 1 \
+    --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) benchmarks/raw_fsdp2.py \
+    --spec "$1/configs/$2.run.json" --out "$out" --warmup 3 --steps 8 >"${out%.json}.log" 2>&1 || return
+  python3 - "$out" "$1/$2/rep0/metrics.json" <<'EOF'
+import json, sys
+raw, wf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"FIDELITY {raw['scenario']}: workflow {wf['tokens_per_s']:.1f} tok/s, raw "
+      f"{raw['tokens_per_s']:.1f} tok/s, ratio {wf['tokens_per_s'] / raw['tokens_per_s']:.3f}")
+EOF
 }
 
 summary() {
@@ -67,7 +84,7 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake versions build_ops table
+export -f elapsed say left snake versions build_ops table raw_fsdp2
 
 keep_outside
 requeue_cancelled
@@ -85,4 +102,8 @@ for item in $STUDIES; do
   [[ $item == *:* ]] && target=${item#*:}
   # shellcheck disable=SC2086
   timed "$study ${target:-all}" 600 snake "$study" ${target//,/ }
+done
+first=${STUDIES%% *}
+for s in ${RAW_FSDP2:-}; do
+  timed "raw_fsdp2 $s" 120 raw_fsdp2 "$(results_dir "${first%%:*}")" "$s"
 done

@@ -43,7 +43,10 @@ ARCH_ENTRY = re.compile(r"\d+\.\d+(?:\+PTX)?")
 
 
 def ops_needed(spec: RunSpec) -> list[str]:
-    """The DeepSpeed ops ``spec`` loads, in the order it loads them."""
+    """The DeepSpeed ops ``spec`` loads, in the order it loads them (none for an fsdp2 run:
+    it imports no DeepSpeed)."""
+    if spec.engine == "fsdp2":
+        return []
     needed = ["shm_comm"] if spec.accelerator == "cpu" else []
     needed.append("fused_adam" if spec.offload_optimizer == "none" else "cpu_adam")
     if spec.uses_nvme:

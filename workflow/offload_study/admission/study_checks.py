@@ -120,8 +120,47 @@ def _count_errors(values: list, where: str) -> list[str]:
     ]
 
 
+#: FSDP2's one offload policy (CPUOffloadPolicy) moves parameters, gradients and optimizer states
+#: to the CPU together: the offload keys it can take, (offload_optimizer, offload_param).
+FSDP2_OFFLOADS = {("none", "none"): "no offload", ("cpu", "cpu"): "CPUOffloadPolicy"}
+
+
+def fsdp2_problems(scenario: dict, where: str) -> list[str]:
+    """Keys of an fsdp2 scenario that only DeepSpeed has, or that FSDP2's one offload policy
+    cannot map (each refusal names the key, and what fsdp2 takes instead)."""
+    why = "a DeepSpeed key: engine fsdp2 has no such setting; remove it or use engine deepspeed"
+    errors = [f"{where}.zero: {why}"] if scenario.get("zero") else []
+    swept = scenario.get("sweep", {})
+    errors += [
+        f"{where}.sweep.{knob}: {why}"
+        for knob in swept
+        if knob not in BATCH_KNOBS + ("pin_memory", "bind_cores")
+    ]
+    errors += [
+        f"{where}.{key}: {why}"
+        for key in modes.DEEPSPEED_KEYS
+        if modes.is_set(key, scenario.get(key))
+    ]
+    devices = (scenario["offload_optimizer"], scenario["offload_param"])
+    if "nvme" in devices:
+        key = "offload_optimizer" if devices[0] == "nvme" else "offload_param"
+        errors.append(f"{where}.{key}: nvme offload is DeepSpeed's; engine fsdp2 offloads to "
+                      "the CPU only (offload_optimizer: cpu with offload_param: cpu)")  # fmt: skip
+    elif devices not in FSDP2_OFFLOADS:
+        key = "offload_param" if devices[0] == "cpu" else "offload_optimizer"
+        errors.append(
+            f"{where}.{key}: engine fsdp2 offloads parameters, gradients and optimizer states "
+            "together (one CPUOffloadPolicy): set offload_optimizer: cpu with offload_param: cpu, "
+            "or both none"
+        )
+    return errors
+
+
 def scenario_key_problems(scenario: dict, cluster: dict, where: str) -> list[str]:
-    """ZeRO knobs the installed DeepSpeed knows, modes it has, a folder for NVMe offload."""
+    """ZeRO knobs the installed DeepSpeed knows, modes it has, a folder for NVMe offload; an
+    fsdp2 scenario: no key of DeepSpeed's, offload keys its one policy maps."""
+    if scenario["engine"] == "fsdp2":
+        return fsdp2_problems(scenario, where)
     errors = dsconfig.check_zero_keys(scenario.get("zero", {}), f"{where}.zero")
     for knob, values in scenario.get("sweep", {}).items():
         if knob in BATCH_KNOBS:

@@ -43,13 +43,18 @@ def _types(key: str) -> set[str]:
 
 
 #: Columns every runs table has (in the schema's order), whatever the records contain.
-RUN_COLUMNS = [k for k in _METRICS if k not in ("schema_version", "breakdown_ms")]
+RUN_COLUMNS = [
+    k for k in _METRICS if k not in ("schema_version", "breakdown_ms", "step_breakdown_ms")
+]
 #: Integers every record has (never null): nullable integers. Other numbers become float64.
 INTEGER_COLUMNS = [k for k in RUN_COLUMNS if _types(k) == {"integer"}]
 FLOAT_COLUMNS = [
     k for k in RUN_COLUMNS if _types(k) & {"number", "integer"} and k not in INTEGER_COLUMNS
 ]
 BREAKDOWN_COLUMNS = [f"breakdown_ms.{k}" for k in contracts.BREAKDOWN_KEYS]
+#: The harness' own parts of a step (metrics.json step_breakdown_ms, either engine).
+STEP_PARTS = list(_METRICS["step_breakdown_ms"]["properties"])
+STEP_BREAKDOWN_COLUMNS = [f"step_breakdown_ms.{k}" for k in STEP_PARTS]
 #: Outcomes of the records plus "missing" (no metrics.json), which only collect assigns.
 OUTCOMES = [*contracts.OUTCOMES, "missing"]
 #: Columns of every run that come from beside metrics.json: the machine it ran on
@@ -57,7 +62,7 @@ OUTCOMES = [*contracts.OUTCOMES, "missing"]
 #: after failures of the infrastructure (its archive: placement.retries_of).
 RECORD_COLUMNS = ["machine", "record_dir", "retries"]
 _TEXT_COLUMNS = ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt",
-                 "machine")  # fmt: skip
+                 "machine", "engine", "engine_version")  # fmt: skip
 _LIST_COLUMNS = ("host_peak_rss_gib_per_node", "host_peak_rss_gib_per_rank")
 _REP_RE = re.compile(r"^rep(\d+)$")
 
@@ -164,7 +169,11 @@ def flatten_record(rec: dict) -> dict:
     The ``sweep`` dict itself is kept as a JSON string (stable key order) so that rows group by it;
     list-valued memory columns become JSON strings too (CSV/Parquet friendly).
     """
-    out = {k: v for k, v in rec.items() if k not in ("breakdown_ms", "sweep")}
+    out = {k: v for k, v in rec.items() if k not in ("breakdown_ms", "step_breakdown_ms", "sweep")}
+    parts = rec.get("step_breakdown_ms")
+    parts = parts if isinstance(parts, dict) else {}
+    out.update({column: _num(parts.get(k)) for k, column in zip(STEP_PARTS, STEP_BREAKDOWN_COLUMNS,
+                                                                  strict=True)})  # fmt: skip
     bd = rec.get("breakdown_ms")
     bd = bd if isinstance(bd, dict) else {}
     for k in contracts.BREAKDOWN_KEYS:
@@ -240,15 +249,17 @@ def machine_of(prov: Mapping | None) -> str | None:
 def build_runs(records: Iterable[dict]) -> pd.DataFrame:
     """One row per run (flat records from :func:`read_record`), contract columns always present."""
     df = pd.DataFrame(list(records))
-    extra = [c for c in df.columns if c not in RUN_COLUMNS + BREAKDOWN_COLUMNS + RECORD_COLUMNS]
+    known = RUN_COLUMNS + BREAKDOWN_COLUMNS + STEP_BREAKDOWN_COLUMNS + RECORD_COLUMNS
+    extra = [c for c in df.columns if c not in known]
     sweep_cols = sorted(c for c in extra if c.startswith("sweep."))
     other_bd = sorted(c for c in extra if c.startswith("breakdown_ms."))
     rest = [c for c in extra if c not in sweep_cols and c not in other_bd]
-    cols = RUN_COLUMNS + sweep_cols + BREAKDOWN_COLUMNS + other_bd + rest + RECORD_COLUMNS
+    cols = (RUN_COLUMNS + sweep_cols + BREAKDOWN_COLUMNS + STEP_BREAKDOWN_COLUMNS + other_bd
+            + rest + RECORD_COLUMNS)  # fmt: skip
     df = df.reindex(columns=cols)
     df["sweep"] = df["sweep"].astype("object").where(df["sweep"].notna(), "{}")
     df["outcome"] = df["outcome"].fillna("missing").astype(str)
-    for c in [*FLOAT_COLUMNS, *BREAKDOWN_COLUMNS, *other_bd]:
+    for c in [*FLOAT_COLUMNS, *BREAKDOWN_COLUMNS, *STEP_BREAKDOWN_COLUMNS, *other_bd]:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     for c in INTEGER_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
@@ -354,7 +365,7 @@ SUMMARY_SETUP = [
     "study", "cluster", "base_scenario", "label", "sweep", "nodes", "gpus_per_node", "world_size",
     "accelerator", "device_name", "gpu_mem_gb", "cpu_mem_gb", "offload_optimizer",
     "offload_param", "micro_batch", "gradient_accumulation_steps", "global_batch", "seq_len",
-    "dtype", "gradient_checkpointing", "model_params",
+    "dtype", "gradient_checkpointing", "model_params", "engine",
 ]  # fmt: skip
 #: Measured columns of a scenario over its ok runs: (how to aggregate, columns).
 SUMMARY_MEASURES = [
@@ -366,6 +377,8 @@ SUMMARY_MEASURES = [
     ("median", ["loss_last"]),
     ("sum", ["skipped_steps_measured"]),  # records from before the harness counted them lack it
 ]  # fmt: skip
+#: Columns of the step's parts, summarized by their median: DeepSpeed's timers, the harness'.
+BREAKDOWN_PREFIXES = ("breakdown_ms.", "step_breakdown_ms.")
 _EMPTY_SUMMARY = ["scenario", "runs", "relative_speed", "relative_speed_note"]
 
 
@@ -399,7 +412,7 @@ def summarize(
     speed, draws = _speed_columns(ok, order, steps or {}, n_boot, seed)
     summary = pd.concat(
         [setup, _outcome_columns(runs, order), speed,
-         _measure_columns(ok, order, [c for c in runs if c.startswith("breakdown_ms.")])],
+         _measure_columns(ok, order, [c for c in runs if c.startswith(BREAKDOWN_PREFIXES)])],
         axis=1,
     ).reset_index()  # fmt: skip
     offloads = setup[["offload_optimizer", "offload_param"]].astype(str)

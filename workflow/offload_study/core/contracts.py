@@ -267,6 +267,17 @@ def _from_mapping(cls, data: Mapping, source: str):
 
 # --------------------------------------------------------------------------- run spec
 RUN_SPEC_VERSION = 1
+_ENGINE_KEY = load_schema("study")["properties"]["scenarios"]["items"]["properties"]["engine"]
+#: The training engines (scenario key ``engine``) and the default one, from the study schema.
+ENGINES: tuple[str, ...] = tuple(_ENGINE_KEY["enum"])
+DEFAULT_ENGINE: str = _ENGINE_KEY["default"]
+
+
+def engine_of(row: Mapping) -> str:
+    """The engine of a run spec dict, plan row, metrics record or summary row (records and
+    specs from before the key ran DeepSpeed)."""
+    engine = row.get("engine")
+    return engine if isinstance(engine, str) and engine else DEFAULT_ENGINE
 
 
 @dataclass(frozen=True)
@@ -360,6 +371,8 @@ class RunSpec:
     # study key same_allocation_baseline: the run spec (dict) of the short no-offload run made
     # right after this one in the same job, into <record>/pair/ (None: no such run)
     same_allocation_pair: dict | None = None
+    # the training engine (scenario key engine): deepspeed (ZeRO-3) | fsdp2 (PyTorch fully_shard)
+    engine: str = "deepspeed"
 
     @property
     def uses_nvme(self) -> bool:
@@ -400,11 +413,13 @@ class RunSpec:
 
     def to_dict(self) -> dict:
         """The spec as JSON-ready dict; without a pair run the ``same_allocation_pair`` key is
-        left out, so a study that leaves the option off writes the run specs it wrote before
-        (Snakemake sees no changed params and re-runs nothing)."""
+        left out, and ``engine`` when it is the default, so a study that leaves them off writes
+        the run specs it wrote before (Snakemake sees no changed params and re-runs nothing)."""
         out = plain_data(self)
         if out["same_allocation_pair"] is None:
             del out["same_allocation_pair"]
+        if out["engine"] == DEFAULT_ENGINE:  # the same: DeepSpeed studies re-run nothing
+            del out["engine"]
         return out
 
     @classmethod
@@ -464,6 +479,8 @@ class RankStats:
     wall_time_s: float | None = None
     modes: dict | None = None  # what the engine used (offload_study.planning.modes.effective)
     bound_cores: list | None = None  # cores this rank was bound to (bind_cores), None: not bound
+    engine: str | None = None  # the engine that trained (RunSpec.engine)
+    engine_version: str | None = None  # its version: DeepSpeed's, or torch's for fsdp2
 
 
 def write_rank_stats(record: RecordDir, stats: RankStats) -> None:
@@ -508,9 +525,11 @@ def read_progress(record: RecordDir) -> Progress | None:
 class StepRow:
     """One optimizer step of steps.csv (phase: warmup | measured).
 
-    ``skipped``: 1 when DeepSpeed skipped the optimizer step (fp16 overflow: non-finite gradients,
-    the loss scale is lowered); ``loss_scale``: the optimizer's loss scale after the step (None
-    when it has none). Files written before these columns existed read back with 0 and None.
+    ``skipped``: 1 when the engine skipped the optimizer step (fp16 overflow: non-finite
+    gradients, the loss scale is lowered); ``loss_scale``: the optimizer's loss scale after the
+    step (None when it has none); ``forward_s``, ``backward_s``, ``optimizer_s``: where the
+    step's time went (the harness times both engines alike). Files written before these columns
+    existed read back with 0 and None.
     """
 
     step: int
@@ -521,6 +540,10 @@ class StepRow:
     loss: float
     skipped: int = 0
     loss_scale: float | None = None
+    # the step's parts, summed over its micro-steps, each ended by a device synchronization
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
 
     @property
     def timed(self) -> bool:
@@ -537,7 +560,9 @@ class StepRow:
             f"{self.loss:.6f}",
             str(int(self.skipped)),
             "" if self.loss_scale is None else f"{self.loss_scale:g}",
-        ]
+            *("" if v is None else f"{v:.6f}"
+              for v in (self.forward_s, self.backward_s, self.optimizer_s)),
+        ]  # fmt: skip
 
 
 STEPS_COLUMNS: list[str] = [f.name for f in dataclasses.fields(StepRow)]
@@ -547,7 +572,7 @@ def _optional_float(cell: str) -> float | None:
     return None if cell == "" else float(cell)  # None (a row cut short) raises TypeError
 
 
-_STEP_TYPES = (int, str, float, float, float, float, int, _optional_float)
+_STEP_TYPES = (int, str, float, float, float, float, int, *[_optional_float] * 4)
 #: Columns a steps.csv may lack (written before they existed): their defaults stand in.
 _STEP_DEFAULTS = {
     f.name: f.default for f in dataclasses.fields(StepRow) if f.default is not dataclasses.MISSING
@@ -627,6 +652,9 @@ class Calibration:
     matmul_dtype: str
     cpu_adam_params_per_s: float  # DeepSpeedCPUAdam with all the node's cores
     cpu_adam_threads: int
+    # torch AdamW (foreach) with the same cores: fsdp2's CPU step (None: a file from before it;
+    # the prediction then takes cpu_adam_params_per_s and says so)
+    torch_adam_params_per_s: float | None = None
     h2d_gb_s: float | None = None  # pinned host -> device copies (cuda only)
     d2h_gb_s: float | None = None  # pinned device -> host
     pageable_h2d_gb_s: float | None = None  # from ordinary (unpinned) host memory
@@ -795,7 +823,7 @@ def no_offload_pairs(
 ) -> list[Mapping]:
     """The no-offload partners of ``row`` among ``rows`` (run specs, plan scenarios or summary
     rows, in study order): the scenarios that offload nothing and share its values of ``keys``,
-    those with its ``gpu_mem_gb`` first; none when one of its ``keys`` is unknown. ``row`` itself
+    those of its engine, then with its ``gpu_mem_gb``, first; none when one of its ``keys`` is unknown. ``row`` itself
     is among them when it offloads nothing. The one pairing rule: collect's pairs, the plan's
     same-allocation pair runs, the report's predicted overhead and the sanity checks (which
     leave the accumulation out of ``keys`` to compare it)."""
@@ -807,4 +835,11 @@ def no_offload_pairs(
         if offloads_nothing(r.get("offload_optimizer"), r.get("offload_param"))
         and settings_of(r, keys) == settings
     ]  # fmt: skip
-    return sorted(same, key=lambda r: r.get("gpu_mem_gb") != row.get("gpu_mem_gb"))
+    # the same engine first (an FSDP2 offload run against FSDP2 without offload), then the card
+    return sorted(
+        same,
+        key=lambda r: (
+            engine_of(r) != engine_of(row),
+            r.get("gpu_mem_gb") != row.get("gpu_mem_gb"),
+        ),
+    )

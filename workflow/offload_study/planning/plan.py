@@ -101,7 +101,8 @@ def _run_spec(
         cluster=cluster["name"],
         scenario=expanded_name(scenario["name"], combo),
         base_scenario=scenario["name"],
-        label=scenario.get("label") or scenario["name"],
+        label=label(study, scenario),
+        engine=scenario["engine"],
         sweep={k: dsconfig.normalize_number(v) for k, v in combo.items()},
         model=model,
         model_params=_param_count(model),
@@ -142,6 +143,22 @@ def _run_spec(
         force=scenario.get("force", study["force"]),
         predict_only=scenario["predict_only"],
     )
+
+
+#: How a label names each engine where a study has more than one.
+ENGINE_NAMES = {"deepspeed": "ZeRO-3", "fsdp2": "FSDP2"}
+
+
+def label(study: dict, scenario: dict) -> str:
+    """The scenario's label (default its name); where the study uses more than one engine, the
+    engine is added unless the label names it, so two scenarios that differ only by engine
+    are told apart in every table and figure."""
+    text = scenario.get("label") or scenario["name"]
+    engines = {s.get("engine", "deepspeed") for s in study["scenarios"]}
+    name = ENGINE_NAMES.get(scenario["engine"], scenario["engine"])
+    if len(engines) < 2 or name.lower() in text.lower() or scenario["engine"] in text.lower():
+        return text
+    return f"{text} ({name})"
 
 
 def measure_fields(study: dict, scenario: dict) -> dict:
@@ -316,18 +333,24 @@ class Plan:
             "scenarios": [self._scenario_summary(run.to_dict(), keys) for run in self.runs],
             # the whole spec: the plan job predicts them without a configs/ file
             "predict_only": [
-                {**{k: run[k] for k in keys}, "name": run["scenario"], "spec": run}
+                {**_keys_of(run, keys), "name": run["scenario"], "spec": run}
                 for run in (r.to_dict() for r in self.predicted_only)
             ],
         }
 
     def _scenario_summary(self, run: dict, keys: list[str]) -> dict:
         return {
-            **{k: run[k] for k in keys},
+            **_keys_of(run, keys),
             "name": run["scenario"],
             "ds_config": self.ds_config_path(run["scenario"]),
             "run_spec": layout.run_spec_path(self.results_dir, run["scenario"]),
         }
+
+
+def _keys_of(run: dict, keys: list[str]) -> dict:
+    """A run spec dict's ``keys``, and its engine where it is not the default (a DeepSpeed
+    study's plan.json stays as it was)."""
+    return {**{k: run[k] for k in keys}, **({"engine": run["engine"]} if "engine" in run else {})}
 
 
 def write_scenario_files(run_spec: RunSpec | dict, ds_config_path: str, spec_path: str) -> None:

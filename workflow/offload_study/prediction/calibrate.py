@@ -197,6 +197,18 @@ def cpu_adam_params_per_s(n_params: int, threads: int) -> dict:
     return measure(optimizer.step).rate(n_params)
 
 
+def torch_adam_params_per_s(n_params: int, threads: int) -> dict:
+    """torch AdamW with foreach (the CPU step of an fsdp2 run with CPUOffloadPolicy) on the
+    same flat fp32 tensor as DeepSpeedCPUAdam, so the two rates compare."""
+    import torch
+
+    torch.set_num_threads(threads)
+    param = torch.nn.Parameter(torch.randn(n_params))
+    param.grad = torch.randn(n_params)
+    optimizer = torch.optim.AdamW([param], lr=1e-4, foreach=True)
+    return measure(optimizer.step).rate(n_params)
+
+
 def copy_gb_s(nbytes: int) -> dict[str, dict]:
     """Host<->device copies: pinned both ways, and host->device from unpinned memory."""
     import torch
@@ -453,7 +465,8 @@ def calibrate(cluster: dict, cores: int) -> Calibration:
     started = time.perf_counter()
     torch.set_num_threads(cores)
     spread = {"matmul_tflops": matmul_tflops(device, size["matmul"]),
-              "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores)}  # fmt: skip
+              "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores),
+              "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores)}  # fmt: skip
     if accelerator == "cuda":
         spread.update(copy_gb_s(size["copy"]))
     rates = {key: summary["median"] for key, summary in spread.items()}

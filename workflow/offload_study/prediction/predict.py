@@ -432,6 +432,8 @@ class Memory:
 
 def predict_memory(spec: RunSpec, ds_config: dict) -> Memory | None:
     """The memory prediction of a run (None when the model's shape is unknown)."""
+    if spec.engine in ENGINE_MODELS:  # its own model (FSDP2 keeps other things where)
+        return ENGINE_MODELS[spec.engine].predict_memory(spec)
     shape = model_shape(spec)
     if shape is None:
         return None
@@ -449,7 +451,7 @@ def deepspeed_estimate(spec: RunSpec) -> tuple[float, float] | None:
     only; NVMe counted as CPU offload): ``estimate_zero3_model_states_mem_needs``, the function
     ``estimate_zero3_model_states_mem_needs_all_cold`` prints its table from."""
     shape = model_shape(spec)
-    if shape is None:
+    if shape is None or spec.engine != "deepspeed":
         return None
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
@@ -463,6 +465,12 @@ def deepspeed_estimate(spec: RunSpec) -> tuple[float, float] | None:
         zero_init=True,
     )
     return units.bytes_to_gib(gpu), units.bytes_to_gib(cpu)
+
+
+#: The models of the engines other than DeepSpeed: engine -> a module with predict_memory(spec)
+#: and step_time(spec, cal). Each registers itself (it builds on this module, so this module
+#: cannot import it): offload_study.prediction.fsdp2_model, imported with the package.
+ENGINE_MODELS: dict[str, object] = {}
 
 
 # --------------------------------------------------------------------------- step time
@@ -725,6 +733,8 @@ def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> floa
 
 def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | None:
     """The predicted optimizer-step time of a run (None when the model's shape is unknown)."""
+    if spec.engine in ENGINE_MODELS:
+        return ENGINE_MODELS[spec.engine].step_time(spec, cal)
     shape = model_shape(spec)
     if shape is None:
         return None

@@ -1,24 +1,22 @@
-"""Per-rank ZeRO-3 training program (run under torchrun, one process per rank).
+"""Per-rank training program (run under torchrun, one process per rank), for both engines.
 
     python -m offload_study.training.harness --spec RUN.json --out DIR [--run-id ID]
 
-Reads the run spec (:class:`~offload_study.core.contracts.RunSpec`), builds the model inside
-``deepspeed.zero.Init``, trains on seeded synthetic tokens (or a token file;
-:mod:`offload_study.training.tokens`) for as many warm-up and measured optimizer steps as
-:mod:`offload_study.training.steady` decides on rank 0 (broadcast to every rank after each step; fixed
-mode: ``warmup_steps + steps``) and writes into DIR (file names and shapes:
-:mod:`offload_study.core.contracts`):
+Reads the run spec (:class:`~offload_study.core.contracts.RunSpec`), builds the run's engine
+(:class:`Engine`: DeepSpeed ZeRO-3, :mod:`offload_study.training.zero3`, or PyTorch FSDP2,
+:mod:`offload_study.training.fsdp2`; scenario key ``engine``), trains on seeded synthetic
+tokens (or a token file; :mod:`offload_study.training.tokens`) for as many warm-up and measured
+optimizer steps as :mod:`offload_study.training.steady` decides on rank 0 (broadcast to every
+rank after each step; fixed mode: ``warmup_steps + steps``) and writes into DIR (file names and
+shapes: :mod:`offload_study.core.contracts`), the same records for either engine:
 
 - ``logs/rank<r>.log``   everything this rank prints (fd-level tee; also goes to the console),
-- ``steps.csv``          rank 0: one :class:`~offload_study.core.contracts.StepRow` per step (with
-  DeepSpeed's skipped-step flag, from ``engine.skipped_steps``, and the loss scale),
+- ``steps.csv``          rank 0: one :class:`~offload_study.core.contracts.StepRow` per step
+  (forward, backward and optimizer seconds, the engine's skipped-step flag and loss scale),
 - ``progress.json``      rank 0: heartbeat for the runner's per-step timeout,
 - ``rank<r>.stats.json`` every rank: once the device is set up (its GPU cap is then on record
   even if the rank dies later), again at the end with memory peaks, parameter count, NVMe peak
   (:mod:`offload_study.training.probes`).
-
-NVMe swap files go to a run-private folder (``contracts.nvme_run_dir``; the DS config's nvme_path
-is rewritten) that is sampled in the background for its peak size and removed at the end.
 """
 
 from __future__ import annotations
@@ -28,12 +26,12 @@ import dataclasses
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from offload_study.core.contracts import (
     Progress,
@@ -42,13 +40,12 @@ from offload_study.core.contracts import (
     RunSpec,
     StepRow,
     StepsWriter,
-    nvme_run_dir,
     read_json,
     read_run_spec,
     write_progress,
     write_rank_stats,
 )
-from offload_study.planning import dsconfig, modes
+from offload_study.planning import modes
 from offload_study.training import probes, steady
 from offload_study.training.supervise import die_with_parent
 from offload_study.training.tokens import Batches
@@ -95,96 +92,96 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def private_nvme_dir(spec: RunSpec, ds_config: dict, run_id: str) -> str | None:
-    """This run's NVMe folder, written into the DS config; None when nothing goes to NVMe."""
-    if not spec.nvme_path:
-        return None
-    nvme_dir = nvme_run_dir(spec.nvme_path, run_id)
-    return nvme_dir if dsconfig.rewrite_nvme_path(ds_config, nvme_dir) else None
+# --------------------------------------------------------------------------- the engines
+class Engine(Protocol):
+    """What the step loop asks of an engine (zero3.ZeroEngine, fsdp2.Fsdp2Engine)."""
+
+    name: str
+    device: object
+    vocab_size: int
+    model_params: int
+    skipped_steps: int  # optimizer steps skipped so far (fp16 overflow)
+
+    def synchronize(self) -> None: ...
+    def train(self) -> None: ...
+    def forward(self, ids): ...
+    def backward(self, loss) -> None: ...
+    def step(self, boundary: bool) -> None: ...
+    def loss_scale(self) -> float | None: ...
+    def effective_modes(self) -> dict: ...
+    def versions(self) -> dict: ...
+    def close(self, stats: RankStats) -> RankStats: ...
 
 
-# --------------------------------------------------------------------------- model
-def build_model(spec: RunSpec, ds_config: dict):
-    import deepspeed
-    import transformers
+def make_engine(spec: RunSpec, ds_config: dict | None, stats: RankStats, is_cuda: bool) -> Engine:
+    """The run's engine (spec.engine), its process group started."""
+    if spec.engine == "fsdp2":
+        from offload_study.training.fsdp2 import Fsdp2Engine
 
-    pretrained = spec.model.source == "pretrained"
-    if pretrained:
-        config = transformers.AutoConfig.from_pretrained(spec.model.name_or_path)
-    else:
-        cfg = dict(spec.model.config)
-        model_type = cfg.pop("model_type")
-        config = transformers.AutoConfig.for_model(model_type, **cfg)
-    config.use_cache = False
-    # Resolve (import) the model class *before* zero.Init: zero.Init patches torch.Tensor.__new__,
-    # and transformers' lazy module import then pulls in torch._dynamo, which fails with
-    # "TypeError: Signature mismatch between <function get_new_tensor_fn_for_dtype...>".
-    import torch._dynamo  # noqa: F401
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+        return Fsdp2Engine(spec, is_cuda, stats.local_rank, stats.world_size)
+    from offload_study.training.zero3 import ZeroEngine
 
-    model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    with deepspeed.zero.Init(config_dict_or_path=ds_config):
-        if pretrained:
-            model = model_cls.from_pretrained(spec.model.name_or_path, config=config)
-        else:
-            model = transformers.AutoModelForCausalLM.from_config(config)
-    if getattr(model.config, "use_cache", None):
-        model.config.use_cache = False
-    if spec.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
-
-
-def count_params(model) -> int:
-    # under ZeRO-3 each parameter keeps its full size in ds_numel
-    return int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+    return ZeroEngine(spec, ds_config, stats)
 
 
 # --------------------------------------------------------------------------- training
 @dataclass(frozen=True)
 class StepResult:
-    """One optimizer step as this rank saw it."""
+    """One optimizer step as this rank saw it; its parts summed over the micro-steps, each
+    timed between device synchronizations (so they add up to the step's time)."""
 
     seconds: float
     loss: float  # averaged over micro-steps and ranks
-    skipped: bool  # DeepSpeed skipped the optimizer step (non-finite gradients, fp16 overflow)
+    skipped: bool  # the engine skipped the optimizer step (non-finite gradients, fp16 overflow)
     loss_scale: float | None  # the optimizer's loss scale after the step (None: it has none)
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
 
 
-def loss_scale(engine) -> float | None:
-    """The ZeRO optimizer's current loss scale (fp16: dynamic; bf16/fp32: 1.0), None if absent."""
-    for name in ("cur_scale", "loss_scale"):
-        value = getattr(engine.optimizer, name, None)
-        if value is not None:
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                continue
-    return None
-
-
-def one_step(engine, batches: Batches, gas: int, acc, world: int) -> StepResult:
-    """One optimizer step (gas micro-steps), timed between two device synchronizations."""
+def one_step(engine: Engine, batches: Batches, gas: int, world: int) -> StepResult:
+    """One optimizer step (gas micro-steps), timed between device synchronizations: the step,
+    and its forward, backward and optimizer parts (a synchronization after each part)."""
     import torch
 
     skipped_before = engine.skipped_steps
-    acc.synchronize()
-    t0 = time.perf_counter()
+    clock = PartClock(engine)
     losses = []
-    for _ in range(gas):
+    for micro in range(gas):
         ids = batches.next().to(engine.device)
-        loss = engine(input_ids=ids, labels=ids).loss
+        loss = engine.forward(ids)
+        clock.lap("forward")
         engine.backward(loss)
-        engine.step()
+        clock.lap("backward")
+        engine.step(boundary=micro == gas - 1)
+        clock.lap("optimizer")
         losses.append(loss.detach().float())
-    acc.synchronize()
-    seconds = time.perf_counter() - t0
     loss_v = torch.stack(losses).mean()
     if world > 1:
         torch.distributed.all_reduce(loss_v)
         loss_v = loss_v / world
     skipped = engine.skipped_steps > skipped_before
-    return StepResult(seconds, float(loss_v.item()), skipped, loss_scale(engine))
+    return StepResult(clock.total(), float(loss_v.item()), skipped, engine.loss_scale(),
+                      **{f"{part}_s": s for part, s in clock.parts.items()})  # fmt: skip
+
+
+class PartClock:
+    """Seconds per part of a step, each lap ended by a device synchronization."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self.parts = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        engine.synchronize()
+        self._start = self._mark = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        self._engine.synchronize()
+        now = time.perf_counter()
+        self.parts[part] += now - self._mark
+        self._mark = now
+
+    def total(self) -> float:
+        return self._mark - self._start
 
 
 def agree(decision: steady.Decision | None, world: int, device) -> steady.Decision:
@@ -207,10 +204,10 @@ class Trained:
     warmup_settled: bool | None  # rank 0 only
 
 
-def train(engine, spec: RunSpec, record: RecordDir, rank: int, world: int, acc) -> Trained:
+def train(engine: Engine, spec: RunSpec, record: RecordDir, rank: int, world: int) -> Trained:
     """Warm-up and measured optimizer steps as :mod:`offload_study.training.steady` decides on rank 0;
     rank 0 writes steps.csv and progress.json (its total: the step budget)."""
-    batches = Batches(spec, int(engine.module.config.vocab_size), rank)
+    batches = Batches(spec, engine.vocab_size, rank)
     tracker = steady.Tracker(spec)  # rank 0's decides; on the others it gives budget, first phase
     total, phase, measured_s = tracker.budget, tracker.phase, 0.0
     steps_csv = StepsWriter(record.steps) if rank == 0 else None
@@ -220,7 +217,7 @@ def train(engine, spec: RunSpec, record: RecordDir, rank: int, world: int, acc) 
     decision, step = steady.Decision(phase), 0
     while decision.stop is None and step < total:
         step += 1
-        done = one_step(engine, batches, spec.gradient_accumulation_steps, acc, world)
+        done = one_step(engine, batches, spec.gradient_accumulation_steps, world)
         measured_s += done.seconds if phase == "measured" else 0.0
         decision = agree(tracker.observe(done.seconds, done.skipped) if rank == 0 else None,
                          world, engine.device)  # fmt: skip
@@ -238,7 +235,8 @@ def report_step(steps_csv: StepsWriter, record: RecordDir, spec: RunSpec, step: 
     tokens = spec.global_batch * spec.seq_len
     row = StepRow(step, phase, done.seconds, tokens / done.seconds,
                   spec.global_batch / done.seconds, done.loss, int(done.skipped),
-                  done.loss_scale)  # fmt: skip
+                  done.loss_scale, done.forward_s, done.backward_s,
+                  done.optimizer_s)  # fmt: skip
     steps_csv.write(row)
     write_progress(record, Progress(step, total, time.time(), phase, done.seconds))
     skip = " SKIPPED (overflow)" if done.skipped else ""
@@ -268,8 +266,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def start_rank(args) -> tuple[RunSpec, dict, RecordDir, RankStats]:
-    """Tee this rank's output, read spec and DS config; the rank's first stats."""
+def start_rank(args) -> tuple[RunSpec, dict | None, RecordDir, RankStats]:
+    """Tee this rank's output, read spec and (DeepSpeed) config; the rank's first stats."""
     record = RecordDir(Path(args.out))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -277,30 +275,21 @@ def start_rank(args) -> tuple[RunSpec, dict, RecordDir, RankStats]:
     host = os.uname().nodename
     say(f"rank {rank}/{world} local_rank {local_rank} pid {os.getpid()} host {host}")
     spec = read_run_spec(args.spec)
-    ds_config = read_json(args.ds_config or spec.ds_config)
-    run_id = args.run_id or os.environ.get("OFFLOAD_STUDY_RUN_ID") or f"{os.getppid()}"
+    ds_config, nvme_dir = None, None
+    if spec.engine == "deepspeed":
+        from offload_study.training.zero3 import private_nvme_dir
+
+        ds_config = read_json(args.ds_config or spec.ds_config)
+        run_id = args.run_id or os.environ.get("OFFLOAD_STUDY_RUN_ID") or f"{os.getppid()}"
+        nvme_dir = private_nvme_dir(spec, ds_config, run_id)
     # before torch starts its threads, which inherit the affinity (study key bind_cores)
     bound = modes.bind_cores(spec.modes, local_rank, spec.gpus_per_node)
     if bound is not None:
         say(f"bound to cores {bound}")
     stats = RankStats(rank=rank, local_rank=local_rank, world_size=world, host=host,
-                      pid=os.getpid(), nvme_dir=private_nvme_dir(spec, ds_config, run_id),
-                      bound_cores=bound)  # fmt: skip
+                      pid=os.getpid(), nvme_dir=nvme_dir, bound_cores=bound,
+                      engine=spec.engine)  # fmt: skip
     return spec, ds_config, record, stats
-
-
-def stop_nvme(stats: RankStats, sampler: probes.DirSizeSampler | None, world: int) -> RankStats:
-    """Peak NVMe usage, then (once every rank let go of its swap files) remove the folder."""
-    import torch
-
-    if sampler is not None:
-        stats = dataclasses.replace(stats, nvme_bytes_used=sampler.stop())
-    if world > 1:
-        torch.distributed.barrier()
-    if stats.nvme_dir and stats.local_rank == 0:
-        shutil.rmtree(stats.nvme_dir, ignore_errors=True)
-        stats = dataclasses.replace(stats, nvme_cleaned=not os.path.exists(stats.nvme_dir))
-    return stats
 
 
 def main(argv=None) -> int:
@@ -308,37 +297,23 @@ def main(argv=None) -> int:
     die_with_parent()  # no rank trains on once its torchrun is gone (see supervise)
     spec, ds_config, record, stats = start_rank(parse_args(argv))
     seed_everything(spec.seed)
-    import deepspeed
     import torch
-    from deepspeed.accelerator import get_accelerator
 
-    deepspeed.utils.set_log_level_from_string("info")
-    acc = get_accelerator()
-    is_cuda = acc.device_name() == "cuda"
+    is_cuda = spec.accelerator == "cuda" and torch.cuda.is_available()
     stats = dataclasses.replace(
         stats, **probes.set_up_device(spec, is_cuda, stats.local_rank),
         cuda_version=torch.version.cuda, torch_version=torch.__version__,
-        deepspeed_version=deepspeed.__version__,
     )  # fmt: skip
     write_rank_stats(record, stats)  # the GPU cap is on record even if this rank dies later
-    deepspeed.init_distributed()
-    sampler = None
-    if stats.nvme_dir and stats.local_rank == 0:
-        os.makedirs(stats.nvme_dir, exist_ok=True)
-        sampler = probes.DirSizeSampler(stats.nvme_dir).start()
-
-    model = build_model(spec, ds_config)
-    stats = dataclasses.replace(stats, model_params=count_params(model))
-    say(f"model params: {stats.model_params}")
-    engine, optimizer, _, _ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config
-    )
-    stats = dataclasses.replace(stats, modes=modes.effective(engine))
+    engine = make_engine(spec, ds_config, stats, is_cuda)
+    stats = dataclasses.replace(stats, model_params=engine.model_params, **engine.versions())
+    say(f"engine {engine.name}, model params: {stats.model_params}")
+    stats = dataclasses.replace(stats, modes=engine.effective_modes())
     say(f"effective modes: {stats.modes}")
     write_rank_stats(record, stats)  # on record even if training fails
     say(f"training: {describe_measure(spec)}, gas {spec.gradient_accumulation_steps}, global "
         f"batch {spec.global_batch}, init took {time.time() - t_start:.1f} s")  # fmt: skip
-    trained = train(engine, spec, record, stats.rank, stats.world_size, acc)
+    trained = train(engine, spec, record, stats.rank, stats.world_size)
     stats = dataclasses.replace(
         stats, **probes.gpu_memory_peaks(is_cuda, stats.local_rank),
         host_peak_rss_bytes=probes.host_peak_rss_bytes(), steps_done=trained.steps,
@@ -347,8 +322,7 @@ def main(argv=None) -> int:
     )  # fmt: skip
     if stats.world_size > 1:
         torch.distributed.barrier()
-    del engine, optimizer, model  # let go of the NVMe swap buffers before the folder goes
-    stats = stop_nvme(stats, sampler, stats.world_size)
+    stats = engine.close(stats)  # DeepSpeed: lets go of NVMe swap buffers, removes the folder
     stats = dataclasses.replace(stats, finished=True, wall_time_s=time.time() - t_start)
     write_rank_stats(record, stats)
     say(f"rank {stats.rank} done in {stats.wall_time_s:.1f} s")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from offload_study.core import devices, units
 from offload_study.core.contracts import (
+    BREAKDOWN_KEYS,
     METRICS_FIELDS,
     RankStats,
     RunSpec,
@@ -23,7 +24,7 @@ from offload_study.core.contracts import (
     sha256_file,
 )
 from offload_study.training import logparse, steady
-from offload_study.training.provenance import pkg_version
+from offload_study.training.provenance import engine_versions
 from offload_study.training.supervise import Supervision
 
 #: metrics.json keys copied from the run spec as they are (gpu_mem_gb, cpu_mem_gb: GiB, the
@@ -197,17 +198,37 @@ def _memory(inp: MetricsInput) -> dict:
     }
 
 
+def step_breakdown_ms(steps: list[StepRow]) -> dict | None:
+    """Median ms per timed measured step of each part the harness timed (None: no such columns)."""
+    timed = [r for r in steps if r.timed and r.forward_s is not None]
+    if not timed:
+        return None
+    return {
+        part: round(statistics.median(getattr(r, f"{part}_s") for r in timed) * 1000, 4)
+        for part in ("forward", "backward", "optimizer")
+    }
+
+
 def _breakdown(inp: MetricsInput) -> dict:
-    rank0_log = inp.logs.get(rank_log_name(0), "")
-    warmup = sum(1 for r in inp.steps if r.phase == "warmup")  # one timer line per step
-    return {"breakdown_ms": logparse.breakdown_ms(rank0_log, skip_steps=warmup)}
+    """DeepSpeed's timers (rank 0's log) and the harness' own parts (steps.csv); an fsdp2 run
+    has no DeepSpeed timers: its forward, backward and step come from the harness."""
+    parts = step_breakdown_ms(inp.steps)
+    if inp.spec.engine == "fsdp2":
+        ds = dict.fromkeys(BREAKDOWN_KEYS)
+        if parts:
+            ds.update(forward=parts["forward"], backward=parts["backward"], step=parts["optimizer"])
+    else:
+        rank0_log = inp.logs.get(rank_log_name(0), "")
+        warmup = sum(1 for r in inp.steps if r.phase == "warmup")  # one timer line per step
+        ds = logparse.breakdown_ms(rank0_log, skip_steps=warmup)
+    return {"breakdown_ms": ds, "step_breakdown_ms": parts}
 
 
 def _versions(inp: MetricsInput) -> dict:
+    deepspeed = inp.spec.engine == "deepspeed"
     return {
-        "ds_config_sha256": sha256_file(inp.spec.ds_config, missing_ok=True),
-        "deepspeed_version": inp.first_stat("deepspeed_version") or pkg_version("deepspeed"),
-        "torch_version": inp.first_stat("torch_version") or pkg_version("torch"),
+        "ds_config_sha256": sha256_file(inp.spec.ds_config, missing_ok=True) if deepspeed else None,
+        **engine_versions(inp.spec, inp.first_stat),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }
 

@@ -89,6 +89,18 @@ def pkg_version(name: str) -> str | None:
 SOURCE_COMMIT = Path(__file__).parents[1] / "SOURCE_COMMIT"
 
 
+def engine_versions(spec: RunSpec, first_stat) -> dict:
+    """deepspeed_version, engine, engine_version of a record (metrics and provenance): an fsdp2
+    run imports no DeepSpeed; its engine is torch's."""
+    torch_version = first_stat("torch_version") or pkg_version("torch")
+    if spec.engine == "fsdp2":
+        return {"deepspeed_version": None, "torch_version": torch_version, "engine": "fsdp2",
+                "engine_version": torch_version}  # fmt: skip
+    ds_version = first_stat("deepspeed_version") or pkg_version("deepspeed")
+    return {"deepspeed_version": ds_version, "torch_version": torch_version,
+            "engine": spec.engine, "engine_version": ds_version}  # fmt: skip
+
+
 def _git(path: Path, *args: str) -> str | None:
     try:
         done = subprocess.run(["git", "-C", str(path), *args],
@@ -194,6 +206,7 @@ def provenance(
     fill in)."""
     commit, dirty = git_commit(REPO_ROOT)
     rank0 = stats.get(0)
+    deepspeed = spec.engine == "deepspeed"  # an fsdp2 run reads no DeepSpeed config
     return scrub(
         {
             "host": socket.gethostname(),
@@ -201,8 +214,7 @@ def provenance(
             "hosts": sorted({s.host for s in stats.values() if s.host}),
             **gpu_info(),
             "cuda_version": rank0.cuda_version if rank0 else None,
-            "torch_version": (rank0 and rank0.torch_version) or pkg_version("torch"),
-            "deepspeed_version": (rank0 and rank0.deepspeed_version) or pkg_version("deepspeed"),
+            **engine_versions(spec, lambda name: getattr(rank0, name, None)),
             "transformers_version": pkg_version("transformers"),
             **_host_facts(cores),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -211,8 +223,8 @@ def provenance(
             "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
             "git_commit": commit,
             "git_dirty": dirty,
-            "ds_config": str(spec.ds_config),
-            "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True),
+            "ds_config": str(spec.ds_config) if deepspeed else None,
+            "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True) if deepspeed else None,
             "launch_command": launch.command_line if launch else None,
             "launch_env": launch.env if launch else None,
             "rendezvous_host": launch.rdzv_host if launch else None,

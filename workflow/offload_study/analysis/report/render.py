@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from offload_study.analysis import collect
-from offload_study.analysis.report import figures, html, predicted, seed, views
+from offload_study.analysis.report import engines, figures, html, predicted, seed, views
 from offload_study.analysis.report import recommend as recommend_view
 from offload_study.core import contracts, references
 
@@ -101,6 +101,7 @@ def render(
         run_rows=views.run_rows(runs, scenarios),
         run_breakdown=[name for name, _ in views.RUN_BREAKDOWN],
         checks=views.sanity_rows(scenarios),
+        engines=engines.engines_view(runs, summary),
         predicted=predicted.predicted_view(plan, summary),
         recommend=plan.get("recommendation"),
         blocked_names={v["scenario"] for v in scenarios if v["blocking"]},

@@ -1,0 +1,133 @@
+"""The FSDP2 engine (scenario key engine: fsdp2): real runs on the CPU accelerator over 2 gloo
+ranks through the runner, the same records as DeepSpeed's; the engine's planning."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import make_spec
+from runs import load_record, make_run, run_runner
+
+from offload_study.admission import preflight
+from offload_study.core import contracts
+from offload_study.core.contracts import RunSpec, read_steps
+
+
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+def test_fsdp2_trains_over_two_gloo_ranks(tmp_path, offload):
+    """torchrun -> harness -> Fsdp2Engine (fully_shard per layer on a CPU mesh, gloo), the same
+    records as a DeepSpeed run: steps.csv with the step's parts, metrics and provenance that
+    name the engine and its version (torch's), the effective offload policy."""
+    spec_path, outdir, spec = make_run(tmp_path, offload, offload, 2, scenario={"engine": "fsdp2"})
+    assert spec.engine == "fsdp2" and preflight.ops_needed(spec) == []
+    res = run_runner(spec_path, outdir)
+    assert res.returncode == 0, res.stdout + res.stderr
+    m = load_record(outdir)
+    assert m["outcome"] == "ok", m["error_excerpt"]
+    assert m["steps_measured"] == 3 and m["tokens_per_s"] > 0
+    assert 2 < m["loss_first"] < 12 and math.isfinite(m["loss_last"])
+    assert m["model_params"] > 100_000 and len(m["host_peak_rss_gib_per_rank"]) == 2
+    import torch
+
+    assert (m["engine"], m["engine_version"]) == ("fsdp2", torch.__version__)
+    assert m["deepspeed_version"] is None and m["ds_config_sha256"] is None
+    rows = read_steps(outdir / "steps.csv")
+    assert [r.phase for r in rows] == ["warmup"] + ["measured"] * 3
+    for r in rows:  # the parts add up to the step (each ended by a synchronization)
+        parts = r.forward_s + r.backward_s + r.optimizer_s
+        assert r.forward_s > 0 and r.backward_s > 0 and parts == pytest.approx(r.step_time_s, 1e-3)
+    parts = m["step_breakdown_ms"]
+    assert parts["optimizer"] > 0 and m["breakdown_ms"]["forward"] == parts["forward"]
+    effective = m["modes"]["effective"]
+    assert effective["offload_policy"] == (
+        "CPUOffloadPolicy" if offload == "cpu" else "OffloadPolicy"
+    )
+    assert effective["optimizer_class"] == "AdamW (foreach)"
+    # pin_memory true (the default) cannot pin without an accelerator: not on a CPU cluster
+    assert effective["pin_memory_param"] is (False if offload == "cpu" else None)
+    prov = json.loads((outdir / "provenance.json").read_text())
+    assert (prov["engine"], prov["engine_version"], prov["deepspeed_version"]) == (
+        "fsdp2",
+        torch.__version__,
+        None,
+    )
+    assert prov["ds_config"] is None and "offload_study.training.harness" in prov["launch_command"]
+    stats = json.loads((outdir / "rank1.stats.json").read_text())
+    assert stats["finished"] and stats["engine"] == "fsdp2"
+
+
+def test_engine_in_the_run_spec():
+    """engine travels in the run spec; a DeepSpeed spec is written as before (no engine key)."""
+    ds = make_spec()
+    assert ds.engine == "deepspeed" and "engine" not in ds.to_dict()
+    fsdp = make_spec(scenario={"engine": "fsdp2"})
+    assert fsdp.to_dict()["engine"] == "fsdp2"
+    assert RunSpec.from_dict(fsdp.to_dict()).engine == "fsdp2"
+    assert contracts.engine_of(ds.to_dict()) == "deepspeed"
+
+
+def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
+    """No offload: the fp32 shards of parameters, gradients and Adam on the GPU; CPUOffloadPolicy:
+    on the host (pinned shards rounded per tensor), the GPU keeps the layers in flight; the CPU
+    step priced at torch AdamW's rate; no DeepSpeed estimate for an FSDP2 run."""
+    import dataclasses
+
+    from offload_study.core.contracts import Calibration
+    from offload_study.planning import dsconfig
+    from offload_study.prediction import fsdp2_model, predict
+
+    model = {"config": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5504,
+                        "num_hidden_layers": 24, "num_attention_heads": 16, "vocab_size": 32000,
+                        "max_position_embeddings": 2048}}  # fmt: skip
+    study = {"model": model, "seq_len": 2048, "micro_batch": 4, "gradient_checkpointing": True}
+    cal = Calibration(cluster="h200-1gpu", accelerator="cuda", source="test", matmul_tflops=700.0,
+                      matmul_dtype="bf16", cpu_adam_params_per_s=2e9, cpu_adam_threads=16,
+                      torch_adam_params_per_s=1e9, h2d_gb_s=50.0, d2h_gb_s=50.0)  # fmt: skip
+    rows = {}
+    for engine, off in [("fsdp2", "none"), ("fsdp2", "cpu"), ("deepspeed", "cpu")]:
+        spec = make_spec("h200-1gpu", {"name": f"{engine}-{off}", "engine": engine,
+                                       "gpus_per_node": 1, "offload_optimizer": off,
+                                       "offload_param": off, "gradient_accumulation_steps": 1},
+                         **study)  # fmt: skip
+        rows[engine, off] = predict.predict(spec, dsconfig.build_ds_config(spec), cal, 1, True)
+    none, offload, zero3 = rows["fsdp2", "none"], rows["fsdp2", "cpu"], rows["deepspeed", "cpu"]
+    assert none.gpu_gib > 16 * 1.3e9 / 2**30 > offload.gpu_gib  # 16 bytes a parameter on the GPU
+    assert offload.host_gib > 16 * 1.3e9 / 2**30 > none.host_gib
+    assert none.ds_gpu_gib is None and zero3.ds_gpu_gib is not None
+    params = spec.model_params
+    assert offload.optimizer_s == pytest.approx(params / 1e9, rel=1e-3)  # torch AdamW's rate
+    older = dataclasses.replace(cal, torch_adam_params_per_s=None)  # a file from before the rate
+    fsdp_spec = make_spec("h200-1gpu", {"name": "f", "engine": "fsdp2", "gpus_per_node": 1,
+                                        "offload_optimizer": "cpu", "offload_param": "cpu",
+                                        "gradient_accumulation_steps": 1}, **study)  # fmt: skip
+    assert fsdp2_model.step_time(fsdp_spec, older).optimizer_s == pytest.approx(params / 2e9, 1e-3)
+
+
+def test_the_report_puts_engines_side_by_side(tmp_path):
+    """A study with both engines: per kind (no offload, CPU offload) each engine's speed with CI,
+    memory and step parts, and the paired ratio across engines; one engine: no such block."""
+    from builders import build_report, make_record
+
+    parts = {"deepspeed": {"forward": 100.0, "backward": 200.0, "optimizer": 400.0},
+             "fsdp2": {"forward": 90.0, "backward": 180.0, "optimizer": 900.0}}  # fmt: skip
+    paths = []
+    for k in range(2):
+        for engine, off, speed in [
+            ("deepspeed", "none", 1000),
+            ("fsdp2", "none", 1050),
+            ("deepspeed", "cpu", 600),
+            ("fsdp2", "cpu", 400),
+        ]:
+            extra = {"engine": engine, "step_breakdown_ms": parts[engine]}
+            paths.append(make_record(tmp_path, f"{engine}-{off}", k, tokens_per_s=speed * (1 + k / 100),
+                                     offload_optimizer=off, offload_param=off, seed=k,
+                                     label=f"{engine} {off}", extra=extra))  # fmt: skip
+    html, _, _ = build_report(tmp_path, paths)
+    block = html[html.index('id="engines"') : html.index('id="figures"')]
+    assert 'id="engines-no-offload"' in block and 'id="engines-CPU-offload"' in block
+    assert "fsdp2 cpu against deepspeed cpu: 67% [" in block and "<b>slower</b>" in block
+    assert "optimizer step: 500 ms more per step" in block
+    single, _, _ = build_report(tmp_path / "one", paths[:1] + paths[2:3])
+    assert 'id="engines"' not in single

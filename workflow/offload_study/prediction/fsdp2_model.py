@@ -1,0 +1,172 @@
+"""The memory and step-time model of an fsdp2 run (scenario key ``engine: fsdp2``).
+
+What FSDP2 (offload_study.training.fsdp2) keeps where, per rank of a world of W:
+
+- no offload, on the GPU: the fp32 shards of the parameters, of their gradients (reduced in fp32)
+  and of the Adam moments (16 bytes per parameter / W); the unsharded parameters, in the compute
+  dtype, of the layer being computed and of the next one (FSDP2 prefetches one layer's
+  all-gather); the root unit's (embeddings, final norm, LM head), which the root keeps unsharded
+  from its forward to its backward; one layer's unsharded gradients in the compute dtype and
+  their fp32 copy for the reduce-scatter; the activations (as for DeepSpeed:
+  :func:`offload_study.prediction.predict.activation_parts`).
+- CPUOffloadPolicy: the shards of parameters and gradients (pinned when pin_memory: torch's
+  pinned allocator rounds every tensor up to a power of two) and the Adam moments live in host
+  memory; the GPU holds the unsharded layers, the root, one layer's gradients, the
+  activations, and the fp32 shards of the two layers in flight copied up for their all-gather.
+- host: the runtime, and the model as built (fp32, on the CPU, before it is sharded: the
+  peak of a run whose offloaded states are smaller).
+
+Step time: the same FLOPs and host time per layer as a DeepSpeed run; collectives of a world
+above 1 (all-gather each unit twice per micro-step, reduce-scatter fp32 gradients once); with
+offload the fp32 shards go up twice per micro-step and the fp32 gradients come down once; the
+optimizer step is torch AdamW: fused on the GPU (the device rate of :data:`predict.FITS`),
+foreach on the CPU at the calibrated ``torch_adam_params_per_s`` (older calibrations: the
+DeepSpeedCPUAdam rate stands in).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from offload_study.core import units
+from offload_study.core.contracts import Calibration, RunSpec
+from offload_study.prediction import predict
+from offload_study.prediction.predict import (
+    DTYPE_BYTES,
+    FITS,
+    GB,
+    PARAM_FETCHES,
+    Memory,
+    ModelShape,
+    StepTime,
+    activation_parts,
+    flops_per_micro_step,
+    model_shape,
+)
+
+FP32 = 4.0
+#: fp32 shard of a parameter, of its gradient, and the two Adam moments.
+STATE_BYTES = {"parameters": FP32, "gradients": FP32, "Adam moments": 2 * FP32}
+
+
+def offloads(spec: RunSpec) -> bool:
+    return spec.offload_optimizer == "cpu" or spec.offload_param == "cpu"
+
+
+def layer_params(shape: ModelShape) -> int:
+    """Elements of one decoder layer (its 4 attention and 3 MLP projections and 2 norms)."""
+    per_layer = (len(shape.tensors) - 2 - (0 if shape.tied_embeddings else 1)) // shape.layers
+    return sum(shape.tensors[1 : 1 + per_layer])
+
+
+def root_params(shape: ModelShape) -> int:
+    return shape.params - shape.layers * layer_params(shape)
+
+
+def gpu_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """Bytes per GPU at the peak, by what holds them."""
+    b, world, layer = DTYPE_BYTES[spec.dtype], spec.world_size, layer_params(shape)
+    parts = {
+        "unsharded parameters: two layers (computing, prefetched)": 2.0 * b * layer,
+        "unsharded parameters: root (embeddings, norm, LM head)": float(b * root_params(shape)),
+        "one layer's gradients (compute dtype + fp32 for the reduce-scatter)": (b + FP32) * layer,
+        **activation_parts(spec, shape),
+    }
+    if offloads(spec):
+        parts["fp32 shards of two layers copied up for their all-gather"] = 2 * FP32 * layer / world
+    else:
+        for name, per_param in STATE_BYTES.items():
+            parts[f"{name} (fp32 shard)"] = per_param * math.ceil(shape.params / world)
+    return parts
+
+
+def rank_host_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """Host bytes of one rank (device memory of a CPU rank not included)."""
+    runtime = float(units.gib_to_bytes(FITS[spec.accelerator].runtime_gib))
+    built = FP32 * shape.params  # the whole model, fp32, before fully_shard
+    if not offloads(spec):
+        return {"runtime": runtime, "model as built (fp32, before sharding)": built}
+    pinned = spec.accelerator == "cuda" and spec.pin_memory is not False
+    shards = [FP32 * n / spec.world_size for n in shape.tensors]  # bytes of each fp32 shard
+    per_tensor = predict._pow2 if pinned else float
+    states = {
+        "parameters (fp32 shards" + (", pinned)" if pinned else ")"): sum(map(per_tensor, shards)),
+        "gradients (fp32 shards" + (", pinned)" if pinned else ")"): sum(map(per_tensor, shards)),
+        "Adam moments (fp32)": 2.0 * sum(shards),
+    }
+    # the model as built is freed once sharded: it only counts where it is the larger peak
+    beyond = max(0.0, built - sum(states.values()))
+    return {"runtime": runtime, **states, "model as built, beyond the offloaded states": beyond}
+
+
+def predict_memory(spec: RunSpec) -> Memory | None:
+    shape = model_shape(spec)
+    if shape is None:
+        return None
+    gpu = gpu_parts(spec, shape)
+    rank = rank_host_parts(spec, shape)
+    if spec.accelerator == "cpu":  # a CPU rank's "GPU" memory is host memory too
+        rank = {**rank, **{f"device: {name}": v for name, v in gpu.items()}}
+    host = {name: v * spec.gpus_per_node for name, v in rank.items()}
+    return Memory(gpu=gpu, host=host, nvme={})
+
+
+def host_adam_rate(cal: Calibration) -> float:
+    """torch AdamW (foreach) on the CPU: calibrated, else DeepSpeedCPUAdam's rate."""
+    return cal.torch_adam_params_per_s or cal.cpu_adam_params_per_s
+
+
+def optimizer_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """fused AdamW on the GPU at the device rate; foreach AdamW on the node's cores, which its
+    ranks share, when the states are on the CPU (offload, or a CPU cluster)."""
+    shard = math.ceil(shape.params / spec.world_size)
+    device_rate = FITS[spec.accelerator].optimizer_params_per_s
+    if offloads(spec) or device_rate is None:
+        return shard * spec.gpus_per_node / host_adam_rate(cal)
+    return shard / device_rate
+
+
+def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """CPUOffloadPolicy: every micro-step the fp32 shards go up per fetch, the fp32 gradient
+    shards come down once."""
+    if not offloads(spec) or spec.accelerator != "cuda" or not cal.h2d_gb_s:
+        return 0.0
+    shard = FP32 * shape.params / spec.world_size
+    pinned = spec.pin_memory is not False
+    up = (cal.h2d_gb_s if pinned else cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
+    down = (cal.d2h_gb_s or cal.h2d_gb_s) * GB
+    return spec.gradient_accumulation_steps * (PARAM_FETCHES * shard / up + shard / down)
+
+
+def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """All-gather of every unit per fetch (compute dtype), reduce-scatter of fp32 gradients."""
+    dp = spec.world_size
+    if dp == 1:
+        return 0.0
+    units_ = shape.layers + 1
+    moved = (PARAM_FETCHES * DTYPE_BYTES[spec.dtype] + FP32) * shape.params * (dp - 1) / dp
+    seconds = (PARAM_FETCHES + 1) * units_ * (cal.collective_latency_s or 0.0)
+    if cal.interconnect_gb_s:
+        seconds += moved / (cal.interconnect_gb_s * GB)
+    return spec.gradient_accumulation_steps * seconds
+
+
+def step_time(spec: RunSpec, cal: Calibration) -> StepTime | None:
+    shape = model_shape(spec)
+    if shape is None:
+        return None
+    fit, gas = FITS[spec.accelerator], spec.gradient_accumulation_steps
+    sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
+    rate = cal.matmul_tflops * 1e12 * fit.efficiency
+    return StepTime(
+        flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
+        dispatch_s=gas * shape.layers * fit.dispatch_s_per_layer,
+        comm_s=comm_seconds(spec, shape, cal),
+        pcie_s=pcie_seconds(spec, shape, cal),
+        optimizer_s=optimizer_seconds(spec, shape, cal),
+        nvme_s=0.0,
+    )
+
+
+predict.ENGINE_MODELS["fsdp2"] = sys.modules[__name__]
