@@ -632,6 +632,9 @@ class Prediction:
     feasible: bool
     reason: str | None  # why it does not fit (None when it does)
     note: str | None = None  # what the model assumes or leaves out for this run's offload mode
+    # peak of torch's caching allocator (what a per-process cap limits) plus the CUDA context,
+    # per GPU, in bytes (predict.gpu_reserved_bytes; None: not a GPU run, or an older plan.csv)
+    gpu_reserved_bytes: int | None = None
 
 
 PREDICTION_COLUMNS: list[str] = [f.name for f in dataclasses.fields(Prediction)]
