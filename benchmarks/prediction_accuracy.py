@@ -67,9 +67,11 @@ def _speed_ci(m: dict) -> tuple[float, float]:
     return tokens / (hi or step), tokens / (lo or step)
 
 
-def record_rows(record_dir: Path, study: Path, calibration: Path) -> list[dict]:
+def record_rows(
+    record_dir: Path, study: Path, calibration: Path, cluster_dir: Path = REPO_ROOT / "config" / "clusters"
+) -> list[dict]:  # fmt: skip
     """One row per record of ``record_dir``: what was measured and what is predicted."""
-    plan = Plan(str(study), cluster_dir=REPO_ROOT / "config" / "clusters")
+    plan = Plan(str(study), cluster_dir=cluster_dir)
     cal = read_calibration(calibration)
     rows = []
     for metrics in sorted(record_dir.glob("*/rep*/metrics.json")):
@@ -106,10 +108,41 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
             raw["peak_gpu_reserved_gib"]),
         "nvml_measured": raw.get("nvml_used_gib") and units.gib_to_bytes(raw["nvml_used_gib"]),
         "features": predict.reserved_features(memory) if cuda else None,
+        "parts": _parts(spec, times) if cuda and times else None,
+        # predicted host bytes per node less the fitted runtime of its ranks (refitted per study)
+        "host_base": sum(memory.host.values())
+        - spec.gpus_per_node * units.gib_to_bytes(predict.FITS[spec.accelerator].runtime_gib),
+        "ranks": spec.gpus_per_node,
         "allocated_bytes": sum(memory.gpu.values()) if cuda else None,
         # the verdict without force (the 40 GiB OOM run is forced on purpose)
         "feasible": predict.predict(replace(spec, force=False), ds_config, cal).feasible,
     }  # fmt: skip
+
+
+def _parts(spec, times) -> accuracy.StepParts:
+    fit = predict.FITS[spec.accelerator]
+    return accuracy.StepParts(times.flops_s, times.dispatch_s, times.comm_s,
+                              times.pcie_s + times.optimizer_s + times.nvme_s,
+                              fit.efficiency, fit.dispatch_s_per_layer)  # fmt: skip
+
+
+def _step_fit(rows: list[dict]) -> tuple[float, float]:
+    return accuracy.fit_compute([(r["parts"], r["step"][1]) for r in rows if r["parts"]])
+
+
+def _step_error(row: dict, fit: tuple[float, float]) -> float | None:
+    return accuracy.rel_error(row["parts"].total(*fit), row["step"][1]) if row["parts"] else None
+
+
+def _runtime_fit(rows: list[dict]) -> float:
+    return accuracy.fit_runtime(
+        [(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"]) for r in rows]
+    )
+
+
+def _host_error(row: dict, runtime: float) -> float | None:
+    measured = units.gib_to_bytes(row["host"][1])
+    return accuracy.rel_error(row["host_base"] + runtime * row["ranks"], measured)
 
 
 def _reserved_fit(rows: list[dict]) -> tuple[tuple[float, ...], float]:
@@ -135,15 +168,24 @@ def _reserved_error(row: dict, fit) -> float | None:
     return accuracy.rel_error(predicted, row["reserved_measured"])
 
 
-def add_reserved_errors(rows: list[dict]) -> None:
-    """Each GPU row's reserved error, its constants fitted on the other studies only."""
+def add_out_of_sample_errors(rows: list[dict]) -> None:
+    """Each ok GPU row's step, host and reserved errors with the fitted constants (efficiency
+    and dispatch per layer, runtime memory, reserved slack) fitted on the other studies only."""
     gpu = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
     if len({r["study"] for r in gpu}) < 2:
         return
-    for r, err in zip(
-        gpu, accuracy.leave_one_study_out(gpu, _reserved_fit, _reserved_error), strict=True
-    ):
-        r["reserved_error"] = err
+    for key, (fit, evaluate) in OUT_OF_SAMPLE.items():
+        judged = accuracy.leave_one_study_out(gpu, fit, evaluate)
+        for r, err in zip(gpu, judged, strict=True):
+            r[key] = err
+
+
+#: error key -> (fit, evaluate) of the constants refitted leaving the judged study out
+OUT_OF_SAMPLE = {
+    "step_error": (_step_fit, _step_error),
+    "host_error": (_runtime_fit, _host_error),
+    "reserved_error": (_reserved_fit, _reserved_error),
+}
 
 
 def _cell(pair) -> str:
@@ -174,11 +216,12 @@ def errors(rows: list[dict]) -> dict[str, list[float]]:
     """The relative errors of ok records by quantity (step, gpu, reserved, host)."""
     ok = [r for r in rows if r["outcome"] == "ok"]
     out = {
-        "step": [accuracy.rel_error(*r["step"]) for r in ok],
+        # out of sample where computed (GPU), else with the constants as committed
+        "step": [r.get("step_error", accuracy.rel_error(*r["step"])) for r in ok],
         "gpu": [accuracy.rel_error(*r["gpu"]) for r in ok],
         "reserved": [r.get("reserved_error") for r in ok],
         # a run that failed or was cancelled measured its host memory before its peak
-        "host": [accuracy.rel_error(*r["host"]) for r in ok],
+        "host": [r.get("host_error", accuracy.rel_error(*r["host"])) for r in ok],
     }
     return {k: [e for e in v if e is not None] for k, v in out.items()}
 
@@ -202,7 +245,7 @@ def speeds(rows: list[dict]) -> list[accuracy.Speed]:
 def summary_lines(rows: list[dict], label: str) -> list[str]:
     """Per target: how many ok records meet it and the worst error; pairs and Kendall tau."""
     lines = []
-    names = {"step": "step time", "gpu": "GPU allocated", "reserved": "GPU reserved (LOSO)",
+    names = {"step": "step time", "gpu": "GPU allocated", "reserved": "GPU reserved",
              "host": "host per node"}  # fmt: skip
     for key, errs in errors(rows).items():
         if not errs:
@@ -236,9 +279,9 @@ def pairs_overall(rows: list[dict]) -> tuple[int, int]:
     return right, total
 
 
-def bands(rows: list[dict]) -> dict:
-    """The largest absolute error out of sample per quantity (ok GPU records)."""
-    errs = errors([r for r in rows if r["kind"] == "GPU"])
+def bands(rows: list[dict], kind: str = "GPU") -> dict:
+    """The largest absolute error per quantity (ok records of ``kind``)."""
+    errs = errors([r for r in rows if r["kind"] == kind])
     names = {"step": "step_time", "gpu": "gpu_allocated", "reserved": "gpu_reserved",
              "host": "host"}  # fmt: skip
     return {names[k]: round(accuracy.band(v), 4) for k, v in errs.items() if v}
@@ -277,6 +320,7 @@ def main(argv=None) -> int:
         help="a GPU cluster's calibration instead of config/calibration/<cluster>.json (e.g. "
         "one measured by `python -m offload_study.prediction.calibrate`); repeatable",
     )  # fmt: skip
+    ap.add_argument("--cpu-cluster-dir", type=Path, default=REPO_ROOT / "config" / "clusters")
     ap.add_argument("--bands-out", type=Path, metavar="FILE",
                     help="write the measured error bands as JSON (config/calibration/"
                     "error_bands.json is the one the plan reads)")  # fmt: skip
@@ -293,8 +337,8 @@ def main(argv=None) -> int:
     cal = None
     if a.cpu_study_dir:
         cal = a.cpu_calibration or a.cpu_study_dir.parent / "calibration.json"
-        rows += record_rows(a.cpu_study_dir, a.cpu_study, cal)
-    add_reserved_errors(rows)
+        rows += record_rows(a.cpu_study_dir, a.cpu_study, cal, a.cpu_cluster_dir)
+    add_out_of_sample_errors(rows)
     print_table(rows)
     print()
     print_summaries(rows)
@@ -307,6 +351,9 @@ def main(argv=None) -> int:
 
 
 def print_summaries(rows: list[dict]) -> None:
+    print("GPU step time, host and reserved memory: out of sample (their fitted constants "
+          "fitted leaving the study out); CPU and the lease calibration's lines: constants as "
+          "committed")  # fmt: skip
     for kind in ("GPU", "CPU"):
         of_kind = [r for r in rows if r["kind"] == kind]
         for study in sorted({r["study"] for r in of_kind}):
@@ -322,6 +369,13 @@ def print_summaries(rows: list[dict]) -> None:
     if any(r["kind"] == "GPU" for r in rows):
         slack, context = _reserved_fit([r for r in rows if r["kind"] == "GPU"
                                         and r["outcome"] == "ok"])  # fmt: skip
+        ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
+        eff, disp = _step_fit(ok)
+        fits = predict.FITS["cuda"]
+        print(f"step fit over every GPU study: efficiency {eff:.2f}, dispatch {disp:.4f} s per "
+              f"layer; runtime {units.bytes_to_gib(_runtime_fit(ok)):.2f} GiB per rank "
+              f"(predict.FITS: {fits.efficiency}, {fits.dispatch_s_per_layer}, "
+              f"{fits.runtime_gib})")  # fmt: skip
         print(
             f"reserved fit over every GPU study: reserved_slack {tuple(f'{c:.4g}' for c in slack)}"
             f", CUDA context {units.bytes_to_gib(context):.3f} GiB (predict.RESERVED_FIT)"
@@ -346,12 +400,16 @@ def write_bands(path: Path, rows: list[dict], argv) -> None:
     )  # fmt: skip
     out = {
         "calibrated": bands(rows),
-        "statistic": "largest absolute relative error over the ok GPU records (reserved: "
-        "leave one study out)",
+        "statistic": "largest absolute relative error over the ok GPU records, the fitted "
+        "constants (efficiency, dispatch per layer, runtime memory, reserved slack) fitted "
+        "leaving the record's study out",
         "calibration": "config/calibration/<cluster>.json (shipped)",
         "measured_by": command.strip(),
         "records": len(gpu_ok),
     }
+    cpu = [r for r in rows if r["kind"] == "CPU" and r["outcome"] == "ok"]
+    if cpu:  # the CPU study given (--cpu-study-dir), with its own calibration
+        out["cpu"] = {**bands(rows, "CPU"), "records": len(cpu)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"error bands: {path}")

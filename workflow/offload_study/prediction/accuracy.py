@@ -165,3 +165,52 @@ def fit_context(samples: Iterable[tuple[float, float]]) -> float:
     if not gaps:
         raise ValueError("fit_context: no sample with nvml's reading at or above the peak")
     return statistics.median(gaps)
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """A GPU step prediction by part, seconds (predict.StepTime), made with ``efficiency`` and
+    ``dispatch_s_per_layer``: the micro-steps are the longest of FLOPs, dispatch and
+    collectives, the rest (PCIe, optimizer, NVMe) adds."""
+
+    flops_s: float
+    dispatch_s: float
+    comm_s: float
+    rest_s: float
+    efficiency: float
+    dispatch_s_per_layer: float
+
+    def total(self, efficiency: float, dispatch_s_per_layer: float) -> float:
+        """The step with other constants: FLOPs time scales as 1 / efficiency, dispatch with
+        its time per layer."""
+        flops = self.flops_s * self.efficiency / efficiency
+        dispatch = self.dispatch_s * dispatch_s_per_layer / self.dispatch_s_per_layer
+        return max(flops, dispatch, self.comm_s) + self.rest_s
+
+
+#: The grids :func:`fit_compute` searches: efficiency of the matmul rate, seconds per layer.
+EFFICIENCIES = tuple(round(0.30 + 0.01 * i, 2) for i in range(61))
+DISPATCH_S = tuple(round(0.010 + 0.0005 * i, 4) for i in range(61))
+
+
+def fit_compute(samples: Sequence[tuple[StepParts, float]]) -> tuple[float, float]:
+    """(efficiency, dispatch s per layer) minimising the squared log error of the step over
+    ``samples`` of (parts, measured step seconds), on the grids above."""
+    if not samples:
+        raise ValueError("fit_compute: no samples")
+
+    def loss(eff: float, disp: float) -> float:
+        return sum(math.log(p.total(eff, disp) / m) ** 2 for p, m in samples)
+
+    return min(((e, d) for e in EFFICIENCIES for d in DISPATCH_S), key=lambda c: loss(*c))
+
+
+def fit_runtime(samples: Iterable[tuple[float, float, int]]) -> float:
+    """A rank's runtime memory before its model (bytes) that minimises the squared relative
+    error of the host prediction over samples of (measured host bytes per node, predicted host
+    bytes without the runtime, ranks per node): small hosts weigh as much as large ones."""
+    samples = list(samples)
+    if not samples:
+        raise ValueError("fit_runtime: no samples")
+    num = sum(n / m * (1 - base / m) for m, base, n in samples)
+    return num / sum((n / m) ** 2 for m, _, n in samples)
