@@ -19,7 +19,9 @@ from offload_study.core import contracts
 from offload_study.core.study import StudyError
 from offload_study.prediction import calibrate
 
-SHIPPED = sorted((REPO_ROOT / "config/calibration").glob("*.json"))
+# error_bands.json beside them is the accuracy report's bands, not a calibration
+SHIPPED = sorted(p for p in (REPO_ROOT / "config/calibration").glob("*.json")
+                 if p.name != "error_bands.json")  # fmt: skip
 MIB = 2**20
 
 
@@ -145,3 +147,24 @@ def test_a_file_that_is_not_a_calibration_is_refused(tmp_path):
     contracts.write_json(path, {"schema_version": 99})
     with pytest.raises(StudyError, match="not a calibration file"):
         contracts.read_calibration(path)
+
+
+def test_measure_until_stable_stops_once_the_last_samples_agree_or_at_its_cap():
+    timing, settled = calibrate.measure_until_stable(lambda: time.sleep(0.002), window=3,
+                                                     spread=0.5, min_sample_s=0.0)  # fmt: skip
+    assert settled and timing.samples == 3
+    noisy = iter([0.001, 0.02] * 50)
+    timing, settled = calibrate.measure_until_stable(
+        lambda: time.sleep(next(noisy)), window=3, spread=0.01, max_samples=6, min_sample_s=0.0
+    )  # fmt: skip
+    assert not settled and timing.samples == 3 and timing.summary()["spread_pct"] > 50
+
+
+def test_workload_of_a_study_is_its_partition_layer_shapes_and_buckets():
+    work = calibrate.workload_of(str(REPO_ROOT / "config/config.yaml"),
+                                 str(REPO_ROOT / "config/clusters"))  # fmt: skip
+    assert work.adam_params > 0 and work.copy_bytes
+    m, k, n = max(work.matmul_shapes, key=lambda s: s[0] * s[1] * s[2])
+    assert m % 2 == 0 and k > 0 and n > 0
+    assert calibrate.layer_matmuls(8, 4, 16, 2) == [(8, 4, 4), (8, 4, 4), (8, 4, 2), (8, 4, 2),
+                                                   (8, 4, 16), (8, 4, 16), (8, 16, 4)]  # fmt: skip

@@ -726,6 +726,9 @@ class Prediction:
     # band for that case (config/calibration/error_bands.json)
     calibration: str | None = None
     step_time_band: float | None = None
+    # peak of torch's caching allocator (what a per-process cap limits) plus the CUDA context,
+    # per GPU, in bytes (predict.gpu_reserved_bytes; None: not a GPU run, or an older plan.csv)
+    gpu_reserved_bytes: int | None = None
 
 
 PREDICTION_COLUMNS: list[str] = [f.name for f in dataclasses.fields(Prediction)]

@@ -34,6 +34,7 @@ measured (it would need every GPU of a node); it stays null unless a shipped cal
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import mmap
@@ -48,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from offload_study.core import units
 from offload_study.core.contracts import Calibration, write_calibration
 from offload_study.core.study import CLUSTER_DIR, load_cluster
 from offload_study.training.provenance import pkg_version
@@ -171,6 +173,46 @@ def measure(
     return Timing.of(per_call, calls)
 
 
+#: Until-stable sampling (:func:`measure_until_stable`): the last STABLE_WINDOW samples within
+#: STABLE_SPREAD of their median, at most STABLE_MAX_SAMPLES samples.
+STABLE_WINDOW, STABLE_SPREAD, STABLE_MAX_SAMPLES = 5, 0.03, 25
+#: ... and for at most this many seconds (a loaded machine never settles: the spread says so)
+STABLE_MAX_S = 10.0
+
+
+def measure_until_stable(
+    op: Callable[[], object], sync: Callable[[], None] = lambda: None,
+    window: int = STABLE_WINDOW, spread: float = STABLE_SPREAD,
+    max_samples: int = STABLE_MAX_SAMPLES, min_sample_s: float = MIN_SAMPLE_S,
+    max_s: float = STABLE_MAX_S,
+) -> tuple[Timing, bool]:  # fmt: skip
+    """(the Timing of the last ``window`` samples, whether they settled): samples as
+    :func:`measure` takes them, one more at a time until the relative range of the last
+    ``window`` is under ``spread`` (a machine warming up, or another job's burst, shows as a
+    drift the first samples carry), at most ``max_samples`` and, past ``window`` samples,
+    ``max_s`` seconds."""
+    op()
+    sync()
+    start = time.perf_counter()
+    op()
+    sync()
+    calls = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-9)))
+    per_call: list[float] = []
+    began = time.perf_counter()
+    while len(per_call) < max_samples:
+        start = time.perf_counter()
+        for _ in range(calls):
+            op()
+        sync()
+        per_call.append((time.perf_counter() - start) / calls)
+        last = per_call[-window:]
+        if len(last) == window and (max(last) - min(last)) / statistics.median(last) < spread:
+            return Timing.of(last, calls), True
+        if len(last) == window and time.perf_counter() - began > max_s:
+            break
+    return Timing.of(per_call[-window:], calls), False
+
+
 def _sync(device: str) -> Callable[[], None]:
     import torch
 
@@ -185,28 +227,46 @@ def matmul_tflops(device: str, n: int) -> dict:
     return measure(lambda: torch.mm(a, b), _sync(device)).rate(2 * n**3 / 1e12)
 
 
-def cpu_adam_params_per_s(n_params: int, threads: int) -> dict:
-    """DeepSpeedCPUAdam (the optimizer of CPU offload) on one flat fp32 tensor."""
+#: the CPU optimizers whose rates a calibration holds: DeepSpeedCPUAdam (ZeRO-3's CPU offload)
+#: and torch's AdamW with foreach (the CPU step of an fsdp2 run with CPUOffloadPolicy)
+CPU_OPTIMIZERS = ("deepspeed", "torch")
+
+
+def _cpu_optimizer(kind: str, param):
+    if kind == "deepspeed":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam([param], lr=1e-4)
     import torch
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return torch.optim.AdamW([param], lr=1e-4, foreach=True)
+
+
+def adam_rate(kind: str, n_params: int, threads: int, until_stable: bool = False) -> dict:
+    """Parameters per second of the CPU optimizer ``kind`` (CPU_OPTIMIZERS) on one flat fp32
+    tensor of ``n_params`` (16 B per parameter: parameter, gradient, two moments); both kinds on
+    the same tensor shape, so their rates compare. ``until_stable``: sampled until the samples
+    settle (:func:`measure_until_stable`), with the spread and whether it settled."""
+    import torch
 
     torch.set_num_threads(threads)
     param = torch.nn.Parameter(torch.randn(n_params))
     param.grad = torch.randn(n_params)
-    optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
-    return measure(optimizer.step).rate(n_params)
+    step = _cpu_optimizer(kind, param).step
+    if not until_stable:
+        return measure(step).rate(n_params)
+    timing, settled = measure_until_stable(step, min_sample_s=0.0)
+    return {**timing.rate(n_params), "settled": settled, "params": n_params}
+
+
+def cpu_adam_params_per_s(n_params: int, threads: int) -> dict:
+    """DeepSpeedCPUAdam (the optimizer of CPU offload) on one flat fp32 tensor."""
+    return adam_rate("deepspeed", n_params, threads)
 
 
 def torch_adam_params_per_s(n_params: int, threads: int) -> dict:
-    """torch AdamW with foreach (the CPU step of an fsdp2 run with CPUOffloadPolicy) on the
-    same flat fp32 tensor as DeepSpeedCPUAdam, so the two rates compare."""
-    import torch
-
-    torch.set_num_threads(threads)
-    param = torch.nn.Parameter(torch.randn(n_params))
-    param.grad = torch.randn(n_params)
-    optimizer = torch.optim.AdamW([param], lr=1e-4, foreach=True)
-    return measure(optimizer.step).rate(n_params)
+    """torch AdamW with foreach, on the same flat fp32 tensor as DeepSpeedCPUAdam."""
+    return adam_rate("torch", n_params, threads)
 
 
 def copy_gb_s(nbytes: int) -> dict[str, dict]:
@@ -267,6 +327,125 @@ def disk_gb_s(folder: str, nbytes: int) -> dict:
         "direct_io": direct,
         "disk_bytes": total,
     }
+
+
+# --------------------------------------------------------------------------- workload shapes
+@dataclass(frozen=True)
+class Workload:
+    """The sizes a study's runs use (:func:`workload_of`): the CPU Adam partition (parameters of
+    the largest offloaded partition per rank), the matmul shapes of one decoder layer (M, K, N)
+    at the largest micro-batch x sequence, and the copy sizes of its reduce buckets (bytes)."""
+
+    adam_params: int
+    matmul_shapes: tuple[tuple[int, int, int], ...]
+    copy_bytes: tuple[int, ...]
+
+
+def layer_matmuls(tokens: int, hidden: int, ffn: int, kv: int) -> list[tuple[int, int, int]]:
+    """(M, K, N) of a Llama decoder layer's projections: q and o (hidden x hidden), k and v
+    (hidden x kv), gate and up (hidden x ffn), down (ffn x hidden)."""
+    return [(tokens, hidden, hidden)] * 2 + [(tokens, hidden, kv)] * 2 + \
+        [(tokens, hidden, ffn)] * 2 + [(tokens, ffn, hidden)]  # fmt: skip
+
+
+def workload_of(study: str, cluster_dir: str) -> Workload | None:
+    """The shapes of ``study``'s planned runs (None when no run has a known Llama shape)."""
+    from offload_study.planning import dsconfig
+    from offload_study.planning.plan import Plan
+    from offload_study.prediction import predict
+
+    plan = Plan(study, cluster_dir=cluster_dir)
+    adam, shapes, copies = 0, set(), set()
+    for spec in plan.runs:
+        shape = predict.model_shape(spec)
+        if shape is None:
+            continue
+        k = predict.knobs(dsconfig.build_ds_config(spec))
+        adam = max(adam, predict.partition(spec, shape))
+        kv = shape.hidden * shape.kv_heads // shape.heads
+        tokens = spec.micro_batch * spec.seq_len
+        shapes.update(layer_matmuls(tokens, shape.hidden, shape.ffn, kv))
+        copies.add(int(min(k.reduce_bucket, shape.params) * units.DTYPE_BYTES[spec.dtype]))
+    if not adam:
+        return None
+    return Workload(adam, tuple(sorted(shapes)), tuple(sorted(copies)))
+
+
+def matmul_tflops_at(device: str, shapes: tuple[tuple[int, int, int], ...]) -> dict:
+    """bf16 matmul TFLOP/s over a layer's shapes: their FLOPs over their summed median times
+    (each shape until stable), so a layer's mix of large and thin products is weighted as a
+    training step weights it."""
+    import torch
+
+    flops = seconds = 0.0
+    per_shape, settled = {}, True
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        timing, ok = measure_until_stable(lambda a=a, b=b: torch.mm(a, b), _sync(device))
+        flops, seconds, settled = flops + 2 * m * k * n, seconds + timing.median, settled and ok
+        per_shape[f"{m}x{k}x{n}"] = timing.rate(2 * m * k * n / 1e12)
+        del a, b
+    rate = flops / seconds / 1e12
+    spreads = [v["spread_pct"] for v in per_shape.values()]
+    return {"median": rate, "low": min(v["low"] for v in per_shape.values()),
+            "high": max(v["high"] for v in per_shape.values()), "spread_pct": max(spreads),
+            "samples": min(v["samples"] for v in per_shape.values()), "calls_per_sample": 1,
+            "settled": settled, "shapes": per_shape}  # fmt: skip
+
+
+def copies_at(sizes: tuple[int, ...], pageable_bytes: int) -> dict[str, dict]:
+    """Pinned copies both ways at each bucket size (the rate is the smallest bucket's: every
+    gradient crosses in buckets of that size at most), and host->device from unpinned memory
+    at ``pageable_bytes`` (the fp32 master of the partition, capped), each until stable."""
+    import torch
+
+    sync, out, by_size = _sync("cuda"), {}, {}
+    for nbytes in sizes:
+        device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        pinned = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        h2d, ok_h = measure_until_stable(
+            lambda d=device, h=pinned: d.copy_(h, non_blocking=True), sync
+        )
+        d2h, ok_d = measure_until_stable(
+            lambda d=device, h=pinned: h.copy_(d, non_blocking=True), sync
+        )
+        by_size[nbytes] = {"h2d_gb_s": {**h2d.rate(nbytes / 1e9), "settled": ok_h},
+                           "d2h_gb_s": {**d2h.rate(nbytes / 1e9), "settled": ok_d}}  # fmt: skip
+    smallest = by_size[min(by_size)]
+    out.update({k: {**v, "bytes_by_size": {str(n): by_size[n][k]["median"] for n in by_size}}
+                for k, v in smallest.items()})  # fmt: skip
+    device = torch.empty(pageable_bytes, dtype=torch.uint8, device="cuda")
+    pageable = torch.empty(pageable_bytes, dtype=torch.uint8)
+    pageable.fill_(1)  # touch the pages: the first copy must not time page faults
+    timing, ok = measure_until_stable(lambda: device.copy_(pageable), sync)
+    out["pageable_h2d_gb_s"] = {**timing.rate(pageable_bytes / 1e9), "settled": ok}
+    return out
+
+
+def host_bytes_free() -> int:
+    """MemAvailable of /proc/meminfo (bytes); 8 GiB when it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
+    """The rates at the workload's sizes (cuda: matmul on the GPU, copies; both: CPU Adam),
+    CPU Adam's partition capped at a quarter of the free host memory (16 B per parameter)."""
+    device = "cuda" if accelerator == "cuda" else "cpu"
+    adam = min(workload.adam_params, host_bytes_free() // (4 * 16))
+    spread = {"matmul_tflops": matmul_tflops_at(device, workload.matmul_shapes),
+              "cpu_adam_params_per_s": adam_rate("deepspeed", adam, cores, until_stable=True),
+              "torch_adam_params_per_s": adam_rate("torch", adam, cores, until_stable=True)}  # fmt: skip
+    if accelerator == "cuda":
+        pageable = min(4 * workload.adam_params, 2 * 2**30)
+        spread.update(copies_at(workload.copy_bytes, pageable))
+    return spread
 
 
 # --------------------------------------------------------------------------- ZeRO-3 probe
@@ -452,8 +631,9 @@ def probe_costs(ranks: int, attempts: int = 2) -> tuple[dict | None, str | None]
 
 
 # --------------------------------------------------------------------------- calibration
-def calibrate(cluster: dict, cores: int) -> Calibration:
-    """Measure this machine for ``cluster`` (a validated cluster description)."""
+def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Calibration:
+    """Measure this machine for ``cluster`` (a validated cluster description); with a
+    ``workload`` (:func:`workload_of`) the rates at its sizes, each until stable."""
     import torch
 
     accelerator = cluster["accelerator"]
@@ -464,11 +644,14 @@ def calibrate(cluster: dict, cores: int) -> Calibration:
     size = sizes(accelerator, cache)
     started = time.perf_counter()
     torch.set_num_threads(cores)
-    spread = {"matmul_tflops": matmul_tflops(device, size["matmul"]),
-              "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores),
-              "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores)}  # fmt: skip
-    if accelerator == "cuda":
-        spread.update(copy_gb_s(size["copy"]))
+    if workload is not None:
+        spread = workload_spread(workload, accelerator, cores)
+    else:
+        spread = {"matmul_tflops": matmul_tflops(device, size["matmul"]),
+                  "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores),
+                  "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores)}  # fmt: skip
+        if accelerator == "cuda":
+            spread.update(copy_gb_s(size["copy"]))
     rates = {key: summary["median"] for key, summary in spread.items()}
     probe_errors = {}
     if accelerator == "cpu":  # the ranks of a CPU run talk over gloo; hooks run on its cores
@@ -491,7 +674,7 @@ def calibrate(cluster: dict, cores: int) -> Calibration:
         "deepspeed_version": pkg_version("deepspeed"),
         "cores": cores,
         "last_level_cache_bytes": cache,
-        "sizes": size,
+        "sizes": size if workload is None else dataclasses.asdict(workload),
         "spread": spread,
         "probe_errors": probe_errors,
         "direct_io": disk.get("direct_io"),
@@ -535,6 +718,11 @@ def main(argv=None) -> int:
     p.add_argument("--cluster-dir", default=str(CLUSTER_DIR))
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--out", help="calibration.json to write")
+    p.add_argument(
+        "--study",
+        help="measure at this study's sizes: CPU Adam at its partition, "
+        "matmul at its layer shapes, copies at its reduce buckets, until stable",
+    )
     p.add_argument("--probe", help=argparse.SUPPRESS)  # one rank of zero3_probe (torchrun)
     a = p.parse_args(argv)
     if a.probe:
@@ -547,7 +735,8 @@ def main(argv=None) -> int:
     if missing:  # never measure a cluster's rates on a machine that lacks its accelerator
         print(missing, file=sys.stderr)
         return 2
-    calibration = calibrate(cluster, max(1, a.cores))
+    workload = workload_of(a.study, a.cluster_dir) if a.study else None
+    calibration = calibrate(cluster, max(1, a.cores), workload)
     write_calibration(a.out, calibration)
     print(f"calibrate: {a.out}: " + ", ".join(
         f"{k}={v:.4g}" for k, v in calibration.to_dict().items() if isinstance(v, float)

@@ -107,7 +107,9 @@ ZENFLOW_DEFAULTS = {"topk_ratio": 0.1, "update_interval": "auto", "overlap_step"
                     "pt_reserved_cores_perc": 0.5}  # fmt: skip
 #: How far a prediction may pass its budget before the run is refused: the largest error the
 #: model showed against measured runs (benchmarks/prediction_accuracy.py), rounded up.
-MARGINS = {"gpu": 0.10, "host": 0.20, "nvme": 0.10}
+#: The GPU check is on the reserved prediction: its out-of-sample errors reach +19 % on a capped
+#: run that fit (recommend-h200-1gpu-16g rec-opt-r0.8, 15.97 GiB reserved under 16 GiB).
+MARGINS = {"gpu": 0.20, "host": 0.20, "nvme": 0.10}
 
 
 @dataclass(frozen=True)
@@ -121,14 +123,24 @@ class AcceleratorFit:
     runtime_gib: float  # host memory of one rank before the model (Python, torch, DeepSpeed)
     startup_s: float  # launch, imports, zero.Init and deepspeed.initialize of a small model
     startup_s_per_billion: float  # more per 1e9 parameters with offload (a quarter without)
+    # GPU memory reserved (:func:`gpu_reserved_bytes`): the CUDA context beside torch's
+    # allocator, and the allocator's slack over the allocated peak per :func:`reserved_features`
+    cuda_context_gib: float = 0.0
+    reserved_slack: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
 
 
+#: The reserved-memory constants, fitted by offload_study.prediction.accuracy.fit_reserved over
+#: every committed H200 record (benchmarks/prediction_accuracy.py prints the fit and evaluates
+#: it leaving each study out): nvml's used memory less torch's reserved peak is 1.89-1.94 GiB
+#: on one GPU (2.7 with NCCL's buffers on two).
+RESERVED_FIT = {"cuda_context_gib": 1.918,
+                "reserved_slack": (7.344e8, 1.3, -0.04566, 0.2121)}  # fmt: skip
 FITS = {
     # H200 records (docs/results): the 7B on 2 GPUs reaches ~52 % of the measured 790 TFLOP/s;
     # the 134M-1.3B models take ~0.02 s per layer and micro-step whatever their size; FusedAdam
     # updates ~3e10 parameters/s; a no-offload rank holds ~1.8 GiB before its model; start-up
     # 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s (offload) for the 7B.
-    "cuda": AcceleratorFit(0.52, 0.020, 3e10, 1.8, 25.0, 7.0),
+    "cuda": AcceleratorFit(0.52, 0.020, 3e10, 1.8, 25.0, 7.0, **RESERVED_FIT),
     # CPU: the calibrated matmul rate as measured (no efficiency fitted) and the host time
     # per layer from the calibration's probe (0.004 s per layer only for a calibration made before the
     # probe existed); ~0.55 GiB per rank before the model and start-up 20-70 s, read from the
@@ -444,6 +456,47 @@ def predict_memory(spec: RunSpec, ds_config: dict) -> Memory | None:
         rank = {**rank, **{f"device: {name}": v for name, v in gpu.items()}}
     host = {name: v * spec.gpus_per_node for name, v in rank.items()}
     return Memory(gpu=gpu, host=host, nvme=nvme_parts(spec, shape))
+
+
+def reserved_features(memory: Memory) -> tuple[float, float, float, float]:
+    """What torch's caching allocator keeps reserved beyond the allocated peak grows with: a
+    constant, the reduce bucket and the largest activation transient (the loss or a recomputed
+    layer), freed and re-made every micro-step in blocks that do not fit the holes others left,
+    and the allocated peak (segments are rounded and split). Bytes."""
+    g = memory.gpu
+    transient = g.get("loss or one recomputed layer", 0.0) + g.get("logits and loss", 0.0)
+    return (1.0, g.get("reduce bucket", 0.0), transient, sum(g.values()))
+
+
+def gpu_reserved_bytes(
+    spec: RunSpec, memory: Memory | None, fit: AcceleratorFit | None = None
+) -> int | None:
+    """Peak GPU memory a run holds, per GPU: torch's reserved peak (the allocated peak plus the
+    allocator's slack, :func:`reserved_features` weighted by the fitted ``reserved_slack``),
+    which is what a per-process cap limits, plus the CUDA context. None off a GPU."""
+    if memory is None or spec.accelerator != "cuda":
+        return None
+    fit = fit or FITS["cuda"]
+    slack = sum(c * f for c, f in zip(fit.reserved_slack, reserved_features(memory), strict=True))
+    context = units.gib_to_bytes(fit.cuda_context_gib)
+    return int(sum(memory.gpu.values()) + max(slack, 0.0) + context)
+
+
+def capped(spec: RunSpec) -> bool:
+    """The harness caps the process (training.probes.gpu_cap_bytes): the scenario stands for a
+    card smaller than the cluster's. The cap then limits torch's reserved memory, not the CUDA
+    context."""
+    want, card = spec.gpu_mem_bytes, spec.cluster_gpu_mem_bytes
+    return bool(want and (card is None or want < card))
+
+
+def gpu_need_gib(spec: RunSpec, row: Prediction) -> float | None:
+    """What the GPU budget must hold: the reserved prediction (less the CUDA context when a cap
+    stands for the card: the cap does not count it), else the allocated one (an older plan)."""
+    if row.gpu_reserved_bytes is None:
+        return row.gpu_gib
+    context = units.gib_to_bytes(FITS["cuda"].cuda_context_gib) if capped(spec) else 0
+    return units.bytes_to_gib(row.gpu_reserved_bytes - context)
 
 
 def deepspeed_estimate(spec: RunSpec) -> tuple[float, float] | None:
@@ -783,12 +836,14 @@ def refusal(spec: RunSpec, row: Prediction) -> str | None:
     plan (plan.csv's ``feasible``/``reason``) and by the runner before it launches anything.
 
     Refuses only when a prediction passes its budget by more than the model's error
-    (:data:`MARGINS`), and never a run with ``force: true``.
+    (:data:`MARGINS`), and never a run with ``force: true``. The GPU check is on the reserved
+    prediction (:func:`gpu_need_gib`): a cap limits torch's reserved memory, not what is
+    allocated.
     """
     if spec.force:
         return None
     checks = [
-        ("gpu", row.gpu_gib, row.gpu_budget_gib, "GiB per GPU"),
+        ("gpu", gpu_need_gib(spec, row), row.gpu_budget_gib, "GiB per GPU"),
         ("host", row.host_gib, row.host_budget_gib, "GiB of host memory per node"),
         ("nvme", row.nvme_gib, row.nvme_budget_gib, "GiB of NVMe per node"),
     ]
@@ -849,6 +904,7 @@ def predict(
         world_size=spec.world_size,
         gpu_gib=_rounded(memory.gpu_gib) if memory and spec.accelerator == "cuda" else None,
         gpu_budget_gib=limit["gpu"],
+        gpu_reserved_bytes=gpu_reserved_bytes(spec, memory),
         host_gib=_rounded(memory.host_gib) if memory else None,
         host_budget_gib=_rounded(limit["host"]),
         nvme_gib=_rounded(memory.nvme_gib) if memory and memory.nvme else None,

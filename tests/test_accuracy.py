@@ -1,0 +1,164 @@
+"""offload_study.prediction.accuracy: errors, clearly different pairs, Kendall tau, bands, the
+leave-one-study-out fit; the reserved-memory prediction and the gate that uses it."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from offload_study.prediction import accuracy, predict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rel_error_skips_what_was_not_measured():
+    assert accuracy.rel_error(1.1, 1.0) == pytest.approx(0.1)
+    assert accuracy.rel_error(None, 1.0) is None
+    assert accuracy.rel_error(1.0, float("nan")) is None
+    assert accuracy.rel_error(1.0, 0) is None
+
+
+def speed(name, predicted, measured, half_ci=1.0):
+    return accuracy.Speed(name, predicted, measured, measured - half_ci, measured + half_ci)
+
+
+def test_clear_pairs_counts_only_pairs_beyond_their_cis_and_names_the_wrong_ones():
+    speeds = [speed("a", 10, 100), speed("b", 20, 90), speed("c", 30, 99.5)]
+    right, total, wrong = accuracy.clear_pairs(speeds)
+    # a-c overlap (99-101 vs 98.5-100.5): not counted; a > b measured, predicted the other
+    # way; c > b measured and predicted
+    assert (right, total) == (1, 2)
+    assert wrong == [("a", "b")]
+    right, total, _ = accuracy.clear_pairs([speed("a", 2, 100), speed("b", 1, 90)])
+    assert (right, total) == (1, 1)
+
+
+def test_kendall_tau():
+    assert accuracy.kendall_tau([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert accuracy.kendall_tau([3, 2, 1], [10, 20, 30]) == pytest.approx(-1.0)
+    assert accuracy.kendall_tau([1, 3, 2, 4], [1, 2, 3, 4]) == pytest.approx(4 / 6)
+    assert accuracy.kendall_tau([1, 1], [1, 2]) is None
+    with pytest.raises(ValueError):
+        accuracy.kendall_tau([1], [1, 2])
+
+
+def test_band_is_the_largest_absolute_error_or_a_quantile():
+    assert accuracy.band([0.01, -0.2, None, 0.05]) == pytest.approx(0.2)
+    assert accuracy.band([0.0, 0.1, 0.2], quantile=0.5) == pytest.approx(0.1)
+    assert accuracy.band([None]) is None
+
+
+def test_leave_one_study_out_never_fits_on_the_judged_study():
+    rows = [{"study": "a", "y": 1.0}, {"study": "a", "y": 1.0}, {"study": "b", "y": 3.0}]
+    fit = lambda rs: sum(r["y"] for r in rs) / len(rs)  # noqa: E731
+    judged = accuracy.leave_one_study_out(rows, fit, lambda r, c: c)
+    assert judged == [3.0, 3.0, 1.0]
+
+
+def test_fit_reserved_recovers_a_linear_slack_and_fit_context_its_median():
+    samples = [((1.0, x, 2 * x + 1, 0.0), 5.0 + 0.5 * x) for x in (1.0, 2.0, 4.0, 8.0)]
+    coef = accuracy.fit_reserved(samples)
+    assert coef[3] == 0.0  # an all-zero column
+    assert [sum(c * f for c, f in zip(coef, x, strict=True)) for x, _ in samples] == pytest.approx(
+        [y for _, y in samples]
+    )
+    assert accuracy.fit_context([(3.0, 1.0), (4.0, 1.0), (0.5, 1.0), (3.5, 1.0)]) == 2.5
+
+
+def test_reserved_prediction_adds_the_allocator_slack_and_the_context(gpu_spec):
+    spec, ds = gpu_spec
+    memory = predict.predict_memory(spec, ds)
+    reserved = predict.gpu_reserved_bytes(spec, memory)
+    context = 2**30 * predict.FITS["cuda"].cuda_context_gib
+    assert reserved > sum(memory.gpu.values()) + context * 0.99
+    row = predict.predict(spec, ds, None)
+    assert row.gpu_reserved_bytes == reserved
+    # the gate refuses on the reserved prediction: a budget the allocated peak fits in, but
+    # not what the allocator reserves, refuses the run
+    allocated = row.gpu_gib
+    tight = dataclasses.replace(row, gpu_budget_gib=allocated * 1.05)
+    assert predict.refusal(dataclasses.replace(spec, force=False), tight) is not None
+    older = dataclasses.replace(tight, gpu_reserved_bytes=None)  # a plan.csv before the column
+    assert predict.refusal(dataclasses.replace(spec, force=False), older) is None
+
+
+@pytest.fixture
+def gpu_spec():
+    from offload_study.core.contracts import read_json
+    from offload_study.planning.plan import Plan
+
+    folder = ROOT / "docs/results/h200-1gpu/sweep-h200-1gpu-24g"
+    plan = Plan(str(ROOT / "config/studies/sweep-h200-1gpu-24g.yaml"),
+                cluster_dir=ROOT / "config/clusters")  # fmt: skip
+    name = "opt__mb-8__rbs-5e8"
+    return plan.by_name[name], read_json(folder / "configs" / f"{name}.json")
+
+
+def test_accuracy_report_over_the_committed_gpu_records(tmp_path):
+    """The benchmark over docs/results: rankings as the docs state them, bands written."""
+    out = tmp_path / "bands.json"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/prediction_accuracy.py"), "--bands-out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "GPU overall ranking" in res.stdout
+    bands = json.loads(out.read_text())
+    assert set(bands["calibrated"]) == {"step_time", "gpu_allocated", "gpu_reserved", "host"}
+    assert bands["records"] > 50 and bands["measured_by"].startswith("python benchmarks/")
+    overall = next(line for line in res.stdout.splitlines() if "GPU overall ranking" in line)
+    right, total = (int(x) for x in overall.split(": ")[1].split(" ")[0].split("/"))
+    assert right / total >= 0.9
+
+
+#: What the CPU path meets on the CI machine (2 shared cores), as measured (docs/benchmarks.md,
+#: "prediction accuracy"): in two sessions the cross_cluster records (3 steps of a tiny Llama)
+#: had worst step errors +80/+90 % (cpu-a, 2 cores) and +154/+170 % (cpu-b, 1 core, this
+#: machine's 2-core calibration), host memory 27 % on both; the targets leave room for the
+#: shared machine's load.
+CPU_TARGETS = {"step_time": 2.5, "host": 0.35}
+
+
+def test_accuracy_report_over_the_sessions_cpu_records(cross_cluster, cpu_calibration, tmp_path):
+    """The same report over real CPU records (conftest's cross_cluster runs, this machine's
+    calibration): step time and host memory within CPU_TARGETS."""
+    import yaml
+    from builders import study_config
+
+    bands = {}
+    for cluster in ("cpu-a", "cpu-b"):
+        study = tmp_path / f"{cluster}.yaml"
+        study.write_text(yaml.safe_dump(study_config(cluster)))
+        records = next((cross_cluster.root / "results" / cluster).glob("*/"))
+        out = tmp_path / f"{cluster}.bands.json"
+        res = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks/prediction_accuracy.py"),
+             "--cpu-study-dir", str(records), "--cpu-study", str(study),
+             "--cpu-cluster-dir", str(cross_cluster.root / "clusters"),
+             "--cpu-calibration", str(cpu_calibration), "--bands-out", str(out)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        bands[cluster] = json.loads(out.read_text())["cpu"]
+    print(bands)
+    for cluster, band in bands.items():
+        assert band["records"] >= 1
+        for key, target in CPU_TARGETS.items():
+            assert band[key] <= target, (cluster, key, band)
+
+
+def test_fit_compute_recovers_the_constants_the_steps_were_made_with():
+    parts = [
+        accuracy.StepParts(1.0, 0.5, 0.0, 0.2, 0.5, 0.02),  # FLOPs-bound
+        accuracy.StepParts(0.1, 0.8, 0.0, 0.1, 0.5, 0.02),  # dispatch-bound
+    ]
+    measured = [p.total(0.6, 0.025) for p in parts]
+    assert accuracy.fit_compute(list(zip(parts, measured, strict=True))) == (0.6, 0.025)
+
+
+def test_fit_runtime_minimises_the_relative_error():
+    # two one-rank nodes whose prediction lacks exactly 2 bytes of runtime
+    assert accuracy.fit_runtime([(10.0, 8.0, 1), (100.0, 98.0, 1)]) == pytest.approx(2.0)
