@@ -7,6 +7,9 @@
 # RAW_FSDP2 space-separated fsdp2 scenarios of the first study: after the studies, the plain FSDP2
 #           loop (benchmarks/raw_fsdp2.py, 3 warm-up + 8 steps) on each one's run spec, the
 #           fidelity reference; its JSON lines and workflow/raw ratios come back in extra.tar.gz.
+# CALIBRATE_AT CLUSTER:STUDY_YAML: after the studies, measure CLUSTER's calibration at the sizes
+#           and shapes of STUDY's runs (calibrate --study) into results/CLUSTER/calibration.at-<study>.json,
+#           beside (not instead of) the calibration the plans used; it comes back with the records.
 # CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.prediction.calibrate,
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
@@ -55,7 +58,7 @@ pack() {
   done
   # shellcheck disable=SC2046
   tar -czhf "$OUT/results.tar.gz" --exclude='*/archive/*' $(ls -d "${dirs[@]}" \
-    results/*/calibration.json .snakemake/log 2>/dev/null)
+    results/*/calibration*.json .snakemake/log 2>/dev/null)
   tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw 2>/dev/null)
 }
 
@@ -107,3 +110,10 @@ first=${STUDIES%% *}
 for s in ${RAW_FSDP2:-}; do
   timed "raw_fsdp2 $s" 120 raw_fsdp2 "$(results_dir "${first%%:*}")" "$s"
 done
+if [ -n "${CALIBRATE_AT:-}" ]; then
+  cluster=${CALIBRATE_AT%%:*} study=${CALIBRATE_AT#*:}
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  out="results/$cluster/calibration.at-$(basename "${study%.yaml}").json"
+  timed "calibrate at $study" 240 python3 -m offload_study.prediction.calibrate --cluster "$cluster" \
+    --cores $((CORES / (gpus > 0 ? gpus : 1))) --study "$study" --out "$out" && cat "$out"
+fi
