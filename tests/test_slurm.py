@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, copy_repo_for_run, make_cluster, make_spec
@@ -22,6 +23,7 @@ from slurm_cluster import slurm_fixture_gen
 from offload_study.core.contracts import PROGRESS_FILE, read_json, write_json, write_run_spec
 from offload_study.core.study import StudyError
 from offload_study.planning.resources import train_resources
+from offload_study.training import logparse
 
 pytestmark = pytest.mark.slurm
 
@@ -288,6 +290,62 @@ def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path, cpu_ca
     assert cluster.job_state(job_id) == "CANCELLED"
 
 
+#: The SLURM fault each setup meets (one per setup: both are covered, neither costs twice).
+FAULTS = {"a": "requeue", "b": "node down"}
+
+
+def inject(cluster, job_id: str, fault: str) -> None:
+    """`scontrol requeue` of the running job, or its node set down (and, once SLURM has ended
+    the job, back up: what an admin or the node's health check does; not the workflow)."""
+    if fault == "requeue":
+        cluster.run("scontrol", "requeue", job_id)
+        return
+    cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=DOWN", "Reason=test")
+    cluster.wait_job_state(job_id, {"NODE_FAIL", "PENDING", "REQUEUED"}, timeout=60)
+    cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
+
+
+@pytest.mark.slow
+@pytest.mark.injects_fault
+def test_a_requeued_or_node_failed_job_ends_in_a_completed_rerun(
+    cluster, tmp_path, cpu_calibration
+):
+    """A running `train` job requeued (`scontrol requeue`) or its node set down: SLURM starts it
+    again (the profile's slurm-requeue), Snakemake waits for it and succeeds, no human acts. The
+    record is the re-run's (ok); the interrupted attempt's `cancelled` record is in the archive,
+    saying what SLURM did, and counts as one retry in runs.csv."""
+    fault, name = FAULTS[cluster.setup], CLUSTER_FILE[cluster.setup]
+    work = copy_repo_for_run(tmp_path, cpu_calibration, name)
+    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    study.update(study="fault", cluster=name, measure={"mode": "fixed"}, steps=12, warmup_steps=1,
+                 timeout_min=10)  # fmt: skip
+    study["scenarios"] = [s for s in study["scenarios"] if s["name"] == "offload-opt-param-1rank"]
+    (work / "fault.yaml").write_text(yaml.safe_dump(study))
+    proc = snakemake(cluster, work, write_profile(tmp_path / "prof"), "--configfile", "fault.yaml",
+                     background=True)  # fmt: skip
+    results = work / "results" / name / "fault"
+    run_dir = results / "offload-opt-param-1rank"
+    try:
+        deadline = time.monotonic() + 240
+        while not list(run_dir.glob(f"rep0.tmp-*/{PROGRESS_FILE}")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never trained"
+            time.sleep(0.5)
+        (job,) = [j["JobId"] for j in cluster.jobs() if j.get("JobState") == "RUNNING"]
+        inject(cluster, job, fault)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-6000:] + cluster.logs()
+    assert read_json(run_dir / "rep0" / "metrics.json")["outcome"] == "ok"
+    attempts = [read_json(p) for p in (results / "archive").glob("*/rep0/*/metrics.json")]
+    (cancelled,) = [m for m in attempts if m["outcome"] == "cancelled"]
+    said = {"requeue": "requeued by SLURM", "node down": "JobState="}[fault]
+    assert said in cancelled["error_excerpt"] and cancelled["slurm_job_id"] == job, cancelled
+    runs = pd.read_csv(results / "runs.csv")
+    assert runs["retries"].tolist() == [1] and runs["outcome"].tolist() == ["ok"]
+
+
 # --- two nodes ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two_nodes():
@@ -320,3 +378,8 @@ def test_two_node_run_of_the_default_study(two_nodes, tmp_path, cpu_calibration)
     assert job["NumNodes"] == "2" and job["NodeList"] == "ost[1-2]", job
     ranks = {read_json(p)["rank"]: read_json(p)["host"] for p in record.glob("rank*.stats.json")}
     assert ranks == {0: "ost1", 1: "ost2"}
+    # each node's OOM count, for a rank killed there (launch.NODE_OOM_WRAPPER)
+    assert set(logparse.node_oom_kills((record / "logs" / "launcher.log").read_text())) == {
+        "ost1",
+        "ost2",
+    }
