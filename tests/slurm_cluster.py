@@ -274,6 +274,8 @@ def _write_conf(
     max_time: str,
     min_job_age: int,
     munge_socket: Path,
+    requeue_delay_s: int | None,
+    preempt_partition: str | None,
 ) -> Path:
     node_lines = "\n".join(
         f"NodeName={n.name} NodeAddr={n.addr} {{topo}} RealMemory={real_memory_mb}{{gres}} "
@@ -283,6 +285,21 @@ def _write_conf(
     gres = ""
     if gpus:
         gres = f" Gres=gpu:{gres_type}:{gpus}" if gres_type else f" Gres=gpu:{gpus}"
+    # A requeued job waits for the job credential's lifetime before it starts again (SLURM
+    # sets its BeginTime to now + cred_expire + 1; default 120 s), then for the scheduler's next
+    # pass (a job that became eligible by time waits for the backfill pass: bf_interval, 30 s).
+    cred, sched = "", ""
+    if requeue_delay_s:
+        cred, sched = (
+            f",cred_expire={requeue_delay_s}",
+            "SchedulerParameters=bf_interval=1,sched_interval=2",
+        )
+    partitions = f"PartitionName={partition} Nodes=ALL Default=YES MaxTime={max_time} State=UP"
+    if preempt_partition:  # its jobs requeue those of the default partition that they need
+        partitions += (
+            f" PriorityTier=1\nPartitionName={preempt_partition} Nodes=ALL MaxTime={max_time} "
+            "State=UP PriorityTier=2\nPreemptType=preempt/partition_prio\nPreemptMode=REQUEUE"
+        )
     topo_s = " ".join(
         f"{k}={topo[k]}"
         for k in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
@@ -298,7 +315,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket}{cred}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
@@ -312,6 +329,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
+{sched}
 DefMemPerCPU=1024
 MinJobAge={min_job_age}
 ReturnToService=2
@@ -323,7 +341,7 @@ KillWait=5
 MailProg=/bin/true
 {"GresTypes=gpu" if gpus else ""}
 {node_lines.format(topo=topo_s, gres=gres)}
-PartitionName={partition} Nodes=ALL Default=YES MaxTime={max_time} State=UP
+{partitions}
 """
     path = root / "etc" / "slurm.conf"
     path.write_text(conf)
@@ -470,6 +488,8 @@ def _cluster(
     min_job_age: int = 300,
     mem_reserve_mb: int = 512,
     keep_dir: bool = False,
+    requeue_delay_s: int | None = None,
+    preempt_partition: str | None = None,
 ):
     """Generator body of :func:`slurm_cluster` (one function: the daemons' start-up and their
     stop in its finally belong together).
@@ -477,7 +497,11 @@ def _cluster(
     partition: partition name (the only one, Default=YES); gres_type: GRES type of the fake
     GPUs (None = untyped ``gpu:N``); gpus: fake GPU count (0 = none); max_time: partition
     MaxTime (e.g. "60" minutes); min_job_age: how long finished jobs stay visible to squeue
-    (the slurm executor plugin's squeue status needs >= 3 x init seconds).
+    (the slurm executor plugin's squeue status needs >= 3 x init seconds); requeue_delay_s:
+    how long a requeued (or preempted, node-failed) job waits before it starts again (SLURM's
+    job credential lifetime, ``AuthInfo=cred_expire``; None: SLURM's 120 s); preempt_partition:
+    a second partition of higher PriorityTier whose jobs preempt (requeue) the default
+    partition's (``PreemptType=preempt/partition_prio``, ``PreemptMode=REQUEUE``).
     """
     reasons = missing_requirements()
     if reasons:
@@ -512,6 +536,8 @@ def _cluster(
         max_time=max_time,
         min_job_age=min_job_age,
         munge_socket=munge_socket,
+        requeue_delay_s=requeue_delay_s,
+        preempt_partition=preempt_partition,
     )
     env = dict(base_env)
     env["SLURM_CONF"] = str(conf)
@@ -610,11 +636,11 @@ def _cluster(
         def nodes_idle() -> bool:
             if any(procs[d].poll() is not None for d in daemons):
                 raise SlurmUnavailable("a daemon exited\n" + cluster.logs())
-            cp = cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False, timeout=5)
-            st = cp.stdout.split()
+            cp = cluster.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=5)
+            st = dict(line.split() for line in cp.stdout.splitlines())  # a row per partition
             if "drain" in cp.stdout or "inval" in cp.stdout:
                 raise SlurmUnavailable(f"node states {st!r}\n" + cluster.logs())
-            return st == ["idle"] * len(nodes)
+            return st == {n.name: "idle" for n in nodes}
 
         _wait_for(nodes_idle, 30, "nodes idle", root, interval=0.2)
         # wait for the PID files the daemons write a moment after start (used by stop)

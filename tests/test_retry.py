@@ -34,9 +34,9 @@ def test_every_outcome_has_one_rule_and_workload_failures_are_never_retried():
     assert all(rule.why for rule in outcome.RETRY_POLICY.values())
 
 
-def scontrol_says(state: str):
+def scontrol_says(state: str, restarts: int = 0):
     """scontrol show job, as the controller answers for a job in ``state``."""
-    out = f"JobId=7 JobName=x JobState={state} TimeLimit=00:01:00 NodeList=n1"
+    out = f"JobId=7 JobName=x JobState={state} Restarts={restarts} TimeLimit=00:01:00 NodeList=n1"
     return lambda argv, **kw: subprocess.CompletedProcess(argv, 0, stdout=out, stderr="")
 
 
@@ -52,11 +52,16 @@ def decided(sup: Supervision, logs: dict | None = None, world: int = 1):
         ("PREEMPTED", "cancelled", "cancelled", "preempted by SLURM"),
         ("PENDING", "cancelled", "cancelled", "requeued by SLURM"),
         ("CANCELLED", "cancelled", "cancelled", "received signal 15"),
+        ("COMPLETING", "cancelled", "cancelled", "received signal 15"),
+        # requeued while the run's step is still ending: only the restart count says so
+        ("COMPLETING/1", "cancelled", "cancelled", "requeued by SLURM (scontrol requeue, pre"),
     ],
 )
 def test_what_slurm_says_at_the_signal_decides_the_cause(state, verdict, cause, words):
     """The runner's own words (signal_verdict -> decide) are what failure_cause reads back."""
-    killed, detail = signal_verdict(15, {"SLURM_JOB_ID": "7"}, scontrol_says(state))
+    state, _, restarts = state.partition("/")
+    says = scontrol_says(state, int(restarts or 0))
+    killed, detail = signal_verdict(15, {"SLURM_JOB_ID": "7"}, says, restarts_at_start=0)
     got, excerpt = decided(Supervision(rc=-15, killed=killed, detail=detail))
     assert (got, outcome.failure_cause(got, excerpt)) == (verdict, cause)
     assert words in excerpt

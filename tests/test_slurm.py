@@ -14,14 +14,22 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, copy_repo_for_run, make_cluster, make_spec
 from slurm_cluster import slurm_fixture_gen
 
-from offload_study.core.contracts import PROGRESS_FILE, read_json, write_json, write_run_spec
+from offload_study.core.contracts import (
+    PROGRESS_FILE,
+    read_json,
+    sha256_file,
+    write_json,
+    write_run_spec,
+)
 from offload_study.core.study import StudyError
 from offload_study.planning.resources import train_resources
+from offload_study.training import logparse
 
 pytestmark = pytest.mark.slurm
 
@@ -39,9 +47,16 @@ CLUSTER_FILE = {"a": "test-slurm", "b": "test-slurm-b"}
 MIN_JOB_AGE_S = 3600
 
 
+#: Seconds a requeued job waits before SLURM starts it again (SLURM's default: 120).
+REQUEUE_DELAY_S = 5
+#: The partition of higher PriorityTier whose jobs preempt (requeue) the train jobs.
+URGENT = "urgent"
+
+
 @pytest.fixture(scope="module", params=list(SETUPS), ids=[f"setup-{k}" for k in SETUPS])
 def cluster(request):
-    for cl in slurm_fixture_gen(**SETUPS[request.param], min_job_age=MIN_JOB_AGE_S):
+    for cl in slurm_fixture_gen(**SETUPS[request.param], min_job_age=MIN_JOB_AGE_S,
+                                requeue_delay_s=REQUEUE_DELAY_S, preempt_partition=URGENT):  # fmt: skip
         cl.setup = request.param
         yield cl
 
@@ -129,25 +144,6 @@ def snakemake(cl, wf: Path, profile: Path, *args, timeout=300, **popen_kw):
     return subprocess.run(
         cmd, cwd=wf, env=env, capture_output=True, text=True, timeout=timeout, **popen_kw
     )
-
-
-def scancel_once(cluster, proc, started, start_timeout: float, end_timeout: float):
-    """Wait until a job RUNs and ``started()`` holds, scancel it; return (job id, snakemake output)."""
-    try:
-        job_id = None
-        deadline = time.monotonic() + start_timeout
-        while time.monotonic() < deadline and job_id is None:
-            if started():
-                running = [j for j in cluster.jobs() if j.get("JobState") == "RUNNING"]
-                job_id = running[0]["JobId"] if running else None
-            time.sleep(0.5)
-        assert job_id, "job never started"
-        cluster.run("scancel", job_id)
-        out, _ = proc.communicate(timeout=end_timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return job_id, out
 
 
 def mem_mb(text: str) -> float:
@@ -255,37 +251,131 @@ def test_default_study_end_to_end(cluster, tmp_path, cpu_calibration):
         assert metrics["slurm_job_id"] == str(jid)
 
 
+def one_run_study(work: Path, cluster_name: str, study: str) -> str:
+    """A study of the default study's offload-opt-param-1rank run alone, measuring a fixed number
+    of steps (FAULT_STEPS: long enough for a fault to land while it trains); its file name."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config.update(study=study, cluster=cluster_name, measure={"mode": "fixed"}, steps=FAULT_STEPS,
+                  warmup_steps=1, timeout_min=10)  # fmt: skip
+    config["scenarios"] = [s for s in config["scenarios"] if s["name"] == "offload-opt-param-1rank"]
+    (work / f"{study}.yaml").write_text(yaml.safe_dump(config))
+    return f"{study}.yaml"
+
+
+#: Measured steps of the fault tests' run.
+FAULT_STEPS = 12
+
+
+def training_job(cluster, run_dir: Path, proc, seen: set, timeout: float = 300) -> str:
+    """Wait until a new attempt of the run trains (a progress file in a temp record not in
+    ``seen``), then return the id of its RUNNING SLURM job."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fresh = {p.parent for p in run_dir.glob(f"rep0.tmp-*/{PROGRESS_FILE}")} - seen
+        if fresh:
+            seen |= fresh
+            break
+        assert proc.poll() is None, "snakemake ended before the run trained:\n" + proc.stdout.read()
+        assert time.monotonic() < deadline, f"the run never trained\n{cluster.jobs()}"
+        time.sleep(0.25)
+    (job,) = [j["JobId"] for j in cluster.jobs() if j.get("JobState") == "RUNNING"]
+    return job
+
+
 @pytest.mark.slow
-def test_cancelled_training_job_becomes_an_outcome_row(cluster, tmp_path, cpu_calibration):
+@pytest.mark.parametrize("cluster", [pytest.param("a", id="setup-a")], indirect=True)
+def test_cancelled_training_job_is_run_again_by_the_next_invocation(
+    cluster, tmp_path, cpu_calibration
+):
     """scancel of a running `train` job: Snakemake reports the job failed and CANCELLED (and
     exits non-zero), SLURM has it CANCELLED, the run's record says `cancelled` with its job id.
-    """
+    The next invocation re-runs it (the retry policy) and archives the cancelled record."""
     name = CLUSTER_FILE[cluster.setup]
     work = copy_repo_for_run(tmp_path, cpu_calibration, name)
-    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    # fixed measurement: 2000 steps keep the run going until it is cancelled
-    study.update(
-        study="cancel-me", cluster=name, measure={"mode": "fixed"}, steps=2000, timeout_min=10
-    )
-    study["scenarios"] = [s for s in study["scenarios"] if s["name"] == "offload-opt-param-1rank"]
-    (work / "cancel.yaml").write_text(yaml.safe_dump(study))
-    prof = write_profile(tmp_path / "prof")
-    proc = snakemake(cluster, work, prof, "--configfile", "cancel.yaml", background=True)
-    run_dir = work / "results" / name / "cancel-me" / "offload-opt-param-1rank"
-    # the harness has started stepping once a progress file exists in its temp record
-    job_id, out = scancel_once(
-        cluster,
-        proc,
-        lambda: bool(list(run_dir.glob(f"rep0.tmp-*/{PROGRESS_FILE}"))),
-        start_timeout=240,
-        end_timeout=240,
-    )
+    args = (write_profile(tmp_path / "prof"), "--configfile", one_run_study(work, name, "cancel"))
+    proc = snakemake(cluster, work, *args, background=True)
+    results = work / "results" / name / "cancel"
+    run_dir = results / "offload-opt-param-1rank"
+    try:
+        job_id = training_job(cluster, run_dir, proc, set())
+        cluster.run("scancel", job_id)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode != 0
     assert f"SLURM-job '{job_id}' failed" in out and "CANCELLED" in out, out[-4000:]
     metrics = read_json(run_dir / "rep0" / "metrics.json")
     assert metrics["outcome"] == "cancelled", out[-4000:]
     assert metrics["slurm_job_id"] == str(job_id)
     assert cluster.job_state(job_id) == "CANCELLED"
+    cancelled = sha256_file(run_dir / "rep0" / "metrics.json")
+
+    cp = snakemake(cluster, work, *args, timeout=600)
+    assert cp.returncode == 0, cp.stdout[-6000:] + cp.stderr[-6000:]
+    assert "cancelled, re-run: stopped from outside" in cp.stderr, cp.stderr[-4000:]
+    assert read_json(run_dir / "rep0" / "metrics.json")["outcome"] == "ok"
+    archived = [sha256_file(p) for p in (results / "archive").glob("*/rep0/*/metrics.json")]
+    assert cancelled in archived and len(archived) == 2
+    assert pd.read_csv(results / "runs.csv")["retries"].tolist() == [1]
+
+
+#: The SLURM faults that hit each setup's run, one after the other (each fault once in all).
+FAULTS = {"a": ("requeue",), "b": ("node down", "preemption")}
+
+
+def inject(cluster, job_id: str, fault: str) -> None:
+    """`scontrol requeue` of the running job; its node set down (back up once SLURM has taken
+    the job off it: the node's own return to service or, else, an admin's resume); or a job of
+    the higher-tier partition that needs the whole node (SLURM preempts: requeues the job)."""
+    if fault == "requeue":
+        cluster.run("scontrol", "requeue", job_id)
+    elif fault == "node down":
+        cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=DOWN", "Reason=test")
+        cluster.wait_job_state(job_id, {"PENDING", "COMPLETING"}, timeout=60)
+        cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME", check=False)
+    else:
+        cluster.sbatch("-p", URGENT, "--exclusive", "--mem=100", "-o", "/dev/null", "--wrap",
+                       "sleep 1")  # fmt: skip
+        cluster.wait_job_state(job_id, {"PENDING", "COMPLETING"}, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.injects_fault
+def test_a_requeued_preempted_or_node_failed_job_ends_in_a_completed_rerun(
+    cluster, tmp_path, cpu_calibration
+):
+    """A running `train` job requeued (`scontrol requeue`), its node set down, or preempted by a
+    job of a higher-tier partition: SLURM starts it again (the profile's slurm-requeue),
+    Snakemake waits for it and succeeds, no human acts. The record is the re-run's (ok); each
+    interrupted attempt's `cancelled` record is in the archive, saying that SLURM requeued it,
+    and counts as a retry in runs.csv."""
+    faults, name = FAULTS[cluster.setup], CLUSTER_FILE[cluster.setup]
+    work = copy_repo_for_run(tmp_path, cpu_calibration, name)
+    args = ("--configfile", one_run_study(work, name, "fault"))
+    t0 = time.monotonic()
+    proc = snakemake(cluster, work, write_profile(tmp_path / "prof"), *args, background=True)
+    results = work / "results" / name / "fault"
+    run_dir, seen, jobs = results / "offload-opt-param-1rank", set(), set()
+    try:
+        for fault in faults:
+            jobs.add(job := training_job(cluster, run_dir, proc, seen))
+            inject(cluster, job, fault)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"{' + '.join(faults)} on {name}: {time.monotonic() - t0:.0f}s")
+    assert proc.returncode == 0, out[-6000:] + cluster.logs()
+    assert read_json(run_dir / "rep0" / "metrics.json")["outcome"] == "ok"
+    attempts = [read_json(p) for p in (results / "archive").glob("*/rep0/*/metrics.json")]
+    cancelled = [m for m in attempts if m["outcome"] == "cancelled"]
+    assert len(cancelled) == len(faults), attempts
+    for m in cancelled:
+        assert "requeued by SLURM" in m["error_excerpt"], m["error_excerpt"]
+    assert {m["slurm_job_id"] for m in cancelled} == jobs  # one job, started again by SLURM
+    runs = pd.read_csv(results / "runs.csv")
+    assert runs["retries"].tolist() == [len(faults)] and runs["outcome"].tolist() == ["ok"]
 
 
 # --- two nodes ----------------------------------------------------------------------------
@@ -320,3 +410,8 @@ def test_two_node_run_of_the_default_study(two_nodes, tmp_path, cpu_calibration)
     assert job["NumNodes"] == "2" and job["NodeList"] == "ost[1-2]", job
     ranks = {read_json(p)["rank"]: read_json(p)["host"] for p in record.glob("rank*.stats.json")}
     assert ranks == {0: "ost1", 1: "ost2"}
+    # each node's OOM count, for a rank killed there (launch.NODE_OOM_WRAPPER)
+    assert set(logparse.node_oom_kills((record / "logs" / "launcher.log").read_text())) == {
+        "ost1",
+        "ost2",
+    }

@@ -30,7 +30,8 @@ rule collect:
         "../../envs/analysis.yaml"
     params:
         baseline=PLAN.baseline or "",
+    # `--baseline=`: a study without a baseline quotes to nothing, still the option's value
     shell:
-        "python -m offload_study.analysis.collect --baseline {params.baseline:q} --runs-csv {output.runs:q}"
+        "python -m offload_study.analysis.collect --baseline={params.baseline:q} --runs-csv {output.runs:q}"
         " --runs-parquet {output.parquet:q} --summary-csv {output.summary:q} {input.metrics:q}"
         " > {log:q} 2>&1"

@@ -155,29 +155,56 @@ SLURM_STOPPED_BY = {
     "REQUEUE_FED": "requeued by SLURM",
     "PENDING": "requeued by SLURM",
 }
+#: A job whose Restarts count grew while the run went: SLURM requeued it and starts it again.
+SLURM_REQUEUED = (
+    "requeued by SLURM (scontrol requeue, preemption or a node failure); SLURM starts it again"
+)
 
 
-def signal_verdict(signum, environ=os.environ, runner=subprocess.run) -> tuple[str, str]:
-    """(outcome, detail) of the SIGTERM/SIGINT the runner got: ``timeout`` when SLURM is ending
-    its job for the time limit (the controller marks the job TIMEOUT before it signals the
-    steps), else ``cancelled`` (scancel, preemption, requeue, node failure, Ctrl-C), its detail
-    naming what SLURM says stopped it."""
-    detail, job = f"received signal {signum}", environ.get("SLURM_JOB_ID")
+def slurm_job(environ=os.environ, runner=subprocess.run) -> dict[str, str]:
+    """``scontrol show job`` of the job this process runs in, as Key -> value ({} outside SLURM
+    or when the controller does not answer)."""
+    job = environ.get("SLURM_JOB_ID")
     if not job:
-        return "cancelled", detail
+        return {}
     try:
         show = runner(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
                       timeout=10).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
-        return "cancelled", detail
-    fields = dict(token.partition("=")[::2] for token in show.split())
-    state = fields.get("JobState")
+        return {}
+    return {"JobId": job, **dict(token.partition("=")[::2] for token in show.split())}
+
+
+def job_restarts(fields: dict[str, str]) -> int | None:
+    """How often SLURM has started the job again (``Restarts``; None when unknown). Read at the
+    start and at the signal: a count that grew means SLURM requeued the job meanwhile."""
+    count = fields.get("Restarts", "")
+    return int(count) if count.isdigit() else None
+
+
+def signal_verdict(
+    signum, environ=os.environ, runner=subprocess.run, restarts_at_start: int | None = None
+) -> tuple[str, str]:
+    """(outcome, detail) of the SIGTERM/SIGINT the runner got: ``timeout`` when SLURM is ending
+    its job for the time limit (the controller marks the job TIMEOUT before it signals the
+    steps), else ``cancelled`` (scancel, preemption, requeue, node failure, Ctrl-C), its detail
+    naming what SLURM says stopped it. A requeue (``scontrol requeue``, PreemptMode=REQUEUE, a
+    node failure of a ``--requeue`` job) shows as a grown ``Restarts`` count while the job is
+    still COMPLETING (``restarts_at_start``: the count when the run began)."""
+    detail = f"received signal {signum}"
+    fields = slurm_job(environ, runner)
+    job, state = fields.get("JobId"), fields.get("JobState")
     if state == "TIMEOUT":
         return "timeout", (
             f"{SLURM_TIME_LIMIT} (job {job}, TimeLimit={fields.get('TimeLimit')}): {detail}"
         )
     if state in SLURM_STOPPED_BY:
         return "cancelled", f"{SLURM_STOPPED_BY[state]} (job {job}, JobState={state}): {detail}"
+    restarts = job_restarts(fields)
+    if None not in (restarts, restarts_at_start) and restarts > restarts_at_start:
+        return "cancelled", (
+            f"{SLURM_REQUEUED} (job {job}, JobState={state}, Restarts={restarts}): {detail}"
+        )
     return "cancelled", detail
 
 
@@ -243,6 +270,7 @@ def supervise(
     """Wait for the launched group, killing it when a limit is passed (see limit_passed)."""
     watch = Watch(started=time.monotonic())
     peak, rank_peaks, breach, ooms_before = 0, {}, None, host_oom_kills()
+    restarts_at_start = job_restarts(slurm_job())  # a requeue later shows as a grown count
     while proc.poll() is None:
         now = time.monotonic()
         watch.rss = tree_rss(proc.pid, rank_peaks)
@@ -260,7 +288,7 @@ def supervise(
         # scancel signals the whole step: the ranks may die before the loop sees the signal
         breach = ("cancelled", f"received signal {cancel.signum}")
     if breach and breach[0] == "cancelled":
-        breach = signal_verdict(cancel.signum)
+        breach = signal_verdict(cancel.signum, restarts_at_start=restarts_at_start)
     killed, detail = breach or (None, None)
     ooms_after = host_oom_kills()
     ooms = None if None in (ooms_before, ooms_after) else ooms_after - ooms_before
