@@ -66,12 +66,14 @@ def test_multi_node_command_line():
     assert calls == [["scontrol", "show", "hostnames", "gpu-a[01-02]"]]
     port = launch.slurm_port("4242")
     assert 20000 <= port < 40000 and port == launch.slurm_port(4242)
-    assert lch.argv == shlex.split(
+    wrapper = ["sh", "-c", launch.NODE_OOM_WRAPPER, "node-oom"]
+    assert lch.argv[:9] + lch.argv[13:] == shlex.split(
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --overlap --kill-on-bad-exit=1 "
         "torchrun --nnodes 2 "
         f"--nproc_per_node 4 --rdzv-backend c10d --rdzv-endpoint gpu-a01:{port} --rdzv-id 4242 "
         "-m offload_study.training.harness --spec run.json --out out --run-id r"
     )
+    assert lch.argv[9:13] == wrapper
     assert lch.port == port and lch.rdzv_host == "gpu-a01"
     # the runner's job step variables stay behind, the job's identity goes along
     assert lch.environ({**env, "HOME": "/root"}) == {"SLURM_JOB_ID": "4242", "HOME": "/root",

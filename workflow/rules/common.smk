@@ -15,6 +15,7 @@ from offload_study.admission.admit import admitted_plan
 from offload_study.planning.plan import Plan
 from offload_study.planning.resources import rule_resources, train_resources
 from offload_study.core.study import StudyError
+from offload_study.training.placement import retry_failed_runs
 
 try:
     # Expand, then admit (every problem, one error), in the main Snakemake process only: a job
@@ -38,6 +39,21 @@ RESULTS = PLAN.results_dir  # results/<cluster>/<study> (offload_study.core.layo
 RECORD = layout.record_dir(RESULTS, "{scenario}", "{rep}")
 SCENARIOS = PLAN.scenarios
 REPEATS = PLAN.repeats
+
+
+if workflow.is_main_process:
+    # The retry policy (README "Retry policy"; outcome.RETRY_POLICY): a record that the
+    # infrastructure failed, within the study's retries budget, leaves its place for the archive
+    # now, so that Snakemake finds its outputs missing and runs it again; other failed records
+    # stay, each with why. A dry run only says what it would do.
+    for note in retry_failed_runs(
+        RESULTS,
+        [(s, r) for s in SCENARIOS for r in REPEATS],
+        PLAN.study["retries"],
+        move=not workflow.dryrun,
+    ):
+        if note.retryable:  # re-run now, or not any more (budget spent): say which
+            print(f"retry policy: {note}", file=sys.stderr)
 
 
 wildcard_constraints:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from offload_study.analysis import sanity
 from offload_study.core import contracts, layout
+from offload_study.training import placement
 
 _METRICS = contracts.metrics_schema()["properties"]
 
@@ -52,8 +53,9 @@ BREAKDOWN_COLUMNS = [f"breakdown_ms.{k}" for k in contracts.BREAKDOWN_KEYS]
 #: Outcomes of the records plus "missing" (no metrics.json), which only collect assigns.
 OUTCOMES = [*contracts.OUTCOMES, "missing"]
 #: Columns of every run that come from beside metrics.json: the machine it ran on
-#: (:func:`machine_of`, from provenance.json) and its record folder.
-RECORD_COLUMNS = ["machine", "record_dir"]
+#: (:func:`machine_of`, from provenance.json), its record folder and how often it was re-run
+#: after failures of the infrastructure (its archive: placement.retries_of).
+RECORD_COLUMNS = ["machine", "record_dir", "retries"]
 _TEXT_COLUMNS = ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt",
                  "machine")  # fmt: skip
 _LIST_COLUMNS = ("host_peak_rss_gib_per_node", "host_peak_rss_gib_per_rank")
@@ -106,7 +108,8 @@ def read_record(metrics_path: str | Path) -> dict:
     (scenario, repeat, ...) then comes from the path and the scenario's run spec when available.
     """
     p = Path(metrics_path)
-    return {**_read_metrics(p), "machine": machine_of(read_provenance(p.parent))}
+    return {**_read_metrics(p), "machine": machine_of(read_provenance(p.parent)),
+            "retries": placement.retries_of(p.parent)}  # fmt: skip
 
 
 def _read_metrics(p: Path) -> dict:
@@ -428,10 +431,14 @@ def _outcome_columns(runs: pd.DataFrame, order: pd.Index) -> pd.DataFrame:
         counts = Counter(g["outcome"])
         n_ok = counts.get("ok", 0)
         failed = g[g["outcome"] != "ok"]
+        retried = int(pd.to_numeric(g.get("retries", 0), errors="coerce").fillna(0).sum())
         rows.append({
             "runs": len(g), "n_ok": n_ok, "n_failed": len(g) - n_ok,
             **{f"n_{o}": counts.get(o, 0) for o in OUTCOMES},
-            "outcomes": ", ".join(f"{o}:{n}" for o, n in counts.most_common()),
+            "n_retried": retried,
+            "outcomes": ", ".join(
+                [f"{o}:{n}" for o, n in counts.most_common()] + [f"retried:{retried}"] * bool(retried)
+            ),
             "status": "ok" if n_ok == len(g) else "partial" if n_ok else "failed",
             "first_failure_outcome": _first(failed["outcome"]),
             "error_excerpt": _first(failed["error_excerpt"]),

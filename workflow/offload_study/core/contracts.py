@@ -28,10 +28,10 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import jsonschema
 
@@ -149,13 +149,26 @@ def schema_problems(record: Mapping, schema: dict) -> list[str]:
 
 
 # --------------------------------------------------------------------------- plain files
-def write_json(path: str | Path, obj: Any) -> None:
-    """JSON written atomically: a temp file beside it, then os.replace."""
+def write_atomic(path: str | Path, write: Callable[[IO[str]], Any]) -> None:
+    """The one atomic write of a text file: ``write(fh)`` into a temp file beside ``path``, then
+    os.replace. When it fails (a full disk: ENOSPC at write or close), the file already at
+    ``path`` stays as it was, the temp file is removed, and the OSError names ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", newline="") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}", str(path)) from e
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """JSON written atomically (:func:`write_atomic`)."""
+    text = json.dumps(obj, indent=2, default=str) + "\n"
+    write_atomic(path, lambda fh: fh.write(text))
 
 
 def read_json(path: str | Path) -> Any:
@@ -654,15 +667,15 @@ def plan_csv_of(record_outdir: Path) -> Path:
 
 
 def write_predictions(path: str | Path, rows: Iterable[Prediction]) -> None:
-    """plan.csv, atomically (a temp file beside it, then os.replace)."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", newline="") as fh:
+    """plan.csv, atomically (:func:`write_atomic`)."""
+
+    def write(fh: IO[str]) -> None:
         out = csv.writer(fh)
         out.writerow(PREDICTION_COLUMNS)
         for row in rows:
             out.writerow(["" if v is None else v for v in dataclasses.astuple(row)])
-    os.replace(tmp, path)
+
+    write_atomic(path, write)
 
 
 #: plan.csv columns of older plans, in GB (1e9 B) -> the GiB field they fill

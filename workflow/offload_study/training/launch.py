@@ -67,6 +67,16 @@ class Launch:
         return {**{k: v for k, v in inherited.items() if k not in self.drop_env}, **self.env}
 
 
+#: Each node's torchrun runs under this shell, which prints the node's kernel OOM kills before
+#: and after it (``node <host> oom_kill <before> -> <after>``, read by logparse.node_oom_kills):
+#: a rank killed on another node is then judged by that node's count, not the runner's. The
+#: torchrun's exit status is kept (srun's --kill-on-bad-exit acts on it).
+NODE_OOM_WRAPPER = (
+    'oom() { awk \'$1 == "oom_kill" {print $2}\' /proc/vmstat; }; b=$(oom); "$@"; rc=$?; '
+    'echo "node $(hostname) oom_kill ${b:-?} -> $(oom)"; exit $rc'
+)
+
+
 def slurm_port(job_id: str | int, step: int = 0) -> int:
     """Deterministic rendezvous port from the SLURM job id (same on every node)."""
     return PORT_BASE + (int(job_id) * 7 + step) % PORT_SPAN
@@ -146,6 +156,7 @@ def build_launch(
     argv = [
         "srun", "--nodes", str(nodes), "--ntasks", str(nodes), "--ntasks-per-node", "1",
         "--overlap", "--kill-on-bad-exit=1",
+        "sh", "-c", NODE_OOM_WRAPPER, "node-oom",
         *torchrun,
         "--nnodes", str(nodes),
         "--nproc_per_node", str(g),

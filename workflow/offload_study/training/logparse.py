@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from offload_study.admission import ops
 from offload_study.core.contracts import BREAKDOWN_TIMERS, GPU_CAP_LOG_PREFIX
@@ -246,19 +247,46 @@ def classify_text(text: str) -> tuple[str, str | None]:
     return found.outcome, found.line
 
 
-#: torchrun's summary of a failed launch names the first rank that failed and its exit code
-#: (negative: the signal that killed it).
+#: torchrun's summary of a failed launch names the first rank that failed, its host and exit
+#: code (negative: the signal that killed it).
 ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(?P<rank>\d+)"
-    r".*?\bexitcode\s*:\s*(?P<code>-?\d+)",
+    r"Root Cause \(first observed failure\):.*?(?:\bhost\s*:\s*(?P<host>\S+).*?)?"
+    r"\brank\s*:\s*(?P<rank>\d+).*?\bexitcode\s*:\s*(?P<code>-?\d+)",
     re.DOTALL,
 )
 
 
-def root_cause(text: str) -> tuple[int, int] | None:
-    """(rank, exit code) of torchrun's "Root Cause (first observed failure)" block, if any."""
+class RootCause(NamedTuple):
+    rank: int
+    exit_code: int
+    host: str | None  # as torchrun names it (its fully qualified name)
+
+
+def root_cause(text: str) -> RootCause | None:
+    """torchrun's "Root Cause (first observed failure)" block, if any."""
     m = ROOT_CAUSE.search(text)
-    return (int(m["rank"]), int(m["code"])) if m else None
+    return RootCause(int(m["rank"]), int(m["code"]), m["host"]) if m else None
+
+
+def short_host(host: str) -> str:
+    return host.split(".", 1)[0]
+
+
+def same_host(host: str, other: str | None) -> bool:
+    """Whether two names are one machine (short names compared; an unknown other: assume so)."""
+    return other is None or short_host(host) == short_host(other) or host == "localhost"
+
+
+#: The line each node's launch wrapper prints when its torchrun ends (launch.NODE_OOM_WRAPPER):
+#: that node's kernel OOM kills before and after.
+NODE_OOM = re.compile(r"^node (?P<host>\S+) oom_kill (?P<before>\d+) -> (?P<after>\d+)$", re.M)
+
+
+def node_oom_kills(text: str) -> dict[str, int]:
+    """Short host name -> OOM kills its kernel counted while its torchrun ran."""
+    return {
+        short_host(m["host"]): int(m["after"]) - int(m["before"]) for m in NODE_OOM.finditer(text)
+    }
 
 
 #: A full disk under the NVMe path: DeepSpeed's aio writes of a swap file fail without an error

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from offload_study.core.contracts import LAUNCHER_LOG, RankStats, StepRow
 from offload_study.training import logparse
-from offload_study.training.supervise import Supervision
+from offload_study.training.supervise import SLURM_TIME_LIMIT, Supervision
 
 Verdict = tuple[str, str | None]
 KERNEL_KILL_CODES = (-9, 137)  # SIGKILL seen by Popen / by a shell
@@ -122,32 +122,42 @@ def log_pattern(ev: Evidence) -> Verdict | None:
     return found.outcome, f"{found.remedy}\n{excerpt or ''}".strip() if found.remedy else excerpt
 
 
-def _sigkilled(ev: Evidence, who: str) -> Verdict:
+#: What leads the excerpt of a process killed by SIGKILL while no OOM kill was counted where it
+#: ran: lost to its node or to someone's kill, not to the workload (RETRY_POLICY: rank_lost).
+KILLED_FROM_OUTSIDE = "was killed by SIGKILL from outside the run"
+
+
+def _sigkilled(ev: Evidence, who: str, ooms: int | None, where: str = "this host") -> Verdict:
     """SIGKILL that the runner did not send: the kernel's OOM killer, unless the kernel counted
-    no OOM kill on this host while the run went (then someone else: a user, an admin's script).
-    A surviving rank's broken connection is its consequence, not the cause."""
+    no OOM kill where the process ran while the run went (then someone else: a user, an admin's
+    script, a node going away). A surviving rank's broken connection is its consequence."""
     excerpt = _failure_excerpt(ev, None)
-    if ev.supervision.oom_kills == 0:
-        why = (
-            f"{who} was killed by SIGKILL from outside the run (the kernel's OOM killer "
-            "killed nothing on this host meanwhile)"
-        )
+    if ooms == 0:
+        why = f"{who} {KILLED_FROM_OUTSIDE} (the kernel's OOM killer killed nothing on {where} meanwhile)"
         return "error", f"{why}\n{excerpt or ''}".strip()
     return "host_oom", excerpt
 
 
 def rank_sigkilled(ev: Evidence) -> Verdict | None:
-    """torchrun's root cause: a rank that died of SIGKILL (before the other ranks' errors)."""
-    cause = logparse.root_cause(ev.logs.get(LAUNCHER_LOG, ""))
-    if ev.supervision.rc != 0 and cause and cause[1] == KERNEL_KILL_CODES[0]:
-        return _sigkilled(ev, f"rank {cause[0]}")
-    return None
+    """torchrun's root cause: a rank that died of SIGKILL (before the other ranks' errors).
+    On the runner's host its OOM kills are supervision's count; on another node they are that
+    node's count, as the node's own line in the launcher log says (launch.NODE_OOM_WRAPPER). A
+    remote node that left no count (it went away) counted no OOM kill that anyone knows of."""
+    log = ev.logs.get(LAUNCHER_LOG, "")
+    cause = logparse.root_cause(log)
+    if ev.supervision.rc == 0 or not cause or cause.exit_code != KERNEL_KILL_CODES[0]:
+        return None
+    if cause.host is None or logparse.same_host(cause.host, ev.supervision.host):
+        return _sigkilled(ev, f"rank {cause.rank}", ev.supervision.oom_kills)
+    ooms = logparse.node_oom_kills(log).get(logparse.short_host(cause.host), 0)
+    where = f"node {cause.host}"
+    return _sigkilled(ev, f"rank {cause.rank} on node {cause.host}", ooms, where)
 
 
 def killed_by_kernel(ev: Evidence) -> Verdict | None:
     """The launcher itself died of SIGKILL that the runner did not send."""
     if ev.supervision.rc in KERNEL_KILL_CODES:
-        return _sigkilled(ev, "the launcher")
+        return _sigkilled(ev, "the launcher", ev.supervision.oom_kills)
     return None
 
 
@@ -180,3 +190,68 @@ def decide(ev: Evidence) -> Verdict:
     if outcome != "ok" and not excerpt:
         excerpt = f"exit code {ev.supervision.rc}"
     return outcome, excerpt
+
+
+# ----------------------------------------------------------------------------- retry policy
+@dataclass(frozen=True)
+class Retry:
+    """Whether a failure is re-run on the next invocation: ``budget`` names the study key
+    (``retries.<budget>``) that allows it, None: never (the workload failed: it would fail again)."""
+
+    budget: str | None
+    why: str
+
+
+#: The retry policy: a failed run's cause (its outcome, or what its excerpt says of it:
+#: :func:`failure_cause`) -> re-run or not, and why. Infrastructure failures are re-run up to
+#: the study's ``retries.infrastructure`` times; a SLURM time limit only with
+#: ``retries.time_limit: true``; failures of the workload never.
+RETRY_POLICY: dict[str, Retry] = {
+    "cancelled": Retry(
+        "infrastructure",
+        "stopped from outside (scancel, preemption, requeue, "
+        "node failure, Ctrl-C): the run itself did not fail",
+    ),
+    "rank_lost": Retry(
+        "infrastructure",
+        "a process died of SIGKILL while no OOM kill was "
+        "counted where it ran: lost to its node, not to the workload",
+    ),
+    "slurm_time_limit": Retry(
+        "time_limit",
+        "SLURM's time limit ended the job: re-run only when "
+        "the study allows it (retries.time_limit), else raise timeout_min",
+    ),
+    "timeout": Retry(
+        None, "past the study's timeout_min or step_timeout_s: it would be as slow again"
+    ),
+    "gpu_oom": Retry(None, "the workload does not fit GPU memory: it would fail again"),
+    "host_oom": Retry(None, "the workload does not fit host memory: it would fail again"),
+    "config_error": Retry(None, "DeepSpeed refused the config: it would refuse it again"),
+    "op_build_error": Retry(
+        None, "an op does not build on this node: fix it first (the excerpt says how)"
+    ),
+    "infeasible": Retry(None, "predicted not to fit: not launched (force: true runs it)"),
+    "dist_error": Retry(
+        None,
+        "NCCL/gloo/rendezvous failed with every rank alive: a setup fault "
+        "that a re-run meets again",
+    ),
+    "error": Retry(None, "an unexplained failure of the run: re-running it would hide it"),
+    "ok": Retry(None, "measured"),
+}
+
+
+def failure_cause(outcome: str, excerpt: str | None) -> str:
+    """The key of RETRY_POLICY for a record: its outcome, refined where the excerpt (written by
+    this package: supervise.SLURM_TIME_LIMIT, KILLED_FROM_OUTSIDE) says the infrastructure did it."""
+    text = excerpt or ""
+    if outcome == "timeout" and text.startswith(SLURM_TIME_LIMIT):
+        return "slurm_time_limit"
+    if outcome == "error" and KILLED_FROM_OUTSIDE in text.split("\n", 1)[0]:
+        return "rank_lost"
+    return outcome if outcome in RETRY_POLICY else "error"
+
+
+def retry_of(outcome: str, excerpt: str | None) -> Retry:
+    return RETRY_POLICY[failure_cause(outcome, excerpt)]

@@ -4,6 +4,10 @@ A record is written into ``<outdir>.tmp-<pid>`` and moved into place when comple
 never sees half a record; the finished record is also copied into
 ``results/<cluster>/<study>/archive/<scenario>/rep<K>/<finished_at>-<sha8>/``. The half record of a
 run whose runner died (node failure, SIGKILL) is removed by the next run of the same outdir.
+
+A record whose failure the retry policy re-runs (:data:`offload_study.training.outcome.RETRY_POLICY`)
+leaves its place for the archive when the workflow is parsed (:func:`retry_failed_runs`), so that
+Snakemake, finding its outputs missing, runs it again.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from offload_study.core import layout
-from offload_study.core.contracts import RecordDir, sha256_file
+from offload_study.core.contracts import RecordDir, read_json, sha256_file
+from offload_study.training.outcome import RETRY_POLICY, failure_cause
 
 
 def temp_record(outdir: Path) -> RecordDir:
@@ -73,7 +79,126 @@ def place(record: RecordDir, outdir: Path, scenario: str, repeat: int, finished_
     if record.progress.exists():
         record.progress.unlink()  # the heartbeat means nothing once the run is over
     archive = archive_dir(outdir, scenario, repeat, finished_at, sha256_file(record.metrics))
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(record.root, archive, dirs_exist_ok=True)
+    try:
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(record.root, archive, dirs_exist_ok=True)
+    except OSError as e:  # a full disk: no half copy in the archive, the record in place kept
+        shutil.rmtree(archive, ignore_errors=True)
+        raise OSError(e.errno, f"cannot archive the record {record.root} to {archive}: {e}") from e
     move_into_place(record.root, outdir)
     return archive
+
+
+# ----------------------------------------------------------------------------- retries
+@dataclass(frozen=True)
+class RetryNote:
+    """What became of one failed record when the workflow was parsed."""
+
+    record: Path
+    cause: str  # key of RETRY_POLICY
+    failures: int  # archived failures of this run that the policy re-runs (this one included)
+    retried: bool
+    why: str
+
+    @property
+    def retryable(self) -> bool:
+        """A failure of the infrastructure (re-run, or not any more: its budget is spent)."""
+        return RETRY_POLICY[self.cause].budget is not None
+
+    def __str__(self) -> str:
+        verb = "re-run" if self.retried else "not retried"
+        return f"{self.record}: {self.cause}, {verb}: {self.why}"
+
+
+def _archived(archive: Path) -> list[tuple[Path, dict]]:
+    """(copy, its metrics) of every archived copy of one run (unreadable ones left out)."""
+    found = []
+    for copy in sorted(archive.glob("*/metrics.json")):
+        try:
+            found.append((copy.parent, read_json(copy)))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def retried_failures(archive: Path) -> int:
+    """Archived copies of one run whose failure the retry policy re-runs."""
+    return sum(
+        RETRY_POLICY[failure_cause(m.get("outcome", ""), m.get("error_excerpt"))].budget is not None
+        for _, m in _archived(archive)
+    )
+
+
+def retries_of(record: Path) -> int:
+    """How often the run of this record was re-run after a failure of the infrastructure: its
+    archived copies that the policy re-runs, other than the record in place itself."""
+    own = sha256_file(Path(record) / "metrics.json", missing_ok=True)
+    scenario, rep = Path(record).parent.name, Path(record).name.removeprefix("rep")
+    if not rep.isdigit():
+        return 0
+    archive = layout.archive_dir(layout.study_of_record(record), scenario, int(rep), "x").parent
+    return sum(
+        RETRY_POLICY[failure_cause(m.get("outcome", ""), m.get("error_excerpt"))].budget is not None
+        and sha256_file(copy / "metrics.json", True) != own
+        for copy, m in _archived(archive)
+    )
+
+
+def retry_decision(cause: str, failures: int, retries: dict) -> tuple[bool, str]:
+    """(re-run it?, why) for a record failed of ``cause``, ``failures`` times so far, under the
+    study's ``retries`` key ({infrastructure: N, time_limit: bool})."""
+    rule = RETRY_POLICY[cause]
+    if rule.budget is None:
+        return False, rule.why
+    if rule.budget == "time_limit" and not retries["time_limit"]:
+        return False, f"{rule.why} (retries.time_limit: false)"
+    if failures > retries["infrastructure"]:
+        return False, (
+            f"{rule.why}; but it failed so {failures} times, past the study's "
+            f"retries.infrastructure: {retries['infrastructure']}"
+        )
+    return (
+        True,
+        f"{rule.why} (failure {failures}, retries.infrastructure: {retries['infrastructure']})",
+    )
+
+
+def retry_failed_run(study: Path, scenario: str, repeat: int, retries: dict, move: bool = True):
+    """The record of one run, if failed: its RetryNote, and when the policy re-runs it, the record
+    leaves its place for the archive (where place() put a copy of it already; a record without
+    one is moved there). None for a missing or unreadable record, or an ok one."""
+    record = Path(layout.record_dir(study, scenario, repeat))
+    try:
+        metrics = read_json(record / "metrics.json")
+        cause = failure_cause(metrics["outcome"], metrics.get("error_excerpt"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if cause == "ok":
+        return None
+    archive = layout.archive_dir(study, scenario, repeat, "x").parent
+    failures = max(1, retried_failures(archive))
+    retried, why = retry_decision(cause, failures, retries)
+    if retried and move:
+        _leave_for_archive(record, archive, metrics)
+    return RetryNote(record, cause, failures, retried, why)
+
+
+def _leave_for_archive(record: Path, archive: Path, metrics: dict) -> None:
+    """Remove a record from its place; it is kept in the archive (copied there when placed)."""
+    sha = sha256_file(record / "metrics.json")
+    if not any(sha256_file(c / "metrics.json", True) == sha for c, _ in _archived(archive)):
+        stamp = re.sub(r"[^0-9TZ]", "", str(metrics.get("finished_at") or "unplaced"))
+        target = archive / f"{stamp}-{sha[:8]}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(record, target)
+        return
+    gone = record.with_name(record.name + f".retried-{os.getpid()}")
+    os.replace(record, gone)  # out of place at once, then deleted
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def retry_failed_runs(study: str | Path, runs, retries: dict, move: bool = True) -> list[RetryNote]:
+    """RetryNotes of the failed records among ``runs`` ((scenario, repeat) pairs); those the
+    policy re-runs are taken out of place (``move``) so that the next run makes them again."""
+    notes = (retry_failed_run(Path(study), s, int(r), retries, move) for s, r in runs)
+    return [n for n in notes if n is not None]

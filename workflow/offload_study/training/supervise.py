@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ class Supervision:
     # OOM kills by this host's kernel while the run went (None: not countable here); tells the
     # OOM killer's SIGKILL from anyone else's
     oom_kills: int | None = None
+    host: str | None = None  # where the runner ran (a rank that died elsewhere is judged apart)
 
 
 # ----------------------------------------------------------------------------- process tree
@@ -142,10 +144,24 @@ class Cancelled:
         self.signum = signum
 
 
+#: What leads the detail of a run that SLURM ended at its job's time limit (outcome.failure_cause).
+SLURM_TIME_LIMIT = "SLURM time limit reached"
+#: SLURM job state at the signal -> what stopped the run, in words (others: "scancel or Ctrl-C").
+SLURM_STOPPED_BY = {
+    "PREEMPTED": "preempted by SLURM",
+    "NODE_FAIL": "its node failed (SLURM NODE_FAIL)",
+    "REQUEUED": "requeued by SLURM",
+    "REQUEUE_HOLD": "requeued by SLURM",
+    "REQUEUE_FED": "requeued by SLURM",
+    "PENDING": "requeued by SLURM",
+}
+
+
 def signal_verdict(signum, environ=os.environ, runner=subprocess.run) -> tuple[str, str]:
     """(outcome, detail) of the SIGTERM/SIGINT the runner got: ``timeout`` when SLURM is ending
     its job for the time limit (the controller marks the job TIMEOUT before it signals the
-    steps), else ``cancelled`` (scancel, preemption, Ctrl-C)."""
+    steps), else ``cancelled`` (scancel, preemption, requeue, node failure, Ctrl-C), its detail
+    naming what SLURM says stopped it."""
     detail, job = f"received signal {signum}", environ.get("SLURM_JOB_ID")
     if not job:
         return "cancelled", detail
@@ -155,11 +171,14 @@ def signal_verdict(signum, environ=os.environ, runner=subprocess.run) -> tuple[s
     except (OSError, subprocess.SubprocessError):
         return "cancelled", detail
     fields = dict(token.partition("=")[::2] for token in show.split())
-    if fields.get("JobState") != "TIMEOUT":
-        return "cancelled", detail
-    return "timeout", (
-        f"SLURM time limit reached (job {job}, TimeLimit={fields.get('TimeLimit')}): {detail}"
-    )
+    state = fields.get("JobState")
+    if state == "TIMEOUT":
+        return "timeout", (
+            f"{SLURM_TIME_LIMIT} (job {job}, TimeLimit={fields.get('TimeLimit')}): {detail}"
+        )
+    if state in SLURM_STOPPED_BY:
+        return "cancelled", f"{SLURM_STOPPED_BY[state]} (job {job}, JobState={state}): {detail}"
+    return "cancelled", detail
 
 
 def host_oom_kills() -> int | None:
@@ -246,4 +265,5 @@ def supervise(
     ooms_after = host_oom_kills()
     ooms = None if None in (ooms_before, ooms_after) else ooms_after - ooms_before
     elapsed = time.monotonic() - watch.started
-    return Supervision(rc, killed, detail, peak, rank_peaks, elapsed, ooms)
+    host = socket.gethostname()
+    return Supervision(rc, killed, detail, peak, rank_peaks, elapsed, ooms, host)
