@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from chaos import chaos_run  # noqa: E402
+from chaos import SLURM, chaos_run  # noqa: E402
 from conftest import measure_cpu_calibration  # noqa: E402
 from slurm_cluster import slurm_cluster  # noqa: E402
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=40)
     p.add_argument("--faults", type=int, default=8)
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
-    p.add_argument("--jobs", type=int, default=2, help="SLURM jobs at once (the profile's jobs)")
+    p.add_argument("--jobs", type=int, default=4, help="SLURM jobs at once (the profile's jobs)")
     p.add_argument("--calibration", type=Path, default=None)
     p.add_argument("--timeout", type=float, default=3600, help="seconds for the chaos phase")
     p.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
     try:
         calibration = a.calibration or measure_cpu_calibration(tmp / "calibration.json")
-        with slurm_cluster(gpus=0, gres_type=None, min_job_age=3600) as cluster:
+        with slurm_cluster(**SLURM) as cluster:
             chaos, verdict, codes, _ = chaos_run(cluster, tmp, calibration, runs=a.runs,
                                                  faults=a.faults, seed=seed, jobs=a.jobs,
                                                  timeout_s=a.timeout)  # fmt: skip
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     kinds = collections.Counter(f.kind for f in chaos.faults)
     print("faults by kind:", dict(sorted(kinds.items())))
     print("current outcomes:", dict(collections.Counter(verdict.outcomes.values())))
-    print(f"retried runs: {len(verdict.retried)}; missing {verdict.missing}; extra "
+    print(f"retried runs: {verdict.retried}; retryable left: {verdict.retry_left}; missing {verdict.missing}; extra "
           f"{verdict.extra}; lost {verdict.lost}; unreported {verdict.unreported}")  # fmt: skip
     ok = not (verdict.lost or verdict.missing or verdict.extra) and codes[-1] == 0
     return 0 if ok else 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import random
+import re
 import signal
 import subprocess
 import time
@@ -31,7 +32,9 @@ from conftest import SMALL_LLAMA, copy_repo_for_run, place_calibration, record_f
 from slurm_cluster import SlurmCluster, profile_snakemake, write_profile
 
 from offload_study.core import layout
-from offload_study.core.contracts import read_json
+from offload_study.core.contracts import PROGRESS_FILE, read_json
+from offload_study.core.study import load_study
+from offload_study.training.placement import retries_of, retry_failed_runs
 
 CLUSTER = "test-slurm"  # config/clusters/test-slurm.yaml: CPU ranks on the test SLURM
 STUDY = "chaos"
@@ -39,8 +42,13 @@ STUDY = "chaos"
 SWEEP = {"reduce_bucket_size": [500000000, 50000000]}
 #: Size of the tmpfs mounted as the results folder (the disk that a fault fills).
 RESULTS_DISK = "64m"
+#: The test SLURM (tests/slurm_cluster.py): one node, no GPUs (CPU ranks); finished jobs known
+#: for an hour (squeue status); a requeued job may start again after 30 s instead of 120 s.
+SLURM = {"gpus": 0, "gres_type": None, "min_job_age": 3600, "cred_expire_s": 30}
 #: Seconds between faults (uniform), once the first train job runs.
 FAULT_GAP_S = (4.0, 12.0)
+#: The SLURM job comment the slurm executor plugin gives a train job (then its wildcards).
+TRAIN_JOB = "rule_train_wildcards_"
 
 
 def chaos_study(runs: int) -> dict:
@@ -98,30 +106,55 @@ class ChaosRun:
             if f"/{layout.ARCHIVE_DIR}/" not in folder:
                 self.seen.setdefault(digest, folder)
 
-    def train_jobs(self) -> list[str]:
-        """Ids of the SLURM jobs running a train rule now."""
+    def train_jobs(self, stepping: bool = False) -> list[str]:
+        """Ids of the SLURM jobs running a train rule now; ``stepping``: only those whose run
+        has started its training steps (its temp record has the progress file).
+
+        Faults that end a run hit it only once it is stepping: torch loads an op (DeepSpeed's
+        FusedAdam, shm_comm) under a lock file in the shared extension cache, and a rank killed
+        (SIGKILL, or SIGTERM from scancel) while it holds the lock leaves it behind; every later
+        run on the machine then waits for it forever (seen while this was built). That hazard is
+        torch's, not what this run is about."""
         return [j["JobId"] for j in self.cluster.jobs()
-                if j.get("JobState") == "RUNNING" and "rule_train" in j.get("Comment", "")]  # fmt: skip
+                if j.get("JobState") == "RUNNING" and j.get("Comment", "").startswith(TRAIN_JOB)
+                and (not stepping or self.stepping(j["Comment"].removeprefix(TRAIN_JOB)))]  # fmt: skip
+
+    def stepping(self, wildcards: str) -> bool:
+        """Whether the run of a train job (its wildcards "<scenario>_<rep>") is stepping."""
+        scenario, _, rep = wildcards.rpartition("_")
+        record = layout.record_dir(self.results, scenario, rep)
+        return any(Path(record).parent.glob(f"rep{rep}.tmp-*/{PROGRESS_FILE}"))
 
     def pick_train_job(self) -> str | None:
-        jobs = self.train_jobs()
+        jobs = self.train_jobs(stepping=True)
         return self.rng.choice(sorted(jobs)) if jobs else None
 
 
 # --------------------------------------------------------------------------- the faults
 def sigkill_rank(chaos: ChaosRun) -> str | None:
-    """SIGKILL one torchrun worker (a training rank) of a running run."""
-    ranks = [p for p in psutil.process_iter(["cmdline", "pid"])
-             if "offload_study.training.harness" in " ".join(p.info["cmdline"] or [])
-             and str(chaos.results) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    """SIGKILL one torchrun worker (a training rank, not torchrun) of a stepping run."""
+    ranks = [p for p in psutil.process_iter(["cmdline", "pid", "cwd"]) if is_rank(p, chaos)]
     if not ranks:
         return None
     rank = chaos.rng.choice(sorted(ranks, key=lambda p: p.pid))
     with contextlib.suppress(psutil.Error):
-        out = rank.info["cmdline"][rank.info["cmdline"].index("--out") + 1]
         rank.send_signal(signal.SIGKILL)
-        return f"SIGKILL rank pid {rank.pid} of {Path(out).relative_to(chaos.results)}"
+        return f"SIGKILL rank pid {rank.pid} writing {out_of(rank)}"
     return None
+
+
+def is_rank(proc: psutil.Process, chaos: ChaosRun) -> bool:
+    """A training rank of this study whose run is stepping."""
+    cmd = proc.info["cmdline"] or []
+    return ("offload_study.training.harness" in cmd and "torch.distributed.run" not in cmd
+            and (proc.info["cwd"] or "").startswith(str(chaos.work))
+            and (chaos.work / out_of(proc) / PROGRESS_FILE).exists())  # fmt: skip
+
+
+def out_of(rank: psutil.Process) -> str:
+    """The temp record a harness process writes (its --out)."""
+    cmd = rank.info["cmdline"]
+    return cmd[cmd.index("--out") + 1] if "--out" in cmd[:-1] else "/nonexistent"
 
 
 def scancel_job(chaos: ChaosRun) -> str | None:
@@ -141,14 +174,21 @@ def requeue_job(chaos: ChaosRun) -> str | None:
 
 
 def node_down_and_up(chaos: ChaosRun) -> str | None:
-    """The node of a running train job set down for a few seconds, then resumed."""
-    if not chaos.train_jobs():
+    """The node of a running train job set down (SLURM requeues its jobs), up again a few seconds
+    later: by slurmd's next registration (ReturnToService=2), else by State=RESUME."""
+    if not chaos.train_jobs(stepping=True):
         return None
     node, down_s = chaos.cluster.node, chaos.rng.uniform(2, 4)
     chaos.cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=chaos")
     time.sleep(down_s)
-    chaos.cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-    return f"node {node} down for {down_s:.1f} s"
+    state = node_state(chaos.cluster)
+    if "down" in state:
+        chaos.cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    return f"node {node} down, {state} after {down_s:.1f} s, now {node_state(chaos.cluster)}"
+
+
+def node_state(cluster: SlurmCluster) -> str:
+    return cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.strip()
 
 
 def results_disk_full(chaos: ChaosRun) -> str | None:
@@ -228,7 +268,7 @@ def prepare(tmp: Path, calibration: Path, runs: int) -> Path:
     return work
 
 
-def inject(chaos: ChaosRun, kinds: list[str], say=print) -> None:
+def inject(chaos: ChaosRun, kinds: list[str], say) -> None:
     """Inject ``kinds`` in order, a random gap apart, while Snakemake runs (a fault without a
     target now is tried again until one appears)."""
     while chaos.running() and not chaos.train_jobs():
@@ -250,9 +290,9 @@ def inject(chaos: ChaosRun, kinds: list[str], say=print) -> None:
         say(f"[chaos {chaos.faults[-1].at_s:6.1f} s] {kind}: {what}")
 
 
-def finish(chaos: ChaosRun, timeout_s: float, say=print) -> list[int]:
-    """Wait for the chaos invocation, then re-invoke Snakemake at most twice until it succeeds;
-    return every invocation's exit status after the faults."""
+def finish(chaos: ChaosRun, timeout_s: float, say) -> list[int]:
+    """Wait for the chaos invocation, then re-invoke Snakemake at most twice until it succeeds
+    (each within ``timeout_s``); return every invocation's exit status after the faults."""
     codes = []
     deadline = time.monotonic() + timeout_s
     while chaos.running() and time.monotonic() < deadline:
@@ -266,7 +306,7 @@ def finish(chaos: ChaosRun, timeout_s: float, say=print) -> list[int]:
             break
         say(f"[chaos {time.monotonic() - chaos.started:6.1f} s] re-invoking snakemake")
         chaos.start()
-        codes.append(chaos.proc.wait(timeout=max(60, deadline - time.monotonic())))
+        codes.append(chaos.proc.wait(timeout=timeout_s))
         chaos.snapshot()
     return codes
 
@@ -277,7 +317,8 @@ class Verdict:
     missing: list[str]  # planned runs without a current record
     extra: list[str]  # current records no planned run owns
     lost: list[str]  # records seen complete during the run, gone or changed since
-    retried: list[str]  # runs that ran more than once (attempts in the archive)
+    retried: dict[str, int]  # run -> its re-runs after failures of the infrastructure
+    retry_left: list[str]  # infrastructure failures left in place though the budget allows more
     outcomes: dict[str, str]  # planned record -> its current outcome
     unreported: list[str]  # current records not ok that the report does not list
 
@@ -291,10 +332,11 @@ def judge(chaos: ChaosRun) -> Verdict:
     results, plan = chaos.results, read_json(chaos.results / layout.PLAN_JSON)
     planned = [f"{s['scenario']}/rep{r}" for s in plan["scenarios"] for r in range(plan["repeats"])]
     current = {str(p.parent.relative_to(results)) for p in results.glob("*/rep*/metrics.json")
-               if ".tmp-" not in p.parent.name and p.parts[-3] != layout.ARCHIVE_DIR}  # fmt: skip
+               if re.fullmatch(r"rep\d+", p.parent.name)}  # fmt: skip
     final = set(record_fingerprints(results).values())
-    archive = results / layout.ARCHIVE_DIR
-    attempts = {run: len(list((archive / run).glob("*/metrics.json"))) for run in planned}
+    retried = {run: retries_of(results / run) for run in planned if run in current}
+    runs = [(s["scenario"], r) for s in plan["scenarios"] for r in range(plan["repeats"])]
+    retries = load_study(chaos.work / "chaos.yaml")["retries"]  # the budget, defaults filled in
     outcomes = {run: read_json(results / run / "metrics.json")["outcome"]
                 for run in planned if run in current}  # fmt: skip
     html = (chaos.work / layout.report_html(CLUSTER, STUDY)).read_text()
@@ -303,15 +345,24 @@ def judge(chaos: ChaosRun) -> Verdict:
         missing=[run for run in planned if run not in current],
         extra=sorted(current - set(planned)),
         lost=[folder for digest, folder in chaos.seen.items() if digest not in final],
-        retried=[run for run, n in attempts.items() if n > 1],
+        retried={run: n for run, n in retried.items() if n},
+        retry_left=[
+            str(note)
+            for note in retry_failed_runs(results, runs, retries, move=False)
+            if note.retried
+        ],  # fmt: skip
         outcomes=outcomes,
         unreported=[run for run, o in outcomes.items() if o != "ok" and run not in html],
     )
 
 
 def chaos_run(cluster: SlurmCluster, tmp: Path, calibration: Path, *, runs: int, faults: int,
-              seed: int, jobs: int = 2, timeout_s: float = 900, say=print):  # fmt: skip
-    """The whole chaos run; returns (ChaosRun, Verdict, exit codes, wall seconds)."""
+              seed: int, jobs: int = 4, timeout_s: float = 900, say=None):  # fmt: skip
+    """The whole chaos run; returns (ChaosRun, Verdict, exit codes, wall seconds).
+
+    ``jobs``: the profile's jobs, twice the 2 cores of CI, so that a requeued job waiting to
+    start again (cred_expire) does not leave a core idle."""
+    say = say or (lambda message: print(message, flush=True))
     say(f"chaos seed {seed}: {runs} runs, {faults} faults (reproduce: --seed {seed})")
     rng = random.Random(seed)
     work = prepare(tmp, calibration, runs)
@@ -328,8 +379,6 @@ def chaos_run(cluster: SlurmCluster, tmp: Path, calibration: Path, *, runs: int,
         finally:
             if chaos.running():
                 chaos.proc.kill()
-            cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME",
-                        check=False)  # fmt: skip
         wall_s = time.monotonic() - t0
         say(verdict.line(len(chaos.faults)))
         say(f"chaos wall time {wall_s:.0f} s; snakemake exit codes after the faults {codes}")

@@ -279,6 +279,7 @@ def _write_conf(
     max_time: str,
     min_job_age: int,
     munge_socket: Path,
+    cred_expire_s: int | None = None,
 ) -> Path:
     node_lines = "\n".join(
         f"NodeName={n.name} NodeAddr={n.addr} {{topo}} RealMemory={real_memory_mb}{{gres}} "
@@ -303,7 +304,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket}{f",cred_expire={cred_expire_s}" if cred_expire_s else ""}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
@@ -475,6 +476,7 @@ def _cluster(
     min_job_age: int = 300,
     mem_reserve_mb: int = 512,
     keep_dir: bool = False,
+    cred_expire_s: int | None = None,
 ):
     """Generator body of :func:`slurm_cluster` (one function: the daemons' start-up and their
     stop in its finally belong together).
@@ -482,7 +484,9 @@ def _cluster(
     partition: partition name (the only one, Default=YES); gres_type: GRES type of the fake
     GPUs (None = untyped ``gpu:N``); gpus: fake GPU count (0 = none); max_time: partition
     MaxTime (e.g. "60" minutes); min_job_age: how long finished jobs stay visible to squeue
-    (the slurm executor plugin's squeue status needs >= 3 x init seconds).
+    (the slurm executor plugin's squeue status needs >= 3 x init seconds); cred_expire_s: job
+    credential lifetime (AuthInfo cred_expire, SLURM's default 120 s), which is also how long a
+    requeued job waits before it may start again.
     """
     reasons = missing_requirements()
     if reasons:
@@ -517,6 +521,7 @@ def _cluster(
         max_time=max_time,
         min_job_age=min_job_age,
         munge_socket=munge_socket,
+        cred_expire_s=cred_expire_s,
     )
     env = dict(base_env)
     env["SLURM_CONF"] = str(conf)

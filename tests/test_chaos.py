@@ -13,7 +13,7 @@ import os
 import random
 
 import pytest
-from chaos import FAULTS, chaos_run
+from chaos import FAULTS, SLURM, chaos_run
 from slurm_cluster import slurm_fixture_gen
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.injects_fault]
@@ -24,7 +24,7 @@ RUNS, FAULT_COUNT = 40, 8
 @pytest.fixture(scope="module")
 def cpu_slurm():
     """One node, no GPUs: CPU ranks (config/clusters/test-slurm.yaml)."""
-    yield from slurm_fixture_gen(gpus=0, gres_type=None, min_job_age=3600)
+    yield from slurm_fixture_gen(**SLURM)
 
 
 def test_chaos_run_loses_nothing(cpu_slurm, tmp_path, cpu_calibration, results_ledger):
@@ -42,3 +42,6 @@ def test_chaos_run_loses_nothing(cpu_slurm, tmp_path, cpu_calibration, results_l
     assert verdict.missing == [] and verdict.extra == [], logs
     assert verdict.lost == [], f"records changed or gone: {verdict.lost} ({logs})"
     assert verdict.unreported == [], f"not-ok runs missing from the report ({logs})"
+    # the retry policy (outcome.RETRY_POLICY): no failure of the infrastructure is left in place
+    # while the study's retries budget allows another run
+    assert verdict.retry_left == [], f"{verdict.retry_left} ({logs})"
