@@ -15,6 +15,7 @@ the report lists every run that is not ok.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import random
@@ -86,12 +87,16 @@ class ChaosRun:
     seen: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     invocations: int = 0
+    orphans: set = field(default_factory=set)  # job names of the Snakemakes killed or ended
 
     @property
     def results(self) -> Path:
         return self.work / layout.study_dir(CLUSTER, STUDY)
 
     def start(self) -> None:
+        # the slurm plugin names every job of one Snakemake after its run id: the jobs of those
+        # killed before run on, and the faults hit the live Snakemake's jobs first
+        self.orphans |= {j.get("JobName") for j in self.cluster.jobs()}
         self.invocations += 1
         log = open(self.work / f"snakemake.{self.invocations}.log", "w")  # noqa: SIM115
         self.proc = profile_snakemake(self.cluster, self.work, self.profile, *self.args,
@@ -106,7 +111,7 @@ class ChaosRun:
             if f"/{layout.ARCHIVE_DIR}/" not in folder:
                 self.seen.setdefault(digest, folder)
 
-    def train_jobs(self, stepping: bool = False) -> list[str]:
+    def train_jobs(self, stepping: bool = False, live: bool = False) -> list[str]:
         """Ids of the SLURM jobs running a train rule now; ``stepping``: only those whose run
         has started its training steps (its temp record has the progress file).
 
@@ -117,7 +122,8 @@ class ChaosRun:
         torch's, not what this run is about."""
         return [j["JobId"] for j in self.cluster.jobs()
                 if j.get("JobState") == "RUNNING" and j.get("Comment", "").startswith(TRAIN_JOB)
-                and (not stepping or self.stepping(j["Comment"].removeprefix(TRAIN_JOB)))]  # fmt: skip
+                and (not stepping or self.stepping(j["Comment"].removeprefix(TRAIN_JOB)))
+                and not (live and j.get("JobName") in self.orphans)]  # fmt: skip
 
     def stepping(self, wildcards: str) -> bool:
         """Whether the run of a train job (its wildcards "<scenario>_<rep>") is stepping."""
@@ -126,7 +132,7 @@ class ChaosRun:
         return any(Path(record).parent.glob(f"rep{rep}.tmp-*/{PROGRESS_FILE}"))
 
     def pick_train_job(self) -> str | None:
-        jobs = self.train_jobs(stepping=True)
+        jobs = self.train_jobs(stepping=True, live=True) or self.train_jobs(stepping=True)
         return self.rng.choice(sorted(jobs)) if jobs else None
 
 
@@ -301,14 +307,23 @@ def finish(chaos: ChaosRun, timeout_s: float, say) -> list[int]:
     if chaos.running():
         chaos.proc.kill()
     codes.append(chaos.proc.wait())
-    for _ in range(2):
-        if codes[-1] == 0:
+    for _ in range(2):  # as a user would: again while it failed or the retry policy has work
+        if codes[-1] == 0 and not retryable_left(chaos):
             break
         say(f"[chaos {time.monotonic() - chaos.started:6.1f} s] re-invoking snakemake")
         chaos.start()
         codes.append(chaos.proc.wait(timeout=timeout_s))
         chaos.snapshot()
     return codes
+
+
+def retryable_left(chaos: ChaosRun) -> list[str]:
+    """Failed records in place that the retry policy re-runs on the next invocation."""
+    plan = read_json(chaos.results / layout.PLAN_JSON)
+    runs = [(s["scenario"], r) for s in plan["scenarios"] for r in range(plan["repeats"])]
+    retries = load_study(chaos.work / "chaos.yaml")["retries"]  # the budget, defaults filled in
+    notes = retry_failed_runs(chaos.results, runs, retries, move=False)
+    return [str(note) for note in notes if note.retried]
 
 
 @dataclass
@@ -320,7 +335,7 @@ class Verdict:
     retried: dict[str, int]  # run -> its re-runs after failures of the infrastructure
     retry_left: list[str]  # infrastructure failures left in place though the budget allows more
     outcomes: dict[str, str]  # planned record -> its current outcome
-    unreported: list[str]  # current records not ok that the report does not list
+    unreported: list[str]  # runs not ok, and scenarios' retry counts, the report does not show
 
     def line(self, faults: int) -> str:
         return (f"{len(self.planned)} runs, {faults} faults injected, {len(self.retried)} "
@@ -335,8 +350,6 @@ def judge(chaos: ChaosRun) -> Verdict:
                if re.fullmatch(r"rep\d+", p.parent.name)}  # fmt: skip
     final = set(record_fingerprints(results).values())
     retried = {run: retries_of(results / run) for run in planned if run in current}
-    runs = [(s["scenario"], r) for s in plan["scenarios"] for r in range(plan["repeats"])]
-    retries = load_study(chaos.work / "chaos.yaml")["retries"]  # the budget, defaults filled in
     outcomes = {run: read_json(results / run / "metrics.json")["outcome"]
                 for run in planned if run in current}  # fmt: skip
     html = (chaos.work / layout.report_html(CLUSTER, STUDY)).read_text()
@@ -346,14 +359,23 @@ def judge(chaos: ChaosRun) -> Verdict:
         extra=sorted(current - set(planned)),
         lost=[folder for digest, folder in chaos.seen.items() if digest not in final],
         retried={run: n for run, n in retried.items() if n},
-        retry_left=[
-            str(note)
-            for note in retry_failed_runs(results, runs, retries, move=False)
-            if note.retried
-        ],  # fmt: skip
+        retry_left=retryable_left(chaos),
         outcomes=outcomes,
-        unreported=[run for run, o in outcomes.items() if o != "ok" and run not in html],
+        unreported=[run for run, o in outcomes.items() if o != "ok" and run not in html]
+        + [
+            f"{scenario} retried:{n}"
+            for scenario, n in retries_by_scenario(retried).items()
+            if f"retried:{n}" not in html
+        ],  # fmt: skip
     )
+
+
+def retries_by_scenario(retried: dict[str, int]) -> dict[str, int]:
+    """Re-runs per scenario (the report's outcomes column says "retried:<n>")."""
+    total = collections.Counter()
+    for run, n in retried.items():
+        total[run.split("/")[0]] += n
+    return {scenario: n for scenario, n in total.items() if n}
 
 
 def chaos_run(cluster: SlurmCluster, tmp: Path, calibration: Path, *, runs: int, faults: int,
