@@ -178,9 +178,15 @@ def add_out_of_sample_errors(rows: list[dict]) -> None:
     if len({r["study"] for r in gpu}) < 2:
         return
     for key, (fit, evaluate) in OUT_OF_SAMPLE.items():
-        judged = accuracy.leave_one_study_out(gpu, fit, evaluate)
+        judged = accuracy.leave_one_study_out(gpu, _deepspeed_only(fit), evaluate)
         for r, err in zip(gpu, judged, strict=True):
             r[key] = err
+
+
+def _deepspeed_only(fit):
+    """The constants are DeepSpeed's (predict.FITS, RESERVED_FIT): fitted on its records only;
+    an FSDP2 record is judged with them, never fitted to."""
+    return lambda rows: fit([r for r in rows if r["engine"] == "deepspeed"])
 
 
 #: error key -> (fit, evaluate) of the constants refitted leaving the judged study out

@@ -112,7 +112,11 @@ def cpu_calibration(tmp_path_factory) -> Path:
     """This machine's calibration.json, measured once per session (offload_study.prediction.calibrate, as
     the workflow's calibrate rule runs it: ~1 min on 2 cores) for the workflow tests whose
     subject is not the calibration. Every test cluster is this machine (local or SLURM)."""
-    out = tmp_path_factory.mktemp("calibration") / "calibration.json"
+    return measure_cpu_calibration(tmp_path_factory.mktemp("calibration") / "calibration.json")
+
+
+def measure_cpu_calibration(out: Path) -> Path:
+    """Measure this machine's calibration into ``out`` as the calibrate rule does."""
     cmd = [sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "local-cpu",
            "--cores", str(os.cpu_count()), "--out", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

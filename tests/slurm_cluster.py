@@ -35,12 +35,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from offload_study.training.launch import free_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 REQUIRED_BINARIES = (
     "munged",
@@ -696,6 +701,37 @@ def slurm_fixture_gen(**kwargs):
         yield cl
     finally:
         cm.__exit__(None, None, None)
+
+
+def write_profile(dest: Path, **overrides) -> Path:
+    """The repo's slurm/config.yaml with test overrides (short status polling)."""
+    prof = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
+    prof.update(
+        {
+            "slurm-init-seconds-before-status-checks": 1,
+            "latency-wait": 5,
+            "slurm-keep-successful-logs": True,
+        }
+    )
+    prof.update(overrides)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.yaml").write_text(yaml.safe_dump(prof))
+    return dest
+
+
+def profile_snakemake(cl, wf: Path, profile: Path, *args, timeout=300, **popen_kw):
+    """``snakemake --profile <profile> *args`` in ``wf`` against the cluster ``cl``, with this
+    checkout's library. ``background=True``: started and returned (a Popen; its output in a pipe
+    unless ``popen_kw`` says where)."""
+    env = dict(cl.env)
+    env["PYTHONPATH"] = f"{REPO / 'workflow'}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    cmd = [sys.executable, "-m", "snakemake", "--profile", str(profile), *args]
+    if popen_kw.pop("background", False):
+        out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **popen_kw}
+        return subprocess.Popen(cmd, cwd=wf, env=env, **out)
+    return subprocess.run(
+        cmd, cwd=wf, env=env, capture_output=True, text=True, timeout=timeout, **popen_kw
+    )
 
 
 if __name__ == "__main__":  # manual smoke test: python tests/slurm_cluster.py

@@ -8,8 +8,6 @@ workflow runs plan with the session's measured calibration (conftest.cpu_calibra
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -18,7 +16,8 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, copy_repo_for_run, make_cluster, make_spec
-from slurm_cluster import slurm_fixture_gen
+from slurm_cluster import profile_snakemake as snakemake
+from slurm_cluster import slurm_fixture_gen, write_profile
 
 from offload_study.core.contracts import (
     PROGRESS_FILE,
@@ -59,22 +58,6 @@ def cluster(request):
                                 requeue_delay_s=REQUEUE_DELAY_S, preempt_partition=URGENT):  # fmt: skip
         cl.setup = request.param
         yield cl
-
-
-def write_profile(dest: Path, **overrides) -> Path:
-    """The repo's slurm/config.yaml with test overrides (short status polling)."""
-    prof = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
-    prof.update(
-        {
-            "slurm-init-seconds-before-status-checks": 1,
-            "latency-wait": 5,
-            "slurm-keep-successful-logs": True,
-        }
-    )
-    prof.update(overrides)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "config.yaml").write_text(yaml.safe_dump(prof))
-    return dest
 
 
 def gpu_cluster_desc(cl, **kw) -> dict:
@@ -131,19 +114,6 @@ def make_workflow(tmp: Path, cluster_desc: dict, specs: list) -> Path:
     for spec in specs:
         write_run_spec(wf / "specs" / f"{spec.scenario}.run.json", spec)
     return wf
-
-
-def snakemake(cl, wf: Path, profile: Path, *args, timeout=300, **popen_kw):
-    env = dict(cl.env)
-    env["PYTHONPATH"] = f"{REPO / 'workflow'}:{env.get('PYTHONPATH', '')}".rstrip(":")
-    cmd = [sys.executable, "-m", "snakemake", "--profile", str(profile), *args]
-    if popen_kw.pop("background", False):
-        return subprocess.Popen(
-            cmd, cwd=wf, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    return subprocess.run(
-        cmd, cwd=wf, env=env, capture_output=True, text=True, timeout=timeout, **popen_kw
-    )
 
 
 def mem_mb(text: str) -> float:
