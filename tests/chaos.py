@@ -39,8 +39,8 @@ from offload_study.training.placement import retries_of, retry_failed_runs
 
 CLUSTER = "test-slurm"  # config/clusters/test-slurm.yaml: CPU ranks on the test SLURM
 STUDY = "chaos"
-#: the one scenario, swept over two ZeRO bucket sizes; repeats make up the rest of the runs
-SWEEP = {"reduce_bucket_size": [500000000, 50000000]}
+#: the one scenario, swept over two micro-batches; repeats make up the rest of the runs
+SWEEP = {"micro_batch": [2, 1]}
 #: Size of the tmpfs mounted as the results folder (the disk that a fault fills).
 RESULTS_DISK = "64m"
 #: The test SLURM (tests/slurm_cluster.py): one node, no GPUs (CPU ranks); finished jobs known
@@ -54,13 +54,16 @@ TRAIN_JOB = "rule_train_wildcards_"
 
 def chaos_study(runs: int) -> dict:
     """A study of at least ``runs`` tiny runs (1 rank, 1 warm-up + 2 measured steps)."""
-    combos = len(SWEEP["reduce_bucket_size"])
+    combos = len(SWEEP["micro_batch"])
     return {
         "study": STUDY, "cluster": CLUSTER, "model": {"config": dict(SMALL_LLAMA)},
         "seq_len": 64, "dtype": "bf16", "micro_batch": 2, "gradient_checkpointing": False,
         "measure": {"mode": "fixed"}, "steps": 2, "warmup_steps": 1, "seed": 1234,
         "timeout_min": 5, "repeats": -(-runs // combos),
-        "scenarios": [{"name": "tiny", "gpus_per_node": 1, "cpu_mem_gb": 2,
+        # FSDP2 (engine: fsdp2): the faults are the infrastructure's, not an engine's, and a run
+        # without DeepSpeed's import and ZeRO-3 set-up starts in ~60 % of the time (measured on
+        # the 2-core machine: 15.6 s against 25.9 s for the same tiny run)
+        "scenarios": [{"name": "tiny", "engine": "fsdp2", "gpus_per_node": 1, "cpu_mem_gb": 2,
                        "gradient_accumulation_steps": 1, "sweep": SWEEP}],
     }  # fmt: skip
 

@@ -58,6 +58,14 @@ CALIBRATION = planning_calibration()
 # Calibration runs once per cluster, on a node like the first run's (not per scenario): with the
 # slurm profile, a node with the cluster's GPUs.
 CALIBRATION_NODE = RESOURCES_BY_SCENARIO[SCENARIOS[0]] if SCENARIOS else {}
+# A GPU cluster's rates are measured at the sizes and shapes of the study that asks for them
+# (calibrate --study: CPU Adam at its partition, matmuls at its layers, copies at its buckets),
+# when that study is a file; a CPU cluster's at calibrate's fixed, cache-sized sizes.
+CALIBRATION_STUDY = (
+    ["--study", STUDY_SOURCE]
+    if PLAN.cluster["accelerator"] == "cuda" and os.path.isfile(STUDY_SOURCE)
+    else []
+)
 CALIBRATION_THREADS = (
     workflow.cores
     if PLAN.cluster["scheduler"] == "local"
@@ -83,9 +91,10 @@ rule calibrate:
         cluster=PLAN.cluster["name"],
         # the working directory's clusters, where the user wrote theirs (not the install's)
         cluster_dir=str(layout.CLUSTER_DIR),
+        study=CALIBRATION_STUDY,
     shell:
         "python -m offload_study.prediction.calibrate --cluster {params.cluster:q}"
-        " --cluster-dir {params.cluster_dir:q} --cores {threads}"
+        " --cluster-dir {params.cluster_dir:q} --cores {threads} {params.study:q}"
         " --out {output:q} > {log:q} 2>&1"
         " || {{ status=$?; echo 'failed; the end of' {log:q} >&2;"
         " tail -n 30 {log:q} | cut -c 1-2000 >&2; exit $status; }}"
