@@ -1,7 +1,8 @@
 """`snakemake --profile slurm` against a REAL local SLURM (tests/slurm_cluster.py starts it).
 
 Needs root and `apt-get install slurm-wlm munge` (they fail, saying so, without them).
-Two differently set-up clusters (partition, GRES type/count, MaxTime) run the same tests.
+Two differently set-up clusters (partition, GRES type/count, MaxTime) run the same tests, but for
+the default study end to end and the cancelled job (setup a only).
 Only the default study's first run (setup a) measures the machine in a SLURM job; the other
 workflow runs plan with the session's measured calibration (conftest.cpu_calibration).
 """
