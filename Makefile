@@ -28,7 +28,7 @@ study: debian-study $(VENV)/.ops
 # -n $(TEST_WORKERS) (pytest-xdist): the tests wait much of their time (SLURM polling, process
 # start-up, sleeps; serially the 2 cores were ~37 % busy), so 3 workers share the 2 cores;
 # --dist worksteal: an idle worker takes queued tests from a busy one (the durations vary from
-# ms to minutes). Measured 2026-12-01 on the shared 2-core dev machine (load average 4-5.6 from
+# ms to minutes). Measured 2026-12-01 on the shared 2-core dev machine (1-min load 3.1-6.4 from
 # other users throughout, so slower than CI): 909 tests in 21 min 22 s with -n 3 (our processes
 # 1.27 cores on average); serially 22.5 min for the 823 tests of the previous landing.
 test: debian-test $(VENV)/.ops
