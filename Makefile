@@ -5,6 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
+TEST_WORKERS ?= 3
 STUDY ?=
 BIN := $(abspath $(VENV))/bin
 # What the default study and the tests run: CPU Adam, fused Adam, gloo's shared-memory comm,
@@ -24,8 +25,14 @@ study: debian-study $(VENV)/.ops
 	$(BIN)/snakemake --cores $(CORES) --logger rich $(if $(STUDY),--config study_file='$(STUDY)')
 
 # --durations: the CI log names the slowest tests (where the suite's time goes).
+# -n $(TEST_WORKERS) (pytest-xdist): the tests wait much of their time (SLURM polling, process
+# start-up, sleeps; serially the 2 cores were ~37 % busy), so 3 workers share the 2 cores;
+# --dist worksteal: an idle worker takes queued tests from a busy one (the durations vary from
+# ms to minutes). Measured 2026-12-01 on the shared 2-core dev machine (1-min load 3.1-6.4 from
+# other users throughout, so slower than CI): 909 tests in 21 min 22 s with -n 3 (our processes
+# 1.27 cores on average); serially 22.5 min for the 823 tests of the previous landing.
 test: debian-test $(VENV)/.ops
-	$(BIN)/python -m pytest -q -rs --durations=15
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 setup: debian-test $(VENV)/.ops
 

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from chaos import SLURM, chaos_run  # noqa: E402
-from conftest import measure_cpu_calibration  # noqa: E402
+from conftest import measure_calibration  # noqa: E402
 from slurm_cluster import slurm_cluster  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(2**31)
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
     try:
-        calibration = a.calibration or measure_cpu_calibration(tmp / "calibration.json")
+        calibration = a.calibration or Path(measure_calibration(tmp))
         with slurm_cluster(**SLURM) as cluster:
             chaos, verdict, codes, _ = chaos_run(cluster, tmp, calibration, runs=a.runs,
                                                  faults=a.faults, seed=seed, jobs=a.jobs,

@@ -50,7 +50,15 @@ def with_change(config: dict, path: str, value) -> dict:
     return config
 
 
-DELETE = object()
+class Deleted:
+    """The value that removes its key. Its repr names it: test ids are made of reprs, and every
+    pytest-xdist worker must collect the same ids (an object()'s repr holds its address)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = Deleted()
 
 
 class Together(str):

@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from offload_study.admission.admit import admitted_runs
 from offload_study.core.contracts import RunSpec, read_calibration, write_calibration
@@ -30,6 +33,8 @@ def pytest_configure(config):
     bin_dir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+    config.stash[LEDGER] = ResultsLedger()
+    config.pluginmanager.register(LedgerTotals(config.stash[LEDGER]), "results-ledger-totals")
 
 
 #: A Llama small enough for a 2-core CPU run in seconds (the runner tests train it).
@@ -107,21 +112,40 @@ def place_calibration(workdir: Path, cluster: str, calibration: Path) -> None:
     write_calibration(workdir / "results" / cluster / "calibration.json", measured)
 
 
-@pytest.fixture(scope="session")
-def cpu_calibration(tmp_path_factory) -> Path:
-    """This machine's calibration.json, measured once per session (offload_study.prediction.calibrate, as
-    the workflow's calibrate rule runs it: ~1 min on 2 cores) for the workflow tests whose
-    subject is not the calibration. Every test cluster is this machine (local or SLURM)."""
-    return measure_cpu_calibration(tmp_path_factory.mktemp("calibration") / "calibration.json")
+def made_once(tmp_path_factory, name: str, make):
+    """``make(folder)`` (-> a JSON-able value) run once per test run, in a fresh folder; the value.
+
+    Under pytest-xdist each worker has its own session: the first worker to ask makes it in the
+    run's shared temp dir (the parent of the workers' own) while the others wait on a file lock,
+    then read what it made (the pattern of xdist's docs, "Making session-scoped fixtures execute
+    only once"). A failed make leaves nothing behind: the next worker to ask tries again."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's pytest-<n>: one per run, shared by its workers
+    made = base / f"{name}.json"
+    with FileLock(f"{made}.lock"):
+        if not made.exists():
+            value = make(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base)))
+            made.write_text(json.dumps(value))
+        return json.loads(made.read_text())
 
 
-def measure_cpu_calibration(out: Path) -> Path:
-    """Measure this machine's calibration into ``out`` as the calibrate rule does."""
+def measure_calibration(folder: Path) -> str:
+    """This machine's calibration, measured into ``folder`` as the calibrate rule does."""
+    out = folder / "calibration.json"
     cmd = [sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "local-cpu",
            "--cores", str(os.cpu_count()), "--out", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def cpu_calibration(tmp_path_factory) -> Path:
+    """This machine's calibration.json, measured once per test run (offload_study.prediction.calibrate,
+    as the workflow's calibrate rule runs it: ~1 min on 2 cores) for the workflow tests whose
+    subject is not the calibration. Every test cluster is this machine (local or SLURM)."""
+    return Path(made_once(tmp_path_factory, "calibration", measure_calibration))
 
 
 # --------------------------------------------------------------------------- test summary figure
@@ -165,22 +189,52 @@ class ResultsLedger:
         assert not lost, f"records lost or rewritten by the fault: {lost}"
 
 
-@pytest.fixture(scope="session")
-def cross_cluster(tmp_path_factory):
-    """Four real CPU runs (2 scenarios x 2 clusters), bundled, made once per session for the
-    bundle, compare, check and site tests (builders.cross_cluster_runs)."""
+def make_cross_cluster(folder: Path) -> dict:
     from builders import cross_cluster_runs  # builders imports this module
 
-    return cross_cluster_runs(tmp_path_factory.mktemp("cross-cluster"))
+    made = cross_cluster_runs(folder)
+    return {"root": str(made.root), "bundles": {k: str(v) for k, v in made.bundles.items()}}
+
+
+@pytest.fixture(scope="session")
+def cross_cluster(tmp_path_factory):
+    """Four real CPU runs (2 scenarios x 2 clusters), bundled, made once per test run for the
+    bundle, compare, check and site tests (builders.cross_cluster_runs); they only read them."""
+    from builders import CrossCluster
+
+    made = made_once(tmp_path_factory, "cross-cluster", make_cross_cluster)
+    return CrossCluster(Path(made["root"]), {k: Path(v) for k, v in made["bundles"].items()})
+
+
+#: The user_properties key under which a test's report carries its ledger's numbers.
+LEDGER_KEY = "results_ledger"
+
+
+@pytest.fixture
+def results_ledger(request):
+    """This test's ledger of records checked and lost (see ResultsLedger). Its numbers travel in
+    the test's teardown report (user_properties) to LedgerTotals: under pytest-xdist the tests
+    run in worker processes, and only their reports reach the process that prints the summary."""
+    ledger = ResultsLedger()
+    yield ledger
+    request.node.user_properties.append((LEDGER_KEY, (ledger.checked, ledger.lost)))
 
 
 LEDGER = pytest.StashKey[ResultsLedger]()
 
 
-@pytest.fixture
-def results_ledger(request) -> ResultsLedger:
-    """The session's ledger of records checked and lost (see ResultsLedger)."""
-    return request.config.stash.setdefault(LEDGER, ResultsLedger())
+class LedgerTotals:
+    """The run's ledger: the sum of its tests' ledgers, from their teardown reports. A plugin
+    of the process that prints the summary (the controller under pytest-xdist)."""
+
+    def __init__(self, ledger: ResultsLedger):
+        self.ledger = ledger
+
+    def pytest_runtest_logreport(self, report) -> None:
+        for key, (checked, lost) in report.user_properties:
+            if key == LEDGER_KEY and report.when == "teardown":
+                self.ledger.checked += checked
+                self.ledger.note_lost(lost)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

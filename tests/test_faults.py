@@ -82,10 +82,11 @@ def wait_for_steps(outdir: Path, steps: int, timeout: float = 300) -> None:
 
 
 def harness_rank(outdir: Path, rank: int) -> psutil.Process:
-    """The training process of ``rank`` writing into outdir's temp record."""
+    """The training process of ``rank`` writing into outdir's temp record (its full path: other
+    tests, in other pytest-xdist workers, train into a ``rep0.tmp-<pid>`` of their own)."""
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "offload_study.training.harness" in cmd and f"{outdir.name}.tmp-" in cmd:
+        if "offload_study.training.harness" in cmd and f"{outdir}.tmp-" in cmd:
             try:
                 if proc.environ().get("RANK") == str(rank):
                     return proc

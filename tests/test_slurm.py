@@ -1,7 +1,8 @@
 """`snakemake --profile slurm` against a REAL local SLURM (tests/slurm_cluster.py starts it).
 
 Needs root and `apt-get install slurm-wlm munge` (they fail, saying so, without them).
-Two differently set-up clusters (partition, GRES type/count, MaxTime) run the same tests.
+Two differently set-up clusters (partition, GRES type/count, MaxTime) run the same tests, but for
+the default study end to end and the cancelled job (setup a only).
 Only the default study's first run (setup a) measures the machine in a SLURM job; the other
 workflow runs plan with the session's measured calibration (conftest.cpu_calibration).
 """
@@ -186,21 +187,17 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_default_study_end_to_end(cluster, tmp_path, cpu_calibration):
-    """The default study through `snakemake --profile <test profile>` on the test cluster; every
-    run's provenance.json carries its SLURM job id. Setup a runs it as `make study` does (the
-    calibration and the adaptive measurement in SLURM jobs too); setup b, there for its other
-    partition, GRES and time limit, plans with this machine's calibration and measures 3 fixed
-    steps per run (the same jobs, submitted the same way, in less time)."""
+@pytest.mark.parametrize("cluster", [pytest.param("a", id="setup-a")], indirect=True)
+def test_default_study_end_to_end(cluster, tmp_path):
+    """The default study through `snakemake --profile <test profile>` on the test cluster, as
+    `make study` runs it (the calibration and the adaptive measurement in SLURM jobs too); every
+    run's provenance.json carries its SLURM job id. Setup a only: setup b's partition, GRES and
+    time limit are checked job by job (test_profile_submits_with_requested_resources) and its
+    real train job runs through the profile to a record with its job id in
+    test_a_requeued_preempted_or_node_failed_job_ends_in_a_completed_rerun."""
     name = CLUSTER_FILE[cluster.setup]
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    if cluster.setup == "a":
-        work, args = copy_repo_for_run(tmp_path), ["--config", f"cluster={name}"]
-    else:
-        work = copy_repo_for_run(tmp_path, cpu_calibration, name)
-        study.update(cluster=name, measure={"mode": "fixed"}, steps=3, warmup_steps=1)
-        (work / "study.yaml").write_text(yaml.safe_dump(study))
-        args = ["--configfile", "study.yaml"]
+    work, args = copy_repo_for_run(tmp_path), ["--config", f"cluster={name}"]
     prof = write_profile(tmp_path / "prof", jobs=4)
     t0 = time.monotonic()
     cp = snakemake(cluster, work, prof, *args, timeout=1500)
@@ -209,7 +206,7 @@ def test_default_study_end_to_end(cluster, tmp_path, cpu_calibration):
     print(f"default study on {name}: {elapsed:.0f}s")
     provs = sorted((work / "results" / name).glob("*/*/rep*/provenance.json"))
     assert {p.parent.parent.name for p in provs} == {s["name"] for s in study["scenarios"]}
-    assert (cluster.setup == "a") == (work / "results" / name / "logs" / "calibrate.log").exists()
+    assert (work / "results" / name / "logs" / "calibrate.log").exists()
     known = {j["JobId"]: j for j in cluster.jobs()}
     for p in provs:
         prov = read_json(p)
