@@ -1,6 +1,6 @@
 """How well the plan's predictions (offload_study.prediction.predict) match measured runs.
 
-    python benchmarks/prediction_accuracy.py [--bands-out config/calibration/error_bands.json] \
+    python benchmarks/prediction_accuracy.py [--bands-out workflow/offload_study/data/error_bands.json] \
         [--gpu-calibration CLUSTER=PATH] [--cpu-study-dir results/local-cpu/default-cpu \
         --cpu-study config/config.yaml --cpu-calibration results/local-cpu/calibration.json]
 

@@ -69,6 +69,8 @@ def load_record(outdir: Path) -> dict:
     prov = json.loads((outdir / "provenance.json").read_text())
     jsonschema.validate(prov, contracts.provenance_schema())
     assert prov["schema_problems"] == []
+    # written in the schema's order (a reader of the JSON sees the fields as the schema lists them)
+    assert [k for k in prov if k in contracts.PROVENANCE_FIELDS] == contracts.PROVENANCE_FIELDS
     archived = list((outdir.parents[1] / "archive" / outdir.parent.name / "rep0").glob("*"))
     assert len(archived) == 1 and (archived[0] / "metrics.json").is_file()
     return m

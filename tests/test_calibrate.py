@@ -19,9 +19,7 @@ from offload_study.core import contracts
 from offload_study.core.study import StudyError
 from offload_study.prediction import calibrate
 
-# error_bands.json beside them is the accuracy report's bands, not a calibration
-SHIPPED = sorted(p for p in (REPO_ROOT / "config/calibration").glob("*.json")
-                 if p.name != "error_bands.json")  # fmt: skip
+SHIPPED = sorted((REPO_ROOT / "config/calibration").glob("*.json"))
 MIB = 2**20
 
 

@@ -374,10 +374,11 @@ def overflowing_engine(out: str) -> None:
     """(Spawned process.) A real one-rank ZeRO-3 bf16 engine on CPU runs four optimizer steps
     through the harness's one_step; during the third a weight is NaN, so its gradients are
     non-finite and DeepSpeed skips that step (the weight is restored after it)."""
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
+    import types
 
-    from offload_study.training import harness, launch
+    import deepspeed
+
+    from offload_study.training import harness, launch, zero3
     from offload_study.training.tokens import Batches
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()), RANK="0",
@@ -385,19 +386,16 @@ def overflowing_engine(out: str) -> None:
     harness.tee_output(Path(out) / "rank0.log")
     spec = make_spec(scenario={"gpus_per_node": 1, "gradient_accumulation_steps": 1})
     ds_config = dsconfig.build_ds_config(spec)
-    deepspeed.utils.set_log_level_from_string("info")
-    deepspeed.init_distributed(dist_backend="gloo")
-    model = harness.build_model(spec, ds_config)
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config
-    )
-    batches, weight, steps = Batches(spec, model.config.vocab_size, 0), model.lm_head.weight, []
+    # the harness' DeepSpeed engine (its rank stats: no NVMe folder, local rank 0)
+    engine = zero3.ZeroEngine(spec, ds_config, types.SimpleNamespace(nvme_dir=None, local_rank=0))
+    model = engine.engine.module
+    batches, weight, steps = Batches(spec, engine.vocab_size, 0), model.lm_head.weight, []
     for poisoned in (False, False, True, False):
         with deepspeed.zero.GatheredParameters([weight], modifier_rank=0):
             saved = weight.data.clone()
             if poisoned:
                 weight.data.fill_(float("nan"))
-        steps.append(harness.one_step(engine, batches, 1, get_accelerator(), 1))
+        steps.append(harness.one_step(engine, batches, 1, 1))
         with deepspeed.zero.GatheredParameters([weight], modifier_rank=0):
             weight.data.copy_(saved)
     contracts.write_json(Path(out) / "steps.json", [dataclasses.asdict(s) for s in steps])

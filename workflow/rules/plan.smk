@@ -36,25 +36,11 @@ rule plan_summary:
 
 
 CALIBRATION_MEASURED = layout.measured_calibration(PLAN.cluster["name"])
-CALIBRATION_SHIPPED = layout.shipped_calibration(PLAN.cluster["name"])
 CALIBRATION_CATALOG = layout.catalog_calibration(PLAN.cluster["name"])
 
 
-def planning_calibration():
-    """What the plan predicts from: the cluster's measured calibration, else the file
-    config/calibration ships for it, else for a CUDA cluster the GPU catalog's values
-    (uncalibrated: plan works on any machine; `snakemake calibrate` measures), else (a CPU
-    cluster, whose accelerator every node has) measure it (rule calibrate)."""
-    if os.path.exists(CALIBRATION_MEASURED):
-        return CALIBRATION_MEASURED
-    if os.path.exists(CALIBRATION_SHIPPED):
-        return CALIBRATION_SHIPPED
-    if PLAN.cluster["accelerator"] == "cuda":
-        return CALIBRATION_CATALOG
-    return CALIBRATION_MEASURED
-
-
-CALIBRATION = planning_calibration()
+# measured, else shipped, else (CUDA) the GPU catalog's uncalibrated values, else measure
+CALIBRATION = layout.planning_calibration(PLAN.cluster)
 # Calibration runs once per cluster, on a node like the first run's (not per scenario): with the
 # slurm profile, a node with the cluster's GPUs.
 CALIBRATION_NODE = RESOURCES_BY_SCENARIO[SCENARIOS[0]] if SCENARIOS else {}

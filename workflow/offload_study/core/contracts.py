@@ -723,7 +723,7 @@ class Prediction:
     note: str | None = None  # what the model assumes or leaves out for this run's offload mode
     # "calibrated" (the cluster's calibration) or "uncalibrated" (GPU catalog values, no
     # calibration yet: offload_study.prediction.catalog), and the step time's relative error
-    # band for that case (config/calibration/error_bands.json)
+    # band for that case (workflow/offload_study/data/error_bands.json)
     calibration: str | None = None
     step_time_band: float | None = None
     # peak of torch's caching allocator (what a per-process cap limits) plus the CUDA context,

@@ -26,6 +26,7 @@ X's folders, so it never reads, overwrites or is shadowed by cluster Y's records
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 CLUSTER_DIR = Path("config/clusters")
@@ -72,6 +73,20 @@ def catalog_calibration(cluster: str) -> str:
 
 def shipped_calibration(cluster: str) -> str:
     return str(SHIPPED_CALIBRATION_DIR / f"{cluster}.json")
+
+
+def planning_calibration(cluster: dict) -> str:
+    """What a plan predicts from: the cluster's measured calibration, else the file
+    config/calibration ships for it, else for a CUDA cluster the GPU catalog's values
+    (uncalibrated: a plan works on any machine; `snakemake calibrate` measures), else (a CPU
+    cluster, whose accelerator every node has) the measured file, which rule calibrate makes."""
+    name = cluster["name"]
+    for path in (measured_calibration(name), shipped_calibration(name)):
+        if os.path.exists(path):
+            return path
+    if cluster["accelerator"] == "cuda":
+        return catalog_calibration(name)
+    return measured_calibration(name)
 
 
 def ds_config_path(study: str | Path, scenario: str) -> str:

@@ -1,4 +1,4 @@
-"""The prediction's measured error bands: the one reader of config/calibration/error_bands.json.
+"""The prediction's measured error bands: the one reader of workflow/offload_study/data/error_bands.json.
 
     {"calibrated": {"step_time": p, "gpu_allocated": p, "gpu_reserved": p, "host": p},
      "uncalibrated": {same keys}, "measured_by": "<command>", "records": N}
@@ -13,13 +13,15 @@ records, with the cluster's calibration (``calibrated``) or with the GPU catalog
 from __future__ import annotations
 
 import math
+from importlib import resources
 from pathlib import Path
 
-from offload_study.core import layout
 from offload_study.core.contracts import read_json
 from offload_study.core.study import StudyError
 
-PATH = layout.SHIPPED_CALIBRATION_DIR / "error_bands.json"  # from the working directory
+#: package data, as the GPU catalog: the model's own measured accuracy, the same wherever the
+#: workflow runs (benchmarks/prediction_accuracy.py --bands-out rewrites it in a checkout)
+PATH = Path(str(resources.files("offload_study").joinpath("data/error_bands.json")))
 CASES = ("calibrated", "uncalibrated")
 QUANTITIES = ("step_time", "gpu_allocated", "gpu_reserved", "host")
 TOP_KEYS = {*CASES, "measured_by", "records"}

@@ -94,10 +94,10 @@ def engine_versions(spec: RunSpec, first_stat) -> dict:
     run imports no DeepSpeed; its engine is torch's."""
     torch_version = first_stat("torch_version") or pkg_version("torch")
     if spec.engine == "fsdp2":
-        return {"deepspeed_version": None, "torch_version": torch_version, "engine": "fsdp2",
+        return {"torch_version": torch_version, "deepspeed_version": None, "engine": "fsdp2",
                 "engine_version": torch_version}  # fmt: skip
     ds_version = first_stat("deepspeed_version") or pkg_version("deepspeed")
-    return {"deepspeed_version": ds_version, "torch_version": torch_version,
+    return {"torch_version": torch_version, "deepspeed_version": ds_version,
             "engine": spec.engine, "engine_version": ds_version}  # fmt: skip
 
 

@@ -11,7 +11,7 @@ reference's tolerance band (config/references/*.yaml) with the one band rule
   row is the study baseline, else the ratio of the two tokens/s CIs, widest case);
 - measured over a predicted baseline: the row ran, the 100 % row needs more GPUs than this
   cluster has and is plan.csv's prediction, with the prediction's error band
-  (:func:`prediction_error`: config/calibration/error_bands.json, calibrated or uncalibrated);
+  (:func:`prediction_error`: workflow/offload_study/data/error_bands.json, calibrated or uncalibrated);
 - predicted: the row did not run here either; labelled, with the error band, and judged "not
   measured" (a prediction reproduces nothing); what the prediction says of the band is worded
   as a prediction (:func:`offload_study.core.verdict.predicted`).
@@ -31,8 +31,8 @@ from offload_study.prediction import error_bands
 
 #: Where the prediction's error band comes from: tokens/s measured / predicted = step predicted
 #: / measured, so the band is ±p of the predicted tokens/s, p the step-time band of the plan's case
-#: (calibrated or uncalibrated) in config/calibration/error_bands.json.
-PREDICTION_ERROR_SOURCE = "config/calibration/error_bands.json"
+#: (calibrated or uncalibrated) in workflow/offload_study/data/error_bands.json.
+PREDICTION_ERROR_SOURCE = "workflow/offload_study/data/error_bands.json"
 
 
 def prediction_error(plan: dict) -> tuple[float | None, str]:
