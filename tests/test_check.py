@@ -30,6 +30,15 @@ def measured(cross_cluster, scenario: str, metric: str, cluster: str = "cpu-a") 
     return float(summary.loc[summary["scenario"] == scenario, metric].item())
 
 
+def band_holding_ci(cross_cluster, scenario, metric, value, cluster="cpu-a") -> dict:  # noqa: F811
+    """lower/upper (relative to ``value``) at least ±50 % and wide enough to hold the measured
+    95 % CI: a 3-step CPU run on a busy machine (tests in parallel) can have a CI wider than
+    ±50 %; these tests are about the check's rule, not about the machine's noise."""
+    low = measured(cross_cluster, scenario, f"{metric}_ci_low", cluster)
+    high = measured(cross_cluster, scenario, f"{metric}_ci_high", cluster)
+    return {"lower": min(-0.5, low / value - 1.05), "upper": max(0.5, high / value - 0.95)}
+
+
 def write_refs(folder: Path, refs: list[dict], name: str = "refs", study: str = STUDY) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.yaml").write_text(yaml.safe_dump({"study": study, "references": refs}))
@@ -49,9 +58,10 @@ def test_check_passes_within_the_reference_band(cross_cluster, tmp_path):  # noq
     tps = measured(cross_cluster, "zero3", "tokens_per_s")
     refs = write_refs(tmp_path / "refs", [
         # bands wide enough for the whole CI of a short CPU run (the band rule judges the CI)
-        {"scenario": "offload-opt", "value": rel * 1.05, "lower": -0.5, "upper": 0.5},
+        {"scenario": "offload-opt", "value": rel * 1.05,
+         **band_holding_ci(cross_cluster, "offload-opt", "relative_speed", rel * 1.05)},
         {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "cluster": "cpu-a",
-         "lower": -0.5, "upper": 0.5},
+         **band_holding_ci(cross_cluster, "zero3", "tokens_per_s", tps)},
     ])  # fmt: skip
     res = run_check(cross_cluster, refs, "--out", str(tmp_path / "check.json"))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -91,7 +101,7 @@ def test_most_specific_reference_wins(cross_cluster, tmp_path):  # noqa: F811
     refs = references.load_references(write_refs(tmp_path / "refs", [
         {"scenario": "zero3", "metric": "tokens_per_s", "value": 100 * tps},  # any cluster
         {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "gpu_model": device,
-         "lower": -0.5, "upper": 0.5},
+         **band_holding_ci(cross_cluster, "zero3", "tokens_per_s", tps)},
         {"scenario": "zero3", "metric": "tokens_per_s", "value": tps / 100, "cluster": "cpu-b"},
     ]))  # fmt: skip
     found = check.verdicts(collect.read_table(summary), contracts.read_json(plan), refs)
@@ -107,7 +117,8 @@ def test_most_specific_reference_wins(cross_cluster, tmp_path):  # noqa: F811
 def test_a_bundle_is_checked_like_the_local_study(cross_cluster, tmp_path):  # noqa: F811
     rel = measured(cross_cluster, "offload-opt", "relative_speed", "cpu-b")
     refs = write_refs(tmp_path / "refs", [
-        {"scenario": "offload-opt", "value": rel, "cluster": "cpu-b", "lower": -0.5, "upper": 0.5},
+        {"scenario": "offload-opt", "value": rel, "cluster": "cpu-b",
+         **band_holding_ci(cross_cluster, "offload-opt", "relative_speed", rel, "cpu-b")},
         {"scenario": "no-such-scenario", "value": 1.0},
     ])  # fmt: skip
     cmd = [sys.executable, "-m", "offload_study.across.check", "--bundle",

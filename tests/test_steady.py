@@ -427,6 +427,7 @@ def test_a_real_overflow_is_counted_by_the_harness_and_by_deepspeeds_log(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its CI target is a timing: other tests' load is its noise
 def test_adaptive_run_stops_on_its_ci_target(tmp_path):
     # a generous budget; the target is loose enough for a 2-core machine that other work shares
     adaptive = {"mode": "adaptive", "target_ci_pct": 15, "max_warmup_steps": 12,
