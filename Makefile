@@ -28,9 +28,8 @@ study: debian-study $(VENV)/.ops
 # -n $(TEST_WORKERS) (pytest-xdist): the tests wait much of their time (SLURM polling, process
 # start-up, sleeps; serially the 2 cores were ~37 % busy), so 3 workers share the 2 cores;
 # --dist worksteal: an idle worker takes queued tests from a busy one (the durations vary from
-# ms to minutes). Measured 2026-12-01 on the shared 2-core dev machine (1-min load 3.1-6.4 from
-# other users throughout, so slower than CI): 909 tests in 21 min 22 s with -n 3 (our processes
-# 1.27 cores on average); serially 22.5 min for the 823 tests of the previous landing.
+# ms to minutes). Measured 2026-12-01 from a fresh clone on the idle 2-core dev machine: 909
+# tests in 17 min 52 s, `make test` 18 min 16 s (README); serially 22.5 min for 823 tests before.
 # Tests marked `alone` judge timing (an adaptive run that must reach its CI target): they run
 # after the parallel ones, by themselves, so that the other workers' load is not their noise.
 test: debian-test $(VENV)/.ops
