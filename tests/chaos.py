@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 import yaml
 from conftest import SMALL_LLAMA, copy_repo_for_run, place_calibration, record_fingerprints
+from runs import tmpfs
 from slurm_cluster import SlurmCluster, profile_snakemake, write_profile
 
 from offload_study.core import layout
@@ -260,14 +261,8 @@ def fault_schedule(rng: random.Random, count: int) -> list[str]:
 @contextlib.contextmanager
 def results_tmpfs(work: Path):
     """A small tmpfs mounted as the working dir's results folder (needs root)."""
-    results = work / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={RESULTS_DISK}", "tmpfs", str(results)],
-                   check=True)  # fmt: skip
-    try:
+    with tmpfs(work / "results", RESULTS_DISK) as results:
         yield results
-    finally:
-        subprocess.run(["umount", "-l", str(results)], check=False)
 
 
 def prepare(tmp: Path, calibration: Path, runs: int) -> Path:

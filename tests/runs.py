@@ -4,7 +4,9 @@ the record it leaves read back and checked against its schemas (``load_record``)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,22 @@ from offload_study.planning.plan import write_scenario_files
 
 NVME_AIO = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
             "single_submit": False, "overlap_events": True}  # fmt: skip
+
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, size: str):
+    """A real tmpfs of ``size`` (mount's -o size=, e.g. "256k") mounted at ``mount`` for the
+    block: a small disk the test fills. Needs root (.ci/run runs the tests as root)."""
+    mount.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.fail("mounting a tiny tmpfs needs root (as .ci/run runs the tests)", pytrace=False)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def make_run(

@@ -25,7 +25,7 @@ import psutil
 import pytest
 import yaml
 from conftest import SMALL_LLAMA, copy_repo_for_run, make_spec
-from runs import NVME_AIO, load_record, run_runner
+from runs import NVME_AIO, load_record, run_runner, tmpfs
 from slurm_cluster import slurm_fixture_gen
 
 from offload_study.core.contracts import read_json, write_json
@@ -191,13 +191,8 @@ def test_host_memory_budget_exhausted(fault_study, results_ledger):
 @pytest.fixture
 def tiny_filesystem(tmp_path):
     """A 3 MiB tmpfs (as root): the NVMe path that fills up when the optimizer swaps out."""
-    mount = tmp_path / "nvme-tiny"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.fail("mounting a tiny tmpfs needs root (as .ci/run runs the tests)", pytrace=False)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "nvme-tiny", "3m") as mount:
+        yield mount
 
 
 @pytest.mark.slow

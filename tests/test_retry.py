@@ -5,13 +5,13 @@ tmpfs, as root)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from builders import CLUSTER, STUDY, make_record
+from runs import tmpfs
 
 from offload_study.analysis import collect
 from offload_study.core import contracts, layout
@@ -187,13 +187,8 @@ def test_ok_and_missing_records_are_left_alone(tmp_path):
 @pytest.fixture
 def full_disk(tmp_path):
     """A 256 KiB tmpfs (as root), filled to the last byte after the test's first write."""
-    mount = tmp_path / "results-disk"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.fail("mounting a tiny tmpfs needs root (as .ci/run runs the tests)", pytrace=False)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "results-disk", "256k") as mount:
+        yield mount
 
 
 def fill(mount: Path) -> None:

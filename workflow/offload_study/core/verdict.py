@@ -39,7 +39,8 @@ PREDICTED_IN, PREDICTED_OUT, PREDICTED_ACROSS = (
 THRESHOLDS = {"equivalence": 0.20}
 
 
-def _num(v) -> float | None:
+def finite_or_none(v) -> float | None:
+    """``v`` as a float, None when it is missing, not a number, NaN or infinite (table cells)."""
     try:
         x = float(v)
     except (TypeError, ValueError):
@@ -50,7 +51,7 @@ def _num(v) -> float | None:
 def speed(ratio, ci_low, ci_high, thresholds: dict = THRESHOLDS) -> str:
     """The verdict on a ratio (A over B, e.g. tokens/s) with its 95 % CI: faster / slower /
     no difference shown / inconclusive (see the module docstring)."""
-    r, lo, hi = _num(ratio), _num(ci_low), _num(ci_high)
+    r, lo, hi = finite_or_none(ratio), finite_or_none(ci_low), finite_or_none(ci_high)
     if r is None or lo is None or hi is None:
         return INCONCLUSIVE
     if lo > 1:
@@ -65,13 +66,13 @@ def band(value, ci_low, ci_high, band_low, band_high) -> str:
     """The verdict on a measured figure against a published tolerance band [band_low,
     band_high] (None: unbounded on that side). Without a CI the point estimate is all the
     evidence there is, and is judged alone."""
-    v = _num(value)
+    v = finite_or_none(value)
     if v is None:
         return NOT_MEASURED
-    lo, hi = _num(ci_low), _num(ci_high)
+    lo, hi = finite_or_none(ci_low), finite_or_none(ci_high)
     lo, hi = (v, v) if lo is None or hi is None else (min(lo, v), max(hi, v))
-    b_lo = -math.inf if _num(band_low) is None else float(band_low)
-    b_hi = math.inf if _num(band_high) is None else float(band_high)
+    b_lo = -math.inf if finite_or_none(band_low) is None else float(band_low)
+    b_hi = math.inf if finite_or_none(band_high) is None else float(band_high)
     if hi < b_lo or lo > b_hi:
         return NOT_REPRODUCED
     if lo >= b_lo and hi <= b_hi:
@@ -92,7 +93,7 @@ def predicted(value, ci_low, ci_high, band_low, band_high) -> str:
 
 def ratio_text(ratio, ci_low, ci_high) -> str:
     """'74% [68%–82%]' (no CI: '74%')."""
-    r, lo, hi = _num(ratio), _num(ci_low), _num(ci_high)
+    r, lo, hi = finite_or_none(ratio), finite_or_none(ci_low), finite_or_none(ci_high)
     if r is None:
         return "—"
     ci = f" [{100 * lo:.0f}%–{100 * hi:.0f}%]" if lo is not None and hi is not None else ""

@@ -12,7 +12,6 @@ repeat k (collect.paired_ratio, the rule of the vs-pair column), with its verdic
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -30,27 +29,21 @@ PART_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimi
 N_BOOT = 2000
 
 
-def _num(value) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _row_view(row: Mapping) -> dict:
-    parts = {p: _num(row.get(f"step_breakdown_ms.{p}")) for p in collect.STEP_PARTS}
+    parts = {
+        p: verdict.finite_or_none(row.get(f"step_breakdown_ms.{p}")) for p in collect.STEP_PARTS
+    }
     return {
         "scenario": row["scenario"],
         "label": row.get("label") or row["scenario"],
         "engine": contracts.engine_of(row),
-        "n_ok": int(_num(row.get("n_ok")) or 0),
-        "tokens_per_s": _num(row.get("tokens_per_s")),
-        "ci_low": _num(row.get("tokens_per_s_ci_low")),
-        "ci_high": _num(row.get("tokens_per_s_ci_high")),
-        "gpu_allocated_gib": _num(row.get("peak_gpu_allocated_gib")),
-        "gpu_reserved_gib": _num(row.get("peak_gpu_reserved_gib")),
-        "host_gib": _num(row.get("host_peak_rss_gib")),
+        "n_ok": int(verdict.finite_or_none(row.get("n_ok")) or 0),
+        "tokens_per_s": verdict.finite_or_none(row.get("tokens_per_s")),
+        "ci_low": verdict.finite_or_none(row.get("tokens_per_s_ci_low")),
+        "ci_high": verdict.finite_or_none(row.get("tokens_per_s_ci_high")),
+        "gpu_allocated_gib": verdict.finite_or_none(row.get("peak_gpu_allocated_gib")),
+        "gpu_reserved_gib": verdict.finite_or_none(row.get("peak_gpu_reserved_gib")),
+        "host_gib": verdict.finite_or_none(row.get("host_peak_rss_gib")),
         "parts_ms": parts,
     }
 
@@ -81,10 +74,10 @@ def _ratio_view(runs: pd.DataFrame, fsdp: dict, ds: dict) -> dict:
         mine, theirs, _steps(pd.concat([mine, theirs])), N_BOOT, seed=0
     )
     return {
-        "fsdp2": fsdp["label"], "deepspeed": ds["label"], "ratio": _num(point),
-        "ci_low": _num(lo), "ci_high": _num(hi), "pairs": pairs, "how": how,
-        "word": verdict.speed(point, lo, hi) if _num(point) else None,
-        "text": verdict.ratio_text(point, lo, hi) if _num(point) else None,
+        "fsdp2": fsdp["label"], "deepspeed": ds["label"], "ratio": verdict.finite_or_none(point),
+        "ci_low": verdict.finite_or_none(lo), "ci_high": verdict.finite_or_none(hi), "pairs": pairs, "how": how,
+        "word": verdict.speed(point, lo, hi) if verdict.finite_or_none(point) else None,
+        "text": verdict.ratio_text(point, lo, hi) if verdict.finite_or_none(point) else None,
         "difference": _biggest_difference(fsdp["parts_ms"], ds["parts_ms"]),
     }  # fmt: skip
 
