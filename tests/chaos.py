@@ -34,7 +34,7 @@ from runs import tmpfs
 from slurm_cluster import SlurmCluster, profile_snakemake, write_profile
 
 from offload_study.core import layout
-from offload_study.core.contracts import PROGRESS_FILE, read_json
+from offload_study.core.contracts import PROGRESS_FILE, read_json, sha256_tree
 from offload_study.core.study import load_study
 from offload_study.training.placement import retries_of, retry_failed_runs
 
@@ -89,6 +89,10 @@ class ChaosRun:
     faults: list[Fault] = field(default_factory=list)
     #: digest -> record folder of every complete record seen in place during the run
     seen: dict[str, str] = field(default_factory=dict)
+    #: digest -> its files (relative path, size): what a lost record held, for the failure's text
+    seen_files: dict[str, list] = field(default_factory=dict)
+    #: record folder -> digest at the last snapshot
+    last: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     invocations: int = 0
     orphans: set = field(default_factory=set)  # job names of the Snakemakes killed or ended
@@ -110,10 +114,16 @@ class ChaosRun:
         return self.proc is not None and self.proc.poll() is None
 
     def snapshot(self) -> None:
-        """Remember every complete record in place now (moved there whole: os.replace)."""
-        for folder, digest in record_fingerprints(self.results).items():
-            if f"/{layout.ARCHIVE_DIR}/" not in folder:
-                self.seen.setdefault(digest, folder)
+        """Remember every complete record in place now, once two snapshots in a row read it
+        alike: one read races the moves and removals the run makes (a record replaced by
+        os.replace, an output Snakemake deletes before it re-runs its job), and a folder read
+        half-way through one of them is no state any record ever had."""
+        now = in_place_fingerprints(self.results)
+        for folder, digest in now.items():
+            if self.last.get(folder) == digest and digest not in self.seen:
+                self.seen[digest] = folder
+                self.seen_files[digest] = files_of(Path(folder))
+        self.last = now
 
     def train_jobs(self, stepping: bool = False, live: bool = False) -> list[str]:
         """Ids of the SLURM jobs running a train rule now; ``stepping``: only those whose run
@@ -138,6 +148,24 @@ class ChaosRun:
     def pick_train_job(self) -> str | None:
         jobs = self.train_jobs(stepping=True, live=True) or self.train_jobs(stepping=True)
         return self.rng.choice(sorted(jobs)) if jobs else None
+
+
+def in_place_fingerprints(results: Path) -> dict[str, str]:
+    """Record folder (``<scenario>/rep<k>``, in place) -> sha256_tree; a folder that changes
+    while it is read (moved, removed) is left out of this snapshot."""
+    prints = {}
+    for metrics in results.glob("*/rep*/metrics.json"):
+        if re.fullmatch(r"rep\d+", metrics.parent.name):
+            with contextlib.suppress(OSError):
+                prints[str(metrics.parent)] = sha256_tree(metrics.parent)
+    return prints
+
+
+def files_of(folder: Path) -> list[tuple[str, int]]:
+    with contextlib.suppress(OSError):
+        return sorted((str(p.relative_to(folder)), p.stat().st_size)
+                      for p in folder.rglob("*") if p.is_file())  # fmt: skip
+    return []
 
 
 # --------------------------------------------------------------------------- the faults
@@ -355,7 +383,7 @@ def judge(chaos: ChaosRun) -> Verdict:
         planned=planned,
         missing=[run for run in planned if run not in current],
         extra=sorted(current - set(planned)),
-        lost=[folder for digest, folder in chaos.seen.items() if digest not in final],
+        lost=[lost_record(chaos, digest) for digest in chaos.seen if digest not in final],
         retried={run: n for run, n in retried.items() if n},
         retry_left=retryable_left(chaos),
         outcomes=outcomes,
@@ -366,6 +394,19 @@ def judge(chaos: ChaosRun) -> Verdict:
             if f"retried:{n}" not in html
         ],  # fmt: skip
     )
+
+
+def lost_record(chaos: ChaosRun, digest: str) -> str:
+    """A lost record's folder, the files it held when seen, and those of what is left of its
+    run (in place, and each archived copy): what the failure's text needs to find the cause."""
+    folder = Path(chaos.seen[digest])
+    run = folder.relative_to(chaos.results)
+    archive = Path(
+        layout.archive_dir(chaos.results, run.parts[0], int(folder.name[3:]), "x")
+    ).parent
+    left = {str(p.relative_to(chaos.results)): files_of(p)
+            for p in [folder, *sorted(archive.glob("*"))] if p.is_dir()}  # fmt: skip
+    return f"{run} (seen holding {chaos.seen_files[digest]}; now {left})"
 
 
 def retries_by_scenario(retried: dict[str, int]) -> dict[str, int]:

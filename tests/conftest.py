@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -17,7 +16,7 @@ import pytest
 from filelock import FileLock
 
 from offload_study.admission.admit import admitted_runs
-from offload_study.core.contracts import RunSpec, read_calibration, write_calibration
+from offload_study.core.contracts import RunSpec, read_calibration, sha256_tree, write_calibration
 from offload_study.core.study import load_cluster, load_study, validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,10 +157,7 @@ def record_fingerprints(results: Path) -> dict[str, str]:
         folder = metrics.parent
         if ".tmp-" in str(folder.relative_to(results)):
             continue
-        digest = hashlib.sha256()
-        for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-            digest.update(str(f.relative_to(folder)).encode() + b"\0" + f.read_bytes())
-        prints[str(folder)] = digest.hexdigest()
+        prints[str(folder)] = sha256_tree(folder)
     return prints
 
 

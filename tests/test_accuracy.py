@@ -58,6 +58,15 @@ def test_leave_one_study_out_never_fits_on_the_judged_study():
     assert judged == [3.0, 3.0, 1.0]
 
 
+def test_noise_floor_counts_what_one_value_per_setup_can_meet_at_best():
+    # b spreads 0.50 to 0.91 (+82 %): no one value is within 10 % of both ends; 0.55 meets
+    # the two low ones; a's three lie within 10 % of ~1.0
+    floor = accuracy.noise_floor({"a": [1.0, 1.05, 0.95], "b": [0.5, 0.52, 0.91]}, 0.10)
+    assert (floor.hits, floor.records) == (5, 6)
+    assert floor.widest[0] == "b" and floor.widest[1] == pytest.approx(0.82)
+    assert accuracy.noise_floor({"c": [2.0]}, 0.1).hits == 1  # measured once: always met
+
+
 def test_fit_reserved_recovers_a_linear_slack_and_fit_context_its_median():
     samples = [((1.0, x, 2 * x + 1, 0.0), 5.0 + 0.5 * x) for x in (1.0, 2.0, 4.0, 8.0)]
     coef = accuracy.fit_reserved(samples)

@@ -189,6 +189,8 @@ def test_recommend_on_a_study_without_the_block_says_so(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its margin's CI is a timing: in CI, under the other workers' load, the
+# paired CI of a 5x difference once straddled 1 ("inconclusive"); run alone it is [4.5, 6.1]
 def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     """Micro-batch 1 (8 micro-steps per optimizer step) against micro-batch 8 (one) at the same
     global batch: on CPU the tiny model's per-micro-step overhead makes micro-batch 1 several

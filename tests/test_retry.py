@@ -183,6 +183,53 @@ def test_ok_and_missing_records_are_left_alone(tmp_path):
     assert (study_dir(tmp_path) / "s" / "rep0" / "metrics.json").is_file()
 
 
+def every_record_tree(root: Path) -> set[str]:
+    """sha256_tree of every complete record, in place or archived."""
+    return {contracts.sha256_tree(m.parent) for m in study_dir(root).rglob("metrics.json")}
+
+
+def test_a_second_runner_of_one_run_replaces_the_record_and_loses_no_byte_of_it(tmp_path):
+    """The SLURM job of a killed Snakemake runs on beside its re-submission: two runners of one
+    run. The first placed, then something wrote into its record (a late log line); the second
+    places over it. The first, as it was in place, moves into the archive: no byte is lost."""
+    root, scratch = tmp_path / "w", tmp_path / "scratch"
+    first = place_failed(root, scratch, "2026-12-01T10:00:00Z", "ok", None)
+    with open(first / "logs" / "late.log", "w") as fh:
+        fh.write("a line after the record was placed\n")
+    seen = contracts.sha256_tree(first)
+    second = place_failed(root, scratch, "2026-12-01T10:05:00Z", "ok", None)
+    assert read_json(second / "metrics.json")["finished_at"] == "2026-12-01T10:05:00Z"
+    assert seen in every_record_tree(root)
+    assert len(archived(root)) == 3  # each placed copy, and the first as it was in place
+    assert not [p for p in second.parent.iterdir() if p.name != "rep0"]  # no half copy left
+
+
+def test_a_retried_record_changed_after_it_was_placed_moves_to_the_archive_whole(tmp_path):
+    root = tmp_path / "w"
+    record = place_failed(root, tmp_path / "scratch", "2026-12-01T10:00:00Z")
+    (record / "logs" / "late.log").write_text("written after placement\n")
+    seen = contracts.sha256_tree(record)
+    (note,) = placement.retry_failed_runs(study_dir(root), [("s", 0)], BUDGET)
+    assert note.retried and not record.exists() and seen in every_record_tree(root)
+    # two archived copies of one failure (the same metrics.json) are one attempt, not two
+    assert len(archived(root)) == 2 and note.failures == 1
+
+
+def test_a_temp_record_is_removed_only_by_a_runner_on_its_own_host(tmp_path, monkeypatch):
+    """Results live on a filesystem the nodes share: a pid of another host says nothing here."""
+    outdir = tmp_path / "s" / "rep0"
+    dead = 2**22 + 1  # above Linux's pid_max: no process has it
+    other_host = tmp_path / "s" / f"rep0.tmp-node-elsewhere-{dead}"
+    mine_dead = tmp_path / "s" / f"rep0.tmp-{placement._host()}-{dead}"
+    legacy = tmp_path / "s" / f"rep0.tmp-{dead}"  # before hosts were named: this host's
+    for temp in (other_host, mine_dead, legacy):
+        (temp / "logs").mkdir(parents=True)
+    own = placement.temp_record(outdir)
+    assert own.root.name == f"rep0.tmp-{placement._host()}-{placement.os.getpid()}"
+    assert sorted(placement.remove_interrupted_records(outdir)) == sorted([mine_dead, legacy])
+    assert other_host.is_dir() and own.root.is_dir()
+
+
 # --------------------------------------------------------------------------- results disk full
 @pytest.fixture
 def full_disk(tmp_path):

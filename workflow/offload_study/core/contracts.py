@@ -230,6 +230,15 @@ def sha256_file(path: str | Path, missing_ok: bool = False) -> str | None:
         raise
 
 
+def sha256_tree(folder: str | Path) -> str:
+    """sha256 over every file of a folder (relative path, then bytes, in path order): one
+    digest for a whole run record, so that "the same record" means every byte of it."""
+    folder, digest = Path(folder), hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(f.relative_to(folder)).encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
+
+
 def plain_data(value: Any) -> Any:
     """``dataclasses.asdict`` for the plain data of contracts (dataclasses, dicts, lists, tuples
     of JSON values), without its deep copy of every leaf: a 1,000-run dry run converts each run

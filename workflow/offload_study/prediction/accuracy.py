@@ -9,6 +9,8 @@ pairs, used by benchmarks/prediction_accuracy.py and its tests.
 - :func:`band`: the error band, the largest absolute relative error (or a quantile of them).
 - :func:`leave_one_study_out`: evaluate constants fitted on every other study's records only.
 - :func:`fit_reserved`, :func:`fit_context`: the constants of predict.gpu_reserved_bytes.
+- :func:`noise_floor`: how many records any one prediction per setup could meet at best, when
+  the same setup measured more than once (repeats, other leases) spreads.
 """
 
 from __future__ import annotations
@@ -105,6 +107,31 @@ def band(errors: Iterable[float | None], quantile: float | None = None) -> float
     low = math.floor(position)
     high = min(low + 1, len(values) - 1)
     return values[low] + (values[high] - values[low]) * (position - low)
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The best any predictor of one value per setup can do against records that spread."""
+
+    hits: int  # records within the tolerance of the best single value for their setup
+    records: int
+    widest: tuple[str, float]  # (setup, max / min - 1) of the setup that spread most
+
+
+def noise_floor(measured: dict[str, Sequence[float]], tol: float) -> NoiseFloor:
+    """For setups measured more than once (``measured``: setup -> its records' values), the
+    records within ``tol`` (relative) of the one value per setup that meets the most of them:
+    an upper bound on the records any deterministic prediction meets. The candidates are the
+    values that put a record at the edge of the band, the only places the count can change."""
+    hits = records = 0
+    widest = ("", 0.0)
+    for setup, values in measured.items():
+        records += len(values)
+        spread = max(values) / min(values) - 1
+        widest = max(widest, (setup, spread), key=lambda w: w[1])
+        edges = [v * (1 + side * tol) for v in values for side in (-1, 1)]
+        hits += max(sum(abs(p / v - 1) <= tol + 1e-12 for v in values) for p in edges)
+    return NoiseFloor(hits, records, widest)
 
 
 def leave_one_study_out(

@@ -42,6 +42,7 @@ from offload_study.prediction.predict import (
     StepTime,
     activation_parts,
     flops_per_micro_step,
+    layer_activation_bytes,
     model_shape,
 )
 
@@ -65,19 +66,51 @@ def root_params(shape: ModelShape) -> int:
 
 
 def gpu_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
-    """Bytes per GPU at the peak, by what holds them."""
+    """Bytes per GPU at the peak, by what holds them: the larger of two moments of a step (the
+    states held all step long are in both)."""
+    return max(at_the_loss(spec, shape), in_the_first_layers_backward(spec, shape),
+               key=lambda parts: sum(parts.values()))  # fmt: skip
+
+
+def held_states(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """On the GPU all step long without offload: the fp32 shards of the parameters and of the
+    Adam moments (the gradients' are made in the backward and freed by zero_grad)."""
+    if offloads(spec):
+        return {}
+    shard = math.ceil(shape.params / spec.world_size)
+    return {f"{name} (fp32 shard)": STATE_BYTES[name] * shard
+            for name in ("parameters", "Adam moments")}  # fmt: skip
+
+
+def at_the_loss(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """The forward done: every activation saved, the logits and the loss; the root unsharded
+    and the last layer's parameters not resharded yet."""
+    b = DTYPE_BYTES[spec.dtype]
+    return {
+        **held_states(spec, shape),
+        "unsharded parameters: root (embeddings, norm, LM head)": float(b * root_params(shape)),
+        "unsharded parameters: the last layer": float(b * layer_params(shape)),
+        **activation_parts(spec, shape),
+    }
+
+
+def in_the_first_layers_backward(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """The backward's end, where the gradients have grown faster than the saved activations
+    shrank (a layer's fp32 gradient shard outweighs its saved input): every gradient shard made,
+    the first layer computing and the next unit prefetched, one layer's gradients in flight, one
+    layer's activations (recomputed under checkpointing)."""
     b, world, layer = DTYPE_BYTES[spec.dtype], spec.world_size, layer_params(shape)
     parts = {
+        **held_states(spec, shape),
         "unsharded parameters: two layers (computing, prefetched)": 2.0 * b * layer,
         "unsharded parameters: root (embeddings, norm, LM head)": float(b * root_params(shape)),
         "one layer's gradients (compute dtype + fp32 for the reduce-scatter)": (b + FP32) * layer,
-        **activation_parts(spec, shape),
+        "one layer's activations": layer_activation_bytes(spec, shape),
     }
     if offloads(spec):
         parts["fp32 shards of two layers copied up for their all-gather"] = 2 * FP32 * layer / world
     else:
-        for name, per_param in STATE_BYTES.items():
-            parts[f"{name} (fp32 shard)"] = per_param * math.ceil(shape.params / world)
+        parts["gradients (fp32 shard)"] = FP32 * math.ceil(shape.params / world)
     return parts
 
 

@@ -134,7 +134,7 @@ class AcceleratorFit:
 #: it leaving each study out): nvml's used memory less torch's reserved peak is 1.89-1.94 GiB
 #: on one GPU (2.7 with NCCL's buffers on two).
 RESERVED_FIT = {"cuda_context_gib": 1.918,
-                "reserved_slack": (7.344e8, 1.3, -0.04566, 0.2121)}  # fmt: skip
+                "reserved_slack": (4.442e8, 1.459, -0.05392, 0.2121)}  # fmt: skip
 FITS = {
     # H200 records (docs/results): the 7B on 2 GPUs reaches ~52 % of the measured 790 TFLOP/s;
     # the 134M-1.3B models take ~0.02 s per layer and micro-step whatever their size; FusedAdam
@@ -257,11 +257,20 @@ def _pow2(nbytes: float) -> float:
 
 
 # --------------------------------------------------------------------------- memory
+def layer_activation_bytes(spec: RunSpec, shape: ModelShape) -> float:
+    """What one decoder layer's forward saves for its backward (a recomputed layer's too)."""
+    b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden
+    return tokens * ((8 + 2 * shape.kv_heads / shape.heads) * h + 4 * shape.ffn) * b
+
+
 def activation_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
     """Activation bytes at the peak of one micro-step on one GPU."""
     b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden
-    layer = tokens * ((8 + 2 * shape.kv_heads / shape.heads) * h + 4 * shape.ffn) * b
-    loss = tokens * shape.vocab * (2 * b + 8)
+    layer = layer_activation_bytes(spec, shape)
+    # the loss: the logits (dtype), their fp32 upcast and its gradient; and what the final
+    # norm and the head saved for the backward: the last layer's output, the norm's fp32 upcast
+    # of it (HF's RMSNorm computes in fp32) and the normed input of the head (dtype)
+    loss = tokens * shape.vocab * (2 * b + 8) + tokens * h * (2 * b + 4)
     if spec.gradient_checkpointing:
         return {
             "checkpointed layer inputs": shape.layers * tokens * h * b,
@@ -279,7 +288,12 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     # a CPU rank's bucket is host memory: only the pages the gradients fill become resident
     bucket = k.reduce_bucket if spec.accelerator == "cuda" else min(k.reduce_bucket, shape.params)
     kept = optimizer_split(spec, shape, k).device_params  # sub-groups whose optimizer is here
-    one_group_grads = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
+    activations = activation_parts(spec, shape)
+    # the optimizer step makes one sub-group's fp32 gradients at a time, after the backward
+    # freed the loss and the recomputed layer: only what it needs beyond those adds to the peak
+    transient = activations.get("loss or one recomputed layer", activations.get("logits and loss"))
+    one_group = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
+    one_group_grads = max(0.0, one_group - transient)
     return {
         "parameters (partition)": b * part if params_here else 0.0,
         "gradients (partition)": b * part if opt_here else 0.0,
@@ -291,7 +305,7 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
         "persistent small parameters": float(b * small * shape.hidden),
         "reduce bucket": float(b * bucket) if k.contiguous_gradients else 0.0,
         **zenflow_gpu_parts(spec, part, k),
-        **activation_parts(spec, shape),
+        **activations,
     }
 
 

@@ -1,9 +1,15 @@
 """Where a run record lives: written in a temp folder, moved into place, archived.
 
-A record is written into ``<outdir>.tmp-<pid>`` and moved into place when complete, so a reader
-never sees half a record; the finished record is also copied into
+A record is written into ``<outdir>.tmp-<host>-<pid>`` and moved into place when complete, so a
+reader never sees half a record; the finished record is also copied into
 ``results/<cluster>/<study>/archive/<scenario>/rep<K>/<finished_at>-<sha8>/``. The half record of a
-run whose runner died (node failure, SIGKILL) is removed by the next run of the same outdir.
+run whose runner died (SIGKILL, a node gone) is removed by the next run of the same outdir on the
+same host (on another host, a runner's pid says nothing: its temp record is left alone).
+
+A record leaves its place only for the archive: before one is replaced (a second runner of the
+same run, e.g. the SLURM job of a killed Snakemake still running beside its re-submission) or
+taken out for a retry, it is moved into the archive unless a copy of every byte of it
+(:func:`offload_study.core.contracts.sha256_tree`) is there already.
 
 A record whose failure the retry policy re-runs (:data:`offload_study.training.outcome.RETRY_POLICY`)
 leaves its place for the archive when the workflow is parsed (:func:`retry_failed_runs`), so that
@@ -15,32 +21,54 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from offload_study.core import layout
-from offload_study.core.contracts import RecordDir, read_json, sha256_file
+from offload_study.core.contracts import (
+    METRICS_FILE,
+    RecordDir,
+    read_json,
+    sha256_file,
+    sha256_tree,
+)
 from offload_study.training.outcome import RETRY_POLICY, failure_cause
 
 
+def _host() -> str:
+    """This host's name as a temp record's name carries it (no '/', nothing odd)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+
+
 def temp_record(outdir: Path) -> RecordDir:
-    """A fresh temp record beside outdir (with its logs folder) for this process."""
+    """A fresh temp record beside outdir (with its logs folder) for this process on this host:
+    results live on a filesystem that the nodes share, where pids of two nodes can be equal."""
     outdir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = outdir.with_name(outdir.name + f".tmp-{os.getpid()}")
+    tmp = outdir.with_name(outdir.name + f".tmp-{_host()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     record = RecordDir(tmp)
     record.logs.mkdir(parents=True)
     return record
 
 
+def _writer(temp: Path) -> tuple[str, int] | None:
+    """(host, pid) of the runner of a temp record ``rep<k>.tmp-<host>-<pid>``; a name without a
+    host (``.tmp-<pid>``, written before hosts were named) is taken for this host's."""
+    host, _, pid = temp.name.partition(".tmp-")[2].rpartition("-")
+    return (host or _host(), int(pid)) if pid.isdigit() else None
+
+
 def remove_interrupted_records(outdir: Path) -> list[Path]:
-    """Temp records of runs whose runner is gone (node failure, SIGKILL): this run redoes them."""
+    """Temp records of runs on this host whose runner is gone (SIGKILL, a node that rebooted):
+    this run redoes them. A runner on another host may still be running: its temp is left."""
     removed = []
     for path in outdir.parent.glob(outdir.name + ".tmp-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+        writer = _writer(path)
+        if writer and writer != (_host(), os.getpid()) and writer[0] == _host():
+            if not _pid_alive(writer[1]):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
     return removed
 
 
@@ -85,6 +113,8 @@ def place(record: RecordDir, outdir: Path, scenario: str, repeat: int, finished_
     except OSError as e:  # a full disk: no half copy in the archive, the record in place kept
         shutil.rmtree(archive, ignore_errors=True)
         raise OSError(e.errno, f"cannot archive the record {record.root} to {archive}: {e}") from e
+    if outdir.exists():  # another runner of this run placed its record meanwhile
+        leave_for_archive(outdir, archive.parent)
     move_into_place(record.root, outdir)
     return archive
 
@@ -111,13 +141,17 @@ class RetryNote:
 
 
 def _archived(archive: Path) -> list[tuple[Path, dict]]:
-    """(copy, its metrics) of every archived copy of one run (unreadable ones left out)."""
-    found = []
-    for copy in sorted(archive.glob("*/metrics.json")):
+    """(copy, its metrics) of every archived attempt of one run, one per metrics.json (a record
+    archived twice, other bytes beside the same metrics, is one attempt; unreadable ones out)."""
+    found, seen = [], set()
+    for copy in sorted(archive.glob(f"*/{METRICS_FILE}")):
         try:
-            found.append((copy.parent, read_json(copy)))
+            sha, metrics = sha256_file(copy), read_json(copy)
         except (OSError, ValueError):
             continue
+        if sha not in seen:
+            seen.add(sha)
+            found.append((copy.parent, metrics))
     return found
 
 
@@ -179,20 +213,33 @@ def retry_failed_run(study: Path, scenario: str, repeat: int, retries: dict, mov
     failures = max(1, retried_failures(archive))
     retried, why = retry_decision(cause, failures, retries)
     if retried and move:
-        _leave_for_archive(record, archive, metrics)
+        leave_for_archive(record, archive)
     return RetryNote(record, cause, failures, retried, why)
 
 
-def _leave_for_archive(record: Path, archive: Path, metrics: dict) -> None:
-    """Remove a record from its place; it is kept in the archive (copied there when placed)."""
-    sha = sha256_file(record / "metrics.json")
-    if not any(sha256_file(c / "metrics.json", True) == sha for c, _ in _archived(archive)):
-        stamp = re.sub(r"[^0-9TZ]", "", str(metrics.get("finished_at") or "unplaced"))
+def _archived_whole(record: Path, archive: Path) -> bool:
+    """Whether the archive of the run holds a copy of every byte of ``record``."""
+    tree = sha256_tree(record)
+    return any(sha256_tree(c.parent) == tree for c in archive.glob(f"*/{METRICS_FILE}"))
+
+
+def leave_for_archive(record: Path, archive: Path) -> None:
+    """Take a record out of its place, keeping it: it moves into the run's ``archive`` folder
+    unless a copy of every byte of it is there (placed copies are, from :func:`place`)."""
+    if not _archived_whole(record, archive):
+        sha = sha256_file(record / METRICS_FILE, missing_ok=True) or "nometrics"
+        try:
+            finished = read_json(record / METRICS_FILE).get("finished_at")
+        except (OSError, ValueError, AttributeError):
+            finished = None
+        stamp = re.sub(r"[^0-9TZ]", "", str(finished or "unplaced"))
         target = archive / f"{stamp}-{sha[:8]}"
+        if target.exists():  # the same metrics, other bytes beside them: a name of its own
+            target = archive / f"{stamp}-{sha[:8]}-{sha256_tree(record)[:8]}"
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(record, target)
         return
-    gone = record.with_name(record.name + f".retried-{os.getpid()}")
+    gone = record.with_name(record.name + f".gone-{_host()}-{os.getpid()}")
     os.replace(record, gone)  # out of place at once, then deleted
     shutil.rmtree(gone, ignore_errors=True)
 
