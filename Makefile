@@ -30,8 +30,9 @@ study: debian-study $(VENV)/.ops
 # --dist worksteal: an idle worker takes queued tests from a busy one (the durations vary from
 # ms to minutes). Measured 2026-12-01 from a fresh clone on the idle 2-core dev machine: 909
 # tests in 17 min 52 s, `make test` 18 min 16 s (README); serially 22.5 min for 823 tests before.
-# Tests marked `alone` judge timing (an adaptive run that must reach its CI target): they run
-# after the parallel ones, by themselves, so that the other workers' load is not their noise.
+# Tests marked `alone` judge timing (an adaptive run that must reach its CI target, a speed
+# margin whose CI must clear 1): they run after the parallel ones, by themselves, so that the
+# other workers' load is not their noise.
 test: debian-test $(VENV)/.ops
 	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not alone"
 	$(BIN)/python -m pytest -q -rs -m alone

@@ -4,10 +4,12 @@ at random. Nothing is lost: every planned run ends with one current record, ever
 complete is still there byte for byte, the report lists every run that is not ok.
 
 The seed is printed; ``CHAOS_SEED=<seed>`` repeats its choices; ``CHAOS_SEED=random`` draws one.
-`make test` uses seed 7 (reproducible CI). Seed 1801717880 found a loss on 2026-12-01 (a record
-replaced while a killed Snakemake's job and the restarted one's ran the same run: issue 28 stays
-open on it). Sized for the CI budget (~4 min on
-2 cores): a 1-rank tiny Llama, 1 warm-up + 2 steps, the session's calibration.
+`make test` uses seed 7 (reproducible CI); random seeds are run too (docs/benchmarks.md, "chaos
+run"). Seed 1801717880 once reported a loss, which led to two fixes: a record now leaves its
+place only for the archive (placement.leave_for_archive), and a record counts as seen only when
+two snapshots in a row read it alike (a single read can catch an output Snakemake is deleting).
+Sized for the CI budget (~6-10 min on 2 cores under the suite's load): a 1-rank tiny Llama,
+1 warm-up + 2 steps, the session's calibration.
 """
 
 from __future__ import annotations
