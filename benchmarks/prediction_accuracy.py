@@ -145,11 +145,17 @@ def noise_floor_lines(rows: list[dict]) -> list[str]:
     floor = accuracy.noise_floor(by_setup, TARGETS["step"])
     again = sum(len(v) for v in by_setup.values() if len(v) > 1)
     setup, spread = floor.widest
+    # the out-of-sample prediction of each record (its LOSO error applied to what it measured)
+    predicted = [(r["step"][1] * (1 + r["step_error"]), by_setup[r["setup"]])
+                 for r in ok if r.get("step_error") is not None]  # fmt: skip
+    in_spread = sum(accuracy.within_spread(p, m, TARGETS["step"]) for p, m in predicted)
     return [
         f"GPU step time noise floor: {again} of {floor.records} ok records share their setup "
         f"with another (repeats, other studies' leases); the best one value per setup is within "
         f"{TARGETS['step']:.0%} of {floor.hits}/{floor.records}; widest spread {spread:+.0%} "
-        f"({', '.join(sorted(names[setup]))})"
+        f"({', '.join(sorted(names[setup]))})",
+        f"GPU step time against the noise: {in_spread}/{len(predicted)} predictions (LOSO) within "
+        f"{TARGETS['step']:.0%} of the range their setup measured",
     ]
 
 

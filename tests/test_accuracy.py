@@ -65,6 +65,9 @@ def test_noise_floor_counts_what_one_value_per_setup_can_meet_at_best():
     assert (floor.hits, floor.records) == (5, 6)
     assert floor.widest[0] == "b" and floor.widest[1] == pytest.approx(0.82)
     assert accuracy.noise_floor({"c": [2.0]}, 0.1).hits == 1  # measured once: always met
+    assert accuracy.within_spread(0.56, [0.5, 0.91], 0.10)  # inside the measured range
+    assert accuracy.within_spread(0.455, [0.5, 0.91], 0.10)  # 9 % under its low end
+    assert not accuracy.within_spread(1.01, [0.5, 0.91], 0.10)  # 11 % over its high end
 
 
 def test_fit_reserved_recovers_a_linear_slack_and_fit_context_its_median():

@@ -10,7 +10,8 @@ pairs, used by benchmarks/prediction_accuracy.py and its tests.
 - :func:`leave_one_study_out`: evaluate constants fitted on every other study's records only.
 - :func:`fit_reserved`, :func:`fit_context`: the constants of predict.gpu_reserved_bytes.
 - :func:`noise_floor`: how many records any one prediction per setup could meet at best, when
-  the same setup measured more than once (repeats, other leases) spreads.
+  the same setup measured more than once (repeats, other leases) spreads; :func:`within_spread`:
+  a prediction judged against its setup's measured range.
 """
 
 from __future__ import annotations
@@ -132,6 +133,12 @@ def noise_floor(measured: dict[str, Sequence[float]], tol: float) -> NoiseFloor:
         edges = [v * (1 + side * tol) for v in values for side in (-1, 1)]
         hits += max(sum(abs(p / v - 1) <= tol + 1e-12 for v in values) for p in edges)
     return NoiseFloor(hits, records, widest)
+
+
+def within_spread(predicted: float, measured: Sequence[float], tol: float) -> bool:
+    """Whether a prediction lies within ``tol`` of the range its setup's records measured
+    ([min x (1 - tol), max x (1 + tol)]): the step target judged against the records' noise."""
+    return min(measured) * (1 - tol) <= predicted <= max(measured) * (1 + tol)
 
 
 def leave_one_study_out(
