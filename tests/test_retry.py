@@ -204,6 +204,15 @@ def test_a_second_runner_of_one_run_replaces_the_record_and_loses_no_byte_of_it(
     assert not [p for p in second.parent.iterdir() if p.name != "rep0"]  # no half copy left
 
 
+def test_a_folder_without_a_record_is_replaced_not_archived(tmp_path):
+    """Snakemake makes a job's output folder before the job runs: that empty folder is no
+    record, and the run's one archived copy is its own."""
+    root = tmp_path / "w"
+    (study_dir(root) / "s" / "rep0").mkdir(parents=True)
+    record = place_failed(root, tmp_path / "scratch", "2026-12-01T10:00:00Z", "ok", None)
+    assert (record / "metrics.json").is_file() and len(archived(root)) == 1
+
+
 def test_a_retried_record_changed_after_it_was_placed_moves_to_the_archive_whole(tmp_path):
     root = tmp_path / "w"
     record = place_failed(root, tmp_path / "scratch", "2026-12-01T10:00:00Z")

@@ -113,7 +113,9 @@ def place(record: RecordDir, outdir: Path, scenario: str, repeat: int, finished_
     except OSError as e:  # a full disk: no half copy in the archive, the record in place kept
         shutil.rmtree(archive, ignore_errors=True)
         raise OSError(e.errno, f"cannot archive the record {record.root} to {archive}: {e}") from e
-    if outdir.exists():  # another runner of this run placed its record meanwhile
+    # another runner of this run placed its record meanwhile (an empty folder is no record:
+    # Snakemake makes the output's folder before the job starts)
+    if (outdir / METRICS_FILE).exists():
         leave_for_archive(outdir, archive.parent)
     move_into_place(record.root, outdir)
     return archive
