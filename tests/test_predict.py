@@ -84,12 +84,14 @@ def test_gpu_memory_without_offload_by_hand():
     assert 4 * part < loss and got["fp32 gradients of one sub-group"] == 0
 
 
-def test_the_steps_fp32_gradients_add_only_what_the_freed_loss_does_not_hold():
+def test_the_steps_fp32_gradients_add_only_what_the_freed_activations_do_not_hold():
     spec = gpu_spec(micro_batch=1, seq_len=16)  # 16 tokens: a small loss
     got = parts(spec)
     loss = 16 * 1000 * 12 + 16 * 64 * 8
+    checkpoints = 2 * 16 * 64 * 2  # 2 layers' inputs, bf16
     assert got["loss or one recomputed layer"] == loss
-    assert got["fp32 gradients of one sub-group"] == 4 * P - loss > 0
+    assert got["checkpointed layer inputs"] == checkpoints
+    assert got["fp32 gradients of one sub-group"] == 4 * P - loss - checkpoints > 0
 
 
 def test_offload_moves_states_off_the_gpu():

@@ -290,10 +290,9 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     kept = optimizer_split(spec, shape, k).device_params  # sub-groups whose optimizer is here
     activations = activation_parts(spec, shape)
     # the optimizer step makes one sub-group's fp32 gradients at a time, after the backward
-    # freed the loss and the recomputed layer: only what it needs beyond those adds to the peak
-    transient = activations.get("loss or one recomputed layer", activations.get("logits and loss"))
+    # freed the activations and the loss: only what it needs beyond those adds to the peak
     one_group = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
-    one_group_grads = max(0.0, one_group - transient)
+    one_group_grads = max(0.0, one_group - sum(activations.values()))
     return {
         "parameters (partition)": b * part if params_here else 0.0,
         "gradients (partition)": b * part if opt_here else 0.0,
