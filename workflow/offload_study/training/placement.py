@@ -84,9 +84,13 @@ def _pid_alive(pid: int) -> bool:
 
 def archive_dir(outdir: Path, scenario: str, repeat: int, finished_at: str, sha: str) -> Path:
     """results/<cluster>/<study>/archive/<scenario>/rep<K>/<finished_at>-<sha8>/"""
-    stamp = re.sub(r"[^0-9TZ]", "", finished_at)
     study = layout.study_of_record(outdir.resolve())
-    return layout.archive_dir(study, scenario, repeat, f"{stamp}-{sha[:8]}")
+    return layout.archive_dir(study, scenario, repeat, copy_name(finished_at, sha))
+
+
+def copy_name(finished_at: str | None, sha: str) -> str:
+    """An archived copy's folder name: ``<finished_at digits>-<sha8>`` (sha of metrics.json)."""
+    return f"{re.sub(r'[^0-9TZ]', '', str(finished_at or 'unplaced'))}-{sha[:8]}"
 
 
 def move_into_place(tmp: Path, outdir: Path) -> None:
@@ -234,10 +238,9 @@ def leave_for_archive(record: Path, archive: Path) -> None:
             finished = read_json(record / METRICS_FILE).get("finished_at")
         except (OSError, ValueError, AttributeError):
             finished = None
-        stamp = re.sub(r"[^0-9TZ]", "", str(finished or "unplaced"))
-        target = archive / f"{stamp}-{sha[:8]}"
+        target = archive / copy_name(finished, sha)
         if target.exists():  # the same metrics, other bytes beside them: a name of its own
-            target = archive / f"{stamp}-{sha[:8]}-{sha256_tree(record)[:8]}"
+            target = target.with_name(f"{target.name}-{sha256_tree(record)[:8]}")
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(record, target)
         return
