@@ -110,7 +110,7 @@ def in_the_first_layers_backward(spec: RunSpec, shape: ModelShape) -> dict[str, 
     if offloads(spec):
         parts["fp32 shards of two layers copied up for their all-gather"] = 2 * FP32 * layer / world
     else:
-        parts["gradients (fp32 shard)"] = FP32 * math.ceil(shape.params / world)
+        parts["gradients (fp32 shard)"] = STATE_BYTES["gradients"] * math.ceil(shape.params / world)
     return parts
 
 
