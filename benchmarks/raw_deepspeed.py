@@ -42,6 +42,21 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def allocator_stats(torch, device: int) -> dict:
+    """What torch's caching allocator says of its reserved memory beyond the allocated: the
+    peak of free pieces of split blocks (fragmentation), segments, retries after a failed
+    cudaMalloc (a cache flush), and OOMs."""
+    s = torch.cuda.memory_stats(device)
+    return {
+        "inactive_split_peak_gib": s.get("inactive_split_bytes.all.peak", 0) / 2**30,
+        "segments_peak": s.get("segment.all.peak"),
+        "large_pool_reserved_peak_gib": s.get("reserved_bytes.large_pool.peak", 0) / 2**30,
+        "small_pool_reserved_peak_gib": s.get("reserved_bytes.small_pool.peak", 0) / 2**30,
+        "num_alloc_retries": s.get("num_alloc_retries"),
+        "num_ooms": s.get("num_ooms"),
+    }
+
+
 def nvme_rewrite(ds_config: dict, nvme_dir: str) -> bool:
     used = False
     for key in ("offload_optimizer", "offload_param"):
@@ -182,6 +197,12 @@ def main(argv=None) -> int:
         "peak_gpu_allocated_gib": (
             torch.cuda.max_memory_allocated(local_rank) / 2**30 if is_cuda else None
         ),  # fmt: skip
+        "peak_gpu_reserved_gib": (
+            torch.cuda.max_memory_reserved(local_rank) / 2**30 if is_cuda else None
+        ),  # fmt: skip
+        # the caching allocator's own account of its slack (torch.cuda.memory_stats)
+        "allocator": allocator_stats(torch, local_rank) if is_cuda else None,
+        "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_version": torch.__version__,
         "deepspeed_version": deepspeed.__version__,
