@@ -6,10 +6,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,36 @@ def pytest_configure(config):
         os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
     config.stash[LEDGER] = ResultsLedger()
     config.pluginmanager.register(LedgerTotals(config.stash[LEDGER]), "results-ledger-totals")
+
+
+#: OFFLOAD_STUDY_TEST_TIMELINE=<file>: every test appends one line to <file> (see
+#: :func:`pytest_runtest_protocol`); benchmarks/test_timeline.py reads it.
+TIMELINE = "OFFLOAD_STUDY_TEST_TIMELINE"
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (SLURM jobs are not
+    ours: their CPU is missing)."""
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With $OFFLOAD_STUDY_TEST_TIMELINE set, a line per test (set-up and teardown included):
+    worker, start and end (epoch seconds), CPU seconds, test id, tab-separated; where the
+    parallel run's wall time goes (the Makefile's TEST_WORKERS, the CI budget)."""
+    path = os.environ.get(TIMELINE)
+    start, cpu = time.time(), _cpu_s()
+    yield
+    if path:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        line = f"{worker}\t{start:.2f}\t{time.time():.2f}\t{_cpu_s() - cpu:.2f}\t{item.nodeid}\n"
+        with open(path, "a") as out:  # one short append per test: whole lines under O_APPEND
+            out.write(line)
 
 
 #: A Llama small enough for a 2-core CPU run in seconds (the runner tests train it).
