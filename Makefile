@@ -34,9 +34,13 @@ study: debian-study $(VENV)/.ops
 # Tests marked `alone` judge timing (an adaptive run that must reach its CI target, a speed
 # margin whose CI must clear 1): they run after the parallel ones, by themselves, so that the
 # other workers' load is not their noise.
+# OFFLOAD_STUDY_TEST_SHARED (tests/conftest.py made_once): the two runs measure this machine's
+# calibration once, into a folder emptied first.
 test: debian-test $(VENV)/.ops
-	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not alone"
-	$(BIN)/python -m pytest -q -rs -m alone
+	rm -rf .pytest-shared
+	OFFLOAD_STUDY_TEST_SHARED=$(abspath .pytest-shared) $(BIN)/python -m pytest -q -rs \
+		-n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not alone"
+	OFFLOAD_STUDY_TEST_SHARED=$(abspath .pytest-shared) $(BIN)/python -m pytest -q -rs -m alone
 
 setup: debian-test $(VENV)/.ops
 

@@ -34,7 +34,7 @@ from offload_study.analysis import collect
 from offload_study.core import units
 from offload_study.core.contracts import read_calibration, read_json, write_calibration
 from offload_study.planning.plan import Plan
-from offload_study.prediction import accuracy, catalog, predict
+from offload_study.prediction import accuracy, catalog, fsdp2_model, predict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
@@ -51,6 +51,8 @@ GPU_RECORDS = {
     "docs/results/h200-1gpu/modes-h200": "config/studies/modes-h200.yaml",
     "docs/results/h200-1gpu/recommend-h200-1gpu-16g": "config/studies/recommend-h200-1gpu-16g.yaml",
     "docs/results/h200-1gpu/sweep-h200-1gpu-24g": "config/studies/sweep-h200-1gpu-24g.yaml",
+    # the two engines again with model C: FSDP2's own time per layer, judged out of sample
+    "docs/results/h200-1gpu/engines-h200-model-c": "config/studies/engines-h200-model-c.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
         "world_size", "seq_len", "dtype")  # fmt: skip
@@ -161,17 +163,31 @@ def noise_floor_lines(rows: list[dict]) -> list[str]:
 
 def _parts(spec, times) -> accuracy.StepParts:
     fit = predict.FITS[spec.accelerator]
+    per_layer = (fsdp2_model.dispatch_s_per_layer(spec) if spec.engine == "fsdp2"
+                 else fit.dispatch_s_per_layer)  # fmt: skip
     return accuracy.StepParts(times.flops_s, times.dispatch_s, times.comm_s,
                               times.pcie_s + times.optimizer_s + times.nvme_s,
-                              fit.efficiency, fit.dispatch_s_per_layer)  # fmt: skip
+                              fit.efficiency, per_layer)  # fmt: skip
 
 
-def _step_fit(rows: list[dict]) -> tuple[float, float]:
-    return accuracy.fit_compute([(r["parts"], r["step"][1]) for r in rows if r["parts"]])
+def _step_fit(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """Engine -> (efficiency, dispatch s per layer) fitted on ``rows``: DeepSpeed's both on its
+    records; FSDP2's time per layer on its records at DeepSpeed's efficiency (the matmul rate's
+    share is the GPU's, not the engine's), DeepSpeed's constants where ``rows`` hold no FSDP2."""
+
+    def samples(engine):
+        return [(r["parts"], r["step"][1]) for r in rows if r["parts"] and r["engine"] == engine]
+
+    deepspeed = accuracy.fit_compute(samples("deepspeed"))
+    fsdp2 = samples("fsdp2")
+    return {"deepspeed": deepspeed,
+            "fsdp2": accuracy.fit_compute(fsdp2, (deepspeed[0],)) if fsdp2 else deepspeed}  # fmt: skip
 
 
-def _step_error(row: dict, fit: tuple[float, float]) -> float | None:
-    return accuracy.rel_error(row["parts"].total(*fit), row["step"][1]) if row["parts"] else None
+def _step_error(row: dict, fits: dict[str, tuple[float, float]]) -> float | None:
+    if not row["parts"]:
+        return None
+    return accuracy.rel_error(row["parts"].total(*fits[row["engine"]]), row["step"][1])
 
 
 def _runtime_fit(rows: list[dict]) -> float:
@@ -215,7 +231,7 @@ def add_out_of_sample_errors(rows: list[dict]) -> None:
     if len({r["study"] for r in gpu}) < 2:
         return
     for key, (fit, evaluate) in OUT_OF_SAMPLE.items():
-        judged = accuracy.leave_one_study_out(gpu, _deepspeed_only(fit), evaluate)
+        judged = accuracy.leave_one_study_out(gpu, fit, evaluate)
         for r, err in zip(gpu, judged, strict=True):
             r[key] = err
 
@@ -226,11 +242,12 @@ def _deepspeed_only(fit):
     return lambda rows: fit([r for r in rows if r["engine"] == "deepspeed"])
 
 
-#: error key -> (fit, evaluate) of the constants refitted leaving the judged study out
+#: error key -> (fit, evaluate) of the constants refitted leaving the judged study out (the
+#: step's per engine, the memory constants DeepSpeed's)
 OUT_OF_SAMPLE = {
     "step_error": (_step_fit, _step_error),
-    "host_error": (_runtime_fit, _host_error),
-    "reserved_error": (_reserved_fit, _reserved_error),
+    "host_error": (_deepspeed_only(_runtime_fit), _host_error),
+    "reserved_error": (_deepspeed_only(_reserved_fit), _reserved_error),
 }
 
 
@@ -436,12 +453,14 @@ def print_summaries(rows: list[dict]) -> None:
         ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"
               and r["engine"] == "deepspeed"]  # fmt: skip
         slack, context = _reserved_fit(ok)
-        eff, disp = _step_fit(ok)
+        steps = _step_fit([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
+        (eff, disp), fsdp2_disp = steps["deepspeed"], steps["fsdp2"][1]
         fits = predict.FITS["cuda"]
         print(f"step fit over every GPU study: efficiency {eff:.2f}, dispatch {disp:.4f} s per "
               f"layer; runtime {units.bytes_to_gib(_runtime_fit(ok)):.2f} GiB per rank "
               f"(predict.FITS: {fits.efficiency}, {fits.dispatch_s_per_layer}, "
-              f"{fits.runtime_gib})")  # fmt: skip
+              f"{fits.runtime_gib}); FSDP2 dispatch {fsdp2_disp:.4f} s per layer "
+              f"(fsdp2_model.DISPATCH_S_PER_LAYER: {fsdp2_model.DISPATCH_S_PER_LAYER['cuda']})")  # fmt: skip
         print(
             f"reserved fit over every GPU study: reserved_slack {tuple(f'{c:.4g}' for c in slack)}"
             f", CUDA context {units.bytes_to_gib(context):.3f} GiB (predict.RESERVED_FIT)"

@@ -143,6 +143,12 @@ def place_calibration(workdir: Path, cluster: str, calibration: Path) -> None:
     write_calibration(workdir / "results" / cluster / "calibration.json", measured)
 
 
+#: A folder where :func:`made_once` keeps what it made for every pytest run that names it: the
+#: Makefile's test target empties it, then its parallel run and its `alone` run share one
+#: calibration of this machine (measuring it again alone cost ~1 min of the serial phase).
+SHARED_DIR = "OFFLOAD_STUDY_TEST_SHARED"
+
+
 def made_once(tmp_path_factory, name: str, make):
     """``make(folder)`` (-> a JSON-able value) run once per test run, in a fresh folder; the value.
 
@@ -153,6 +159,9 @@ def made_once(tmp_path_factory, name: str, make):
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # this run's pytest-<n>: one per run, shared by its workers
+    if os.environ.get(SHARED_DIR):  # `make test`'s two pytest runs share one
+        base = Path(os.environ[SHARED_DIR])
+        base.mkdir(parents=True, exist_ok=True)
     made = base / f"{name}.json"
     with FileLock(f"{made}.lock"):
         if not made.exists():

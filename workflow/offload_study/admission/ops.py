@@ -25,8 +25,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from offload_study.prediction.calibrate import host_bytes_free
-
 #: Op name -> DeepSpeed op-builder class name (each accelerator has its own implementation).
 OP_BUILDERS = {
     "cpu_adam": "CPUAdamBuilder",
@@ -215,6 +213,8 @@ def build_ops_at_once(names: list[str], accelerator: str | None = None) -> dict[
     2-core CI machine, where the four took 389 s one after the other). One after the other
     where less than AT_ONCE_MIN_FREE_GIB is free: each compiler process holds up to ~1.7 GiB.
     Prints each as it is ready; an op that fails to build raises after the others finished."""
+    from offload_study.prediction.calibrate import host_bytes_free  # its one reader of memory
+
     seconds, failed = {}, {}
     if len(names) < 2 or host_bytes_free() < AT_ONCE_MIN_FREE_GIB * 2**30:
         seconds = build_ops(names, accelerator)

@@ -227,16 +227,20 @@ EFFICIENCIES = tuple(round(0.30 + 0.01 * i, 2) for i in range(61))
 DISPATCH_S = tuple(round(0.010 + 0.0005 * i, 4) for i in range(61))
 
 
-def fit_compute(samples: Sequence[tuple[StepParts, float]]) -> tuple[float, float]:
+def fit_compute(
+    samples: Sequence[tuple[StepParts, float]], efficiencies: Sequence[float] = EFFICIENCIES
+) -> tuple[float, float]:
     """(efficiency, dispatch s per layer) minimising the squared log error of the step over
-    ``samples`` of (parts, measured step seconds), on the grids above."""
+    ``samples`` of (parts, measured step seconds), on the grids above (``efficiencies``: one
+    value to fit the time per layer alone, at an efficiency fitted elsewhere). Of equal losses
+    the first on the grids wins: the lowest time per layer where FLOPs bound every sample."""
     if not samples:
         raise ValueError("fit_compute: no samples")
 
     def loss(eff: float, disp: float) -> float:
         return sum(math.log(p.total(eff, disp) / m) ** 2 for p, m in samples)
 
-    return min(((e, d) for e in EFFICIENCIES for d in DISPATCH_S), key=lambda c: loss(*c))
+    return min(((e, d) for e in efficiencies for d in DISPATCH_S), key=lambda c: loss(*c))
 
 
 def fit_runtime(samples: Iterable[tuple[float, float, int]]) -> float:

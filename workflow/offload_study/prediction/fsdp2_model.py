@@ -16,7 +16,8 @@ What FSDP2 (offload_study.training.fsdp2) keeps where, per rank of a world of W:
 - host: the runtime, and the model as built (fp32, on the CPU, before it is sharded: the
   peak of a run whose offloaded states are smaller).
 
-Step time: the same FLOPs and host time per layer as a DeepSpeed run; collectives of a world
+Step time: the same FLOPs as a DeepSpeed run, FSDP2's own host time per layer
+(:data:`DISPATCH_S_PER_LAYER`); collectives of a world
 above 1 (all-gather each unit twice per micro-step, reduce-scatter fp32 gradients once); with
 offload the fp32 shards go up twice per micro-step and the fp32 gradients come down once; the
 optimizer step is torch AdamW: fused on the GPU (the device rate of :data:`predict.FITS`),
@@ -185,6 +186,20 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
     return spec.gradient_accumulation_steps * seconds
 
 
+#: FSDP2's host time per decoder layer and micro-step on a GPU: a pre- and post-forward and
+#: -backward hook per layer (one all-gather, one reduce-scatter), not ZeRO-3's hooks per
+#: parameter. Fitted by benchmarks/prediction_accuracy.py on the FSDP2 records of engines-h200
+#: (model A) and engines-h200-model-c (model C) at DeepSpeed's matmul efficiency: 0.0115 s,
+#: about half ZeRO-3's 0.020-0.022. Without offload both models run bound by their FLOPs
+#: (model C: 0.63 s a step at micro-batch 8, ZeRO-3 0.73-0.75 s). Elsewhere (a CPU rank)
+#: DeepSpeed's constant of :data:`predict.FITS` stands.
+DISPATCH_S_PER_LAYER = {"cuda": 0.0115}
+
+
+def dispatch_s_per_layer(spec: RunSpec) -> float:
+    return DISPATCH_S_PER_LAYER.get(spec.accelerator, FITS[spec.accelerator].dispatch_s_per_layer)
+
+
 def step_time(spec: RunSpec, cal: Calibration) -> StepTime | None:
     shape = model_shape(spec)
     if shape is None:
@@ -194,7 +209,7 @@ def step_time(spec: RunSpec, cal: Calibration) -> StepTime | None:
     rate = cal.matmul_tflops * 1e12 * fit.efficiency
     return StepTime(
         flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
-        dispatch_s=gas * shape.layers * fit.dispatch_s_per_layer,
+        dispatch_s=gas * shape.layers * dispatch_s_per_layer(spec),
         comm_s=comm_seconds(spec, shape, cal),
         pcie_s=pcie_seconds(spec, shape, cal),
         optimizer_s=optimizer_seconds(spec, shape, cal),
