@@ -125,3 +125,32 @@ def test_building_the_ops_ahead_gets_past_a_stale_lock(extensions):
     assert f"removed the stale build lock {extensions / OP / 'lock'}" in res.stderr
     assert "shm_comm: ready in" in res.stdout
     assert not (extensions / OP / "lock").exists()
+
+
+@pytest.mark.slow
+def test_the_ops_build_side_by_side_and_a_failed_one_is_named(capsys):
+    """make's step builds the ops at once, one process each (loaded here from the build make
+    did): each is printed as ready; an op that fails raises with its name once the others end."""
+    assert set(ops.build_ops_at_once(["shm_comm", "cpu_adam"], "cpu")) == {"shm_comm", "cpu_adam"}
+    out = capsys.readouterr().out
+    assert "shm_comm: ready in" in out and "cpu_adam: ready in" in out
+    with pytest.raises(RuntimeError, match="nope"):
+        ops.build_ops_at_once(["shm_comm", "nope"], "cpu")
+    assert "shm_comm: ready in" in capsys.readouterr().out
+
+
+def test_little_free_memory_builds_the_ops_one_after_the_other(monkeypatch):
+    """Under AT_ONCE_MIN_FREE_GIB free, one process builds them in turn (each compiler holds up
+    to ~1.7 GiB; at once they would be 8 on 2 cores)."""
+    from offload_study.prediction import calibrate
+
+    calls = []
+
+    def build(names, accelerator=None):
+        calls.append(list(names))
+        return dict.fromkeys(names, 1.0)
+
+    monkeypatch.setattr(calibrate, "host_bytes_free", lambda: 2**30)
+    monkeypatch.setattr(ops, "build_ops", build)
+    assert ops.build_ops_at_once(["cpu_adam", "async_io"]) == {"cpu_adam": 1.0, "async_io": 1.0}
+    assert calls == [["cpu_adam", "async_io"]]

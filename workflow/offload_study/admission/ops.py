@@ -209,8 +209,9 @@ def _say_ready(seconds: dict[str, float]) -> None:
 def build_ops_at_once(names: list[str], accelerator: str | None = None) -> dict[str, float]:
     """:func:`build_ops`, each op in its own process at the same time: most ops are one or two
     sources that keep one core busy (cpu_adam, fused_adam, shm_comm), and building them beside
-    async_io's many sources uses the cores the serial build leaves idle (~75 s less on the
-    2-core CI machine, where the four took 389 s one after the other). One after the other
+    async_io's many sources uses the cores the serial build leaves idle (on the 2-core dev
+    machine 296 s, against 389 s one after the other a day before; 470 s at another hour: its
+    speed varies, docs/benchmarks.md "make test's wall time"). One after the other
     where less than AT_ONCE_MIN_FREE_GIB is free: each compiler process holds up to ~1.7 GiB.
     Prints each as it is ready; an op that fails to build raises after the others finished."""
     from offload_study.prediction.calibrate import host_bytes_free  # its one reader of memory
