@@ -59,13 +59,15 @@ def pytest_runtest_protocol(item, nextitem):
     worker, start and end (epoch seconds), CPU seconds, test id, tab-separated; where the
     parallel run's wall time goes (the Makefile's TEST_WORKERS, the CI budget)."""
     path = os.environ.get(TIMELINE)
+    if not path:
+        yield
+        return
     start, cpu = time.time(), _cpu_s()
     yield
-    if path:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        line = f"{worker}\t{start:.2f}\t{time.time():.2f}\t{_cpu_s() - cpu:.2f}\t{item.nodeid}\n"
-        with open(path, "a") as out:  # one short append per test: whole lines under O_APPEND
-            out.write(line)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    line = f"{worker}\t{start:.2f}\t{time.time():.2f}\t{_cpu_s() - cpu:.2f}\t{item.nodeid}\n"
+    with open(path, "a") as out:  # one short append per test: whole lines under O_APPEND
+        out.write(line)
 
 
 #: A Llama small enough for a 2-core CPU run in seconds (the runner tests train it).
