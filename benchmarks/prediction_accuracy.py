@@ -118,7 +118,7 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "parts": _parts(spec, times) if cuda and times else None,
         # predicted host bytes per node less the fitted runtime of its ranks (refitted per study)
         "host_base": sum(memory.host.values())
-        - spec.gpus_per_node * units.gib_to_bytes(predict.FITS[spec.accelerator].runtime_gib),
+        - spec.gpus_per_node * units.gib_to_bytes(_runtime_gib(spec)),
         "ranks": spec.gpus_per_node,
         "allocated_bytes": sum(memory.gpu.values()) if cuda else None,
         # the verdict without force (the 40 GiB OOM run is forced on purpose)
@@ -190,15 +190,29 @@ def _step_error(row: dict, fits: dict[str, tuple[float, float]]) -> float | None
     return accuracy.rel_error(row["parts"].total(*fits[row["engine"]]), row["step"][1])
 
 
-def _runtime_fit(rows: list[dict]) -> float:
-    return accuracy.fit_runtime(
-        [(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"]) for r in rows]
-    )
+def _runtime_gib(spec) -> float:
+    """The runtime memory per rank the prediction used (each engine has its own)."""
+    if spec.engine == "fsdp2":
+        return fsdp2_model.runtime_gib(spec)
+    return predict.FITS[spec.accelerator].runtime_gib
 
 
-def _host_error(row: dict, runtime: float) -> float | None:
+def _runtime_fit(rows: list[dict]) -> dict[str, float]:
+    """Engine -> runtime bytes per rank fitted on its records in ``rows`` (FSDP2 does not load
+    DeepSpeed and its ops); DeepSpeed's where ``rows`` hold no FSDP2 record."""
+
+    def fit(engine):
+        return accuracy.fit_runtime([(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
+                                     for r in rows if r["engine"] == engine])  # fmt: skip
+
+    deepspeed = fit("deepspeed")
+    has_fsdp2 = any(r["engine"] == "fsdp2" for r in rows)
+    return {"deepspeed": deepspeed, "fsdp2": fit("fsdp2") if has_fsdp2 else deepspeed}
+
+
+def _host_error(row: dict, runtimes: dict[str, float]) -> float | None:
     measured = units.gib_to_bytes(row["host"][1])
-    return accuracy.rel_error(row["host_base"] + runtime * row["ranks"], measured)
+    return accuracy.rel_error(row["host_base"] + runtimes[row["engine"]] * row["ranks"], measured)
 
 
 def _reserved_fit(rows: list[dict]) -> tuple[tuple[float, ...], float]:
@@ -246,7 +260,7 @@ def _deepspeed_only(fit):
 #: step's per engine, the memory constants DeepSpeed's)
 OUT_OF_SAMPLE = {
     "step_error": (_step_fit, _step_error),
-    "host_error": (_deepspeed_only(_runtime_fit), _host_error),
+    "host_error": (_runtime_fit, _host_error),
     "reserved_error": (_deepspeed_only(_reserved_fit), _reserved_error),
 }
 
@@ -455,12 +469,16 @@ def print_summaries(rows: list[dict]) -> None:
         slack, context = _reserved_fit(ok)
         steps = _step_fit([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
         (eff, disp), fsdp2_disp = steps["deepspeed"], steps["fsdp2"][1]
+        runtimes = _runtime_fit([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
+        ds_gib, fsdp2_gib = (units.bytes_to_gib(runtimes[e]) for e in ("deepspeed", "fsdp2"))
         fits = predict.FITS["cuda"]
         print(f"step fit over every GPU study: efficiency {eff:.2f}, dispatch {disp:.4f} s per "
-              f"layer; runtime {units.bytes_to_gib(_runtime_fit(ok)):.2f} GiB per rank "
+              f"layer; runtime {ds_gib:.2f} GiB per rank "
               f"(predict.FITS: {fits.efficiency}, {fits.dispatch_s_per_layer}, "
               f"{fits.runtime_gib}); FSDP2 dispatch {fsdp2_disp:.4f} s per layer "
-              f"(fsdp2_model.DISPATCH_S_PER_LAYER: {fsdp2_model.DISPATCH_S_PER_LAYER['cuda']})")  # fmt: skip
+              f"(fsdp2_model.DISPATCH_S_PER_LAYER: {fsdp2_model.DISPATCH_S_PER_LAYER['cuda']}), "
+              f"runtime {fsdp2_gib:.2f} GiB (fsdp2_model.RUNTIME_GIB: "
+              f"{fsdp2_model.RUNTIME_GIB['cuda']})")  # fmt: skip
         print(
             f"reserved fit over every GPU study: reserved_slack {tuple(f'{c:.4g}' for c in slack)}"
             f", CUDA context {units.bytes_to_gib(context):.3f} GiB (predict.RESERVED_FIT)"

@@ -11,7 +11,7 @@ from conftest import make_spec
 from runs import load_record, make_run, run_runner
 
 from offload_study.admission import preflight
-from offload_study.core import contracts
+from offload_study.core import contracts, units
 from offload_study.core.contracts import RunSpec, read_steps
 
 
@@ -131,3 +131,29 @@ def test_the_report_puts_engines_side_by_side(tmp_path):
     assert "optimizer step: 500 ms more per step" in block
     single, _, _ = build_report(tmp_path / "one", paths[:1] + paths[2:3])
     assert 'id="engines"' not in single
+
+
+@pytest.mark.parametrize("cluster", ["h200-2gpu", "local-cpu"])
+def test_foreach_adams_temporary_is_held_where_foreach_steps(cluster):
+    """torch's foreach AdamW makes an fp32 sqrt of the second moments the size of the shards it
+    steps: on the host under CPUOffloadPolicy, in the device parts of a CPU rank without offload
+    (a moment of its step), nowhere on a GPU (the fused kernel makes none). FSDP2's
+    runtime memory is its own."""
+    from offload_study.prediction import fsdp2_model, predict
+
+    temp = "foreach AdamW's temporary (fp32, in the step)"
+    spec = {off: make_spec(cluster, {"name": off, "engine": "fsdp2", "gpus_per_node": 2,
+                                     "offload_optimizer": off, "offload_param": off})
+            for off in ("none", "cpu")}  # fmt: skip
+    shape = predict.model_shape(spec["none"])
+    shard = 4.0 * math.ceil(shape.params / 2)
+    host = fsdp2_model.rank_host_parts(spec["cpu"], shape)
+    assert host[temp] == shard
+    step = fsdp2_model.in_a_foreach_optimizer_step(spec["none"], shape)
+    assert step.get(temp) == (shard if cluster == "local-cpu" else None)
+    peak = sum(fsdp2_model.gpu_parts(spec["none"], shape).values())
+    assert peak >= sum(step.values()) and peak > 0
+    assert temp not in fsdp2_model.rank_host_parts(spec["none"], shape)
+    runtime = units.bytes_to_gib(fsdp2_model.rank_host_parts(spec["none"], shape)["runtime"])
+    expected = fsdp2_model.RUNTIME_GIB.get(spec["none"].accelerator)
+    assert runtime == pytest.approx(expected or predict.FITS["cpu"].runtime_gib)
