@@ -36,6 +36,8 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
          "vocab_size": 1000, "max_position_embeddings": 128}  # fmt: skip
 P = 210_240
+#: The GPU part the optimizer step adds beyond the freed activations.
+STEP_PART = "optimizer step: one sub-group's fp32 gradients or the overflow check"
 CAL = Calibration(cluster="g", accelerator="cuda", source="test", matmul_tflops=100.0,
                   matmul_dtype="bf16", cpu_adam_params_per_s=1e9, cpu_adam_threads=16,
                   h2d_gb_s=50.0, d2h_gb_s=50.0, pageable_h2d_gb_s=10.0, disk_read_gb_s=1.0,
@@ -81,7 +83,7 @@ def test_gpu_memory_without_offload_by_hand():
     assert got["loss or one recomputed layer"] == loss
     # the step makes one sub-group's fp32 gradients (sub_group_size 1e8 > part: all of them)
     # after the loss is freed: here they fit in its place and add nothing
-    assert 4 * part < loss and got["fp32 gradients of one sub-group"] == 0
+    assert 4 * part < loss and got[STEP_PART] == 0
 
 
 def test_the_steps_fp32_gradients_add_only_what_the_freed_activations_do_not_hold():
@@ -91,7 +93,24 @@ def test_the_steps_fp32_gradients_add_only_what_the_freed_activations_do_not_hol
     checkpoints = 2 * 16 * 64 * 2  # 2 layers' inputs, bf16
     assert got["loss or one recomputed layer"] == loss
     assert got["checkpointed layer inputs"] == checkpoints
-    assert got["fp32 gradients of one sub-group"] == 4 * P - loss - checkpoints > 0
+    assert got[STEP_PART] == 4 * P - loss - checkpoints > 0
+
+
+def test_fp16s_overflow_check_holds_a_byte_per_gradient_where_the_buffer_lives():
+    """DeepSpeed's fp16 step first runs isinf / isnan over the whole gradient buffer: a bool mask
+    of the partition, on the GPU without optimizer offload (beyond the freed activations, like
+    the sub-group's fp32 gradients), on the host with it; bf16 checks nothing."""
+    small = {"micro_batch": 1, "seq_len": 16}  # 16 tokens: activations smaller than the mask
+    group = {"zero": {"sub_group_size": 1000}}  # fp32 gradients of a sub-group: 4,000 B
+    fp16, bf16 = (parts(gpu_spec(group, dtype=d, **small)) for d in ("fp16", "bf16"))
+    freed = fp16["loss or one recomputed layer"] + fp16["checkpointed layer inputs"]
+    assert fp16[STEP_PART] == P - freed > 0 and bf16[STEP_PART] == 0
+    mask = "fp16 overflow check (bool mask, in the step)"
+    offload = {"gpus_per_node": 2, "offload_optimizer": "cpu"}
+    for dtype, expected in (("fp16", math.ceil(P / 2)), ("bf16", 0)):
+        spec = gpu_spec(offload, dtype=dtype)
+        rank = predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+        assert rank[mask] == expected
 
 
 def test_offload_moves_states_off_the_gpu():

@@ -252,6 +252,15 @@ def partition(spec: RunSpec, shape: ModelShape) -> int:
     return math.ceil(shape.params / spec.world_size)
 
 
+def overflow_check_bytes(spec: RunSpec, part: int) -> float:
+    """fp16's overflow check at the start of the optimizer step (DeepSpeed 0.19.8 stage3.py
+    ``has_overflow``): ``torch.isinf(self.grad_partitions_flat_buffer).any()``, then the same
+    with ``isnan``, one after the other: a bool mask of the rank's whole gradient partition,
+    1 byte per element, where that buffer lives (the host under optimizer offload, else the
+    GPU). bf16 and fp32 steps check nothing."""
+    return float(part) if spec.dtype == "fp16" else 0.0
+
+
 def _pow2(nbytes: float) -> float:
     return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 1 else nbytes
 
@@ -289,15 +298,17 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     bucket = k.reduce_bucket if spec.accelerator == "cuda" else min(k.reduce_bucket, shape.params)
     kept = optimizer_split(spec, shape, k).device_params  # sub-groups whose optimizer is here
     activations = activation_parts(spec, shape)
-    # the optimizer step makes one sub-group's fp32 gradients at a time, after the backward
-    # freed the activations and the loss: only what it needs beyond those adds to the peak
+    # the optimizer step makes one sub-group's fp32 gradients at a time (and, in fp16, checks
+    # the gradient buffer for overflow first), after the backward freed the activations and
+    # the loss: only what it needs beyond those adds to the peak
     one_group = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
-    one_group_grads = max(0.0, one_group - sum(activations.values()))
+    in_the_step = max(one_group, overflow_check_bytes(spec, part) if opt_here else 0.0)
+    one_group_grads = max(0.0, in_the_step - sum(activations.values()))
     return {
         "parameters (partition)": b * part if params_here else 0.0,
         "gradients (partition)": b * part if opt_here else 0.0,
         "fp32 master + Adam moments": ADAM_BYTES * kept,
-        "fp32 gradients of one sub-group": one_group_grads,
+        "optimizer step: one sub-group's fp32 gradients or the overflow check": one_group_grads,
         # partial offload: each GPU sub-group keeps its own fp32 gradient tensor
         "fp32 gradients of the GPU sub-groups": 0.0 if opt_here else FP32_GRAD_BYTES * kept,
         "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
@@ -384,6 +395,8 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
         parts["optimizer swap buffers (locked)"] = 4.0 * largest * k.optimizer_buffer_count
     if spec.offload_optimizer != "none":
         parts["gradients (pinned)"] = buf(float(b * part))
+        # the gradient buffer lives on the host: so does the overflow check's mask
+        parts["fp16 overflow check (bool mask, in the step)"] = overflow_check_bytes(spec, part)
     if spec.offload_param != "none":
         # the flat buffer the partitions are copied into (for NVMe up to max_in_cpu), while the
         # memory they were built in stays with the process
