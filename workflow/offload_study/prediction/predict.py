@@ -303,12 +303,12 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     # the loss: only what it needs beyond those adds to the peak
     one_group = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
     in_the_step = max(one_group, overflow_check_bytes(spec, part) if opt_here else 0.0)
-    one_group_grads = max(0.0, in_the_step - sum(activations.values()))
+    step_beyond_freed = max(0.0, in_the_step - sum(activations.values()))
     return {
         "parameters (partition)": b * part if params_here else 0.0,
         "gradients (partition)": b * part if opt_here else 0.0,
         "fp32 master + Adam moments": ADAM_BYTES * kept,
-        "optimizer step: one sub-group's fp32 gradients or the overflow check": one_group_grads,
+        "optimizer step: one sub-group's fp32 gradients or the overflow check": step_beyond_freed,
         # partial offload: each GPU sub-group keeps its own fp32 gradient tensor
         "fp32 gradients of the GPU sub-groups": 0.0 if opt_here else FP32_GRAD_BYTES * kept,
         "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
