@@ -278,8 +278,21 @@ def test_partial_offload_memory_by_hand():
     assert host["fp32 master + Adam moments"] == 12 * (53_376 + 92_864)
     # pinned blocks rounded up to a power of two: 213,504 -> 2^18, 371,456 -> 2^19
     assert host["fp32 gradients (pinned, per sub-group)"] == 2**18 + 2**19
-    assert host["fp32 gradient staging of the GPU sub-groups (pinned, cached)"] == 2**18
+    # the GPU sub-group's staging block (256,000 B -> 2^18) is taken by the host sub-group of
+    # 213,504 B, made after it from the same power-of-two free list: nothing left cached
+    assert host["fp32 gradient staging of the GPU sub-groups (pinned, cached)"] == 0
     assert host["gradients (pinned)"] == 2**19  # 2 x P = 420,480 B, every parameter's
+
+
+def test_a_staging_block_stays_cached_when_no_host_sub_group_takes_its_size():
+    """torch's caching host allocator hands out a freed pinned block only for a request of its
+    own power-of-two size: one block per size of the GPU sub-groups stays, less those the host
+    sub-groups take."""
+    split = predict.OptimizerSplit
+    assert predict.cached_staging_bytes(split((64_000,), (53_376, 92_864))) == 0
+    assert predict.cached_staging_bytes(split((92_864,), (53_376,))) == 2**19
+    assert predict.cached_staging_bytes(split((64_000, 92_864, 92_000), (53_376,))) == 2**19
+    assert predict.cached_staging_bytes(split((), (53_376,))) == 0
 
 
 def test_partial_offload_step_time_by_hand():

@@ -378,11 +378,15 @@ def optimizer_split(spec: RunSpec, shape: ModelShape, k: Knobs) -> OptimizerSpli
     return OptimizerSplit(tuple(groups[:first_host]), tuple(groups[first_host:]))
 
 
+def pinned_host(spec: RunSpec, k: Knobs) -> bool:
+    """Offloaded buffers are pinned (torch's caching host allocator, power-of-two blocks)."""
+    return spec.accelerator == "cuda" and bool(k.pin_memory)
+
+
 def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     """Host bytes of one rank by what holds them (device memory of a CPU rank not included)."""
     b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
-    pinned = spec.accelerator == "cuda" and k.pin_memory
-    buf = _pow2 if pinned else float
+    buf = _pow2 if pinned_host(spec, k) else float
     fit = FITS[spec.accelerator]
     parts = {"runtime": float(units.gib_to_bytes(fit.runtime_gib)),
              "model as built (partition)": float(b * part)}  # fmt: skip
@@ -411,14 +415,14 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
 def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, buf) -> dict:
     """Host bytes of a CPU-offloaded optimizer: its sub-groups' fp32 master and Adam moments and
     their pinned fp32 gradients; with partial offload the GPU sub-groups' fp32 gradients are
-    made in a pinned host buffer first and moved (torch's caching host allocator keeps the
-    block and reuses it: one, of the largest); ZenFlow's extra buffers."""
+    made in a pinned host buffer first and moved (:func:`cached_staging_bytes`); ZenFlow's
+    extra buffers."""
     split, b = optimizer_split(spec, shape, k), DTYPE_BYTES[spec.dtype]
     parts = {
         "fp32 master + Adam moments": ADAM_BYTES * split.host_params,
         "fp32 gradients (pinned, per sub-group)": sum(buf(FP32_GRAD_BYTES * g) for g in split.host),
         "fp32 gradient staging of the GPU sub-groups (pinned, cached)":
-            buf(FP32_GRAD_BYTES * max(split.device)) if split.device else 0.0,
+            cached_staging_bytes(split) if pinned_host(spec, k) else 0.0,
     }  # fmt: skip
     zf = k.zenflow
     if zf is not None and zf.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
@@ -431,6 +435,19 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
             2.0 * b * zenflow_topk(k) * partition(spec, shape)
         )  # fmt: skip
     return parts
+
+
+def cached_staging_bytes(split: OptimizerSplit) -> float:
+    """Pinned staging that torch's caching host allocator still holds at the step. Each GPU
+    sub-group's fp32 gradients are made in a pinned host buffer and moved (DeepSpeed 0.19.8
+    stage3.py ``_create_fp32_partitions``); the freed block stays cached in the free list of
+    its power-of-two size (ATen ``CachingHostAllocator``: one list per log2 size, a request
+    takes a block of its own size only). The host sub-groups' pinned fp32 gradients, made after
+    the GPU ones, take those blocks first: what is left is one block per size of the GPU
+    sub-groups that no host sub-group takes. Pageable staging is freed to the OS (0 here)."""
+    cached = {_pow2(FP32_GRAD_BYTES * g) for g in split.device}
+    taken = {_pow2(FP32_GRAD_BYTES * g) for g in split.host}
+    return sum(cached - taken)
 
 
 def nvme_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
