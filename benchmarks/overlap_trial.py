@@ -3,7 +3,7 @@
     python benchmarks/overlap_trial.py P       # P > 0; P = inf is the committed model
 
 Runs benchmarks/prediction_accuracy.py with the micro-steps' time as the p-norm of FLOPs,
-dispatch and collectives (p = 1: their sum, p = inf: the longest, as `predict.StepTime`
+dispatch and collectives (p = 1: their sum, p = inf: the longest, as `predict.micro_steps_s`
 takes it), in the prediction and in the leave-one-study-out fit alike. A trial, not a model:
 docs/benchmarks.md ("Partial overlap ...") says what it found and why it was left out.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "workflow"))
 
-from offload_study.prediction import accuracy, predict  # noqa: E402
+from offload_study.prediction import predict  # noqa: E402
 
 
 def p_norm(parts: tuple[float, ...], p: float) -> float:
@@ -26,19 +26,13 @@ def p_norm(parts: tuple[float, ...], p: float) -> float:
 
 
 def with_overlap(p: float) -> None:
-    """Patch the two places that combine the micro-steps' parts (this process only)."""
+    """Patch the one rule both the prediction and the fit call (this process only)."""
 
-    def compute_s(self) -> float:
-        parts = (self.flops_s, self.dispatch_s, self.comm_s)
-        return sum(parts) if self.serial else p_norm(parts, p)
+    def micro_steps_s(flops_s, dispatch_s, comm_s, serial=False) -> float:
+        parts = (flops_s, dispatch_s, comm_s)
+        return sum(parts) if serial else p_norm(parts, p)
 
-    def total(self, efficiency: float, dispatch_s_per_layer: float) -> float:
-        flops = self.flops_s * self.efficiency / efficiency
-        dispatch = self.dispatch_s * dispatch_s_per_layer / self.dispatch_s_per_layer
-        return p_norm((flops, dispatch, self.comm_s), p) + self.rest_s
-
-    predict.StepTime.compute_s = property(compute_s)
-    accuracy.StepParts.total = total
+    predict.micro_steps_s = micro_steps_s
 
 
 if __name__ == "__main__":

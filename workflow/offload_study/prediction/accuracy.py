@@ -21,6 +21,8 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from offload_study.prediction import predict
+
 
 def rel_error(predicted: float | None, measured: float | None) -> float | None:
     """predicted / measured - 1; None when either is missing, NaN or the measurement is 0."""
@@ -219,7 +221,7 @@ class StepParts:
         its time per layer."""
         flops = self.flops_s * self.efficiency / efficiency
         dispatch = self.dispatch_s * dispatch_s_per_layer / self.dispatch_s_per_layer
-        return max(flops, dispatch, self.comm_s) + self.rest_s
+        return predict.micro_steps_s(flops, dispatch, self.comm_s) + self.rest_s
 
 
 #: The grids :func:`fit_compute` searches: efficiency of the matmul rate, seconds per layer.

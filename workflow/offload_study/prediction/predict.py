@@ -589,10 +589,7 @@ class StepTime:
 
     @property
     def compute_s(self) -> float:
-        """The micro-steps: on a GPU the longest of FLOPs, dispatch and collectives (the others
-        overlap it), on a CPU rank their sum."""
-        parts = (self.flops_s, self.dispatch_s, self.comm_s)
-        return sum(parts) if self.serial else max(parts)
+        return micro_steps_s(self.flops_s, self.dispatch_s, self.comm_s, self.serial)
 
     @property
     def total(self) -> float:
@@ -607,6 +604,13 @@ class StepTime:
             ("optimizer", self.optimizer_s), ("nvme", self.nvme_s),
         ]  # fmt: skip
         return max(parts, key=lambda part: part[1])[0]
+
+
+def micro_steps_s(flops_s: float, dispatch_s: float, comm_s: float, serial: bool = False) -> float:
+    """The micro-steps of a step: on a GPU the longest of FLOPs, dispatch and collectives (the
+    others overlap it), on a CPU rank (``serial``: one thread runs them in turn) their sum."""
+    parts = (flops_s, dispatch_s, comm_s)
+    return sum(parts) if serial else max(parts)
 
 
 def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
