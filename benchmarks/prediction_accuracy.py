@@ -53,6 +53,9 @@ GPU_RECORDS = {
     "docs/results/h200-1gpu/sweep-h200-1gpu-24g": "config/studies/sweep-h200-1gpu-24g.yaml",
     # the two engines again with model C: FSDP2's own time per layer, judged out of sample
     "docs/results/h200-1gpu/engines-h200-model-c": "config/studies/engines-h200-model-c.yaml",
+    # half of Llama-2-7B on one H200, fp16 and bf16 (host memory at the 7B's per-rank size)
+    "docs/results/h200-1gpu/host-h200-half7b-fp16": "config/studies/host-h200-half7b-fp16.yaml",
+    "docs/results/h200-1gpu/host-h200-half7b-bf16": "config/studies/host-h200-half7b-bf16.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
         "world_size", "seq_len", "dtype")  # fmt: skip

@@ -54,11 +54,13 @@ def test_cpu_matmul_and_adam_rates_are_measured_here():
     matmul = calibrate.matmul_tflops("cpu", 256)
     adam = calibrate.cpu_adam_params_per_s(200_000, len(os.sched_getaffinity(0)))
     torch_adam = calibrate.torch_adam_params_per_s(200_000, len(os.sched_getaffinity(0)))
-    for rate in (matmul, adam, torch_adam):
+    check = calibrate.fp16_check_elems_per_s(200_000, len(os.sched_getaffinity(0)))
+    for rate in (matmul, adam, torch_adam, check):
         assert 0 < rate["low"] <= rate["median"] <= rate["high"]
         assert rate["samples"] == calibrate.REPEATS and rate["spread_pct"] >= 0
     assert 1e-4 < matmul["median"] < 100  # a few cores, not a GPU
     assert 1e6 < adam["median"] < 1e11 and 1e6 < torch_adam["median"] < 1e11
+    assert 1e6 < check["median"] < 1e12
 
 
 def test_disk_probe_writes_reads_and_removes_its_files(tmp_path):
@@ -85,7 +87,7 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(tmp_path):
     assert all(costs[k] >= 0 for costs in probed for k in growth)
     assert all((costs["tokens"], costs["layer_elements"]) == (64, 64 * 64) for costs in probed)
     for rate in (cal.matmul_tflops, cal.cpu_adam_params_per_s, cal.torch_adam_params_per_s,
-                 cal.disk_read_gb_s,
+                 cal.fp16_check_elems_per_s, cal.disk_read_gb_s,
                  cal.disk_write_gb_s, cal.collective_latency_s, cal.interconnect_gb_s):  # fmt: skip
         assert math.isfinite(rate) and rate > 0
     assert 1e-6 < cal.collective_latency_s < 0.1
@@ -95,7 +97,7 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(tmp_path):
     assert cal.source.startswith("measured by offload_study.prediction.calibrate")
     spread = cal.provenance["spread"]
     for key in ("matmul_tflops", "cpu_adam_params_per_s", "torch_adam_params_per_s",
-                "all-gather 2 KiB",
+                "fp16_check_elems_per_s", "all-gather 2 KiB",
                 "1 rank(s), seq 32, 3 layer(s): forward",
                 "2 rank(s), seq 128, 1 layer(s): micro-step"):  # fmt: skip
         assert spread[key]["low"] <= spread[key]["median"] <= spread[key]["high"]

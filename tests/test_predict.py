@@ -96,21 +96,55 @@ def test_the_steps_fp32_gradients_add_only_what_the_freed_activations_do_not_hol
     assert got[STEP_PART] == 4 * P - loss - checkpoints > 0
 
 
-def test_fp16s_overflow_check_holds_a_byte_per_gradient_where_the_buffer_lives():
-    """DeepSpeed's fp16 step first runs isinf / isnan over the whole gradient buffer: a bool mask
-    of the partition, on the GPU without optimizer offload (beyond the freed activations, like
-    the sub-group's fp32 gradients), on the host with it; bf16 checks nothing."""
-    small = {"micro_batch": 1, "seq_len": 16}  # 16 tokens: activations smaller than the mask
+def test_fp16s_overflow_check_holds_an_abs_copy_and_a_mask_where_the_buffer_lives():
+    """DeepSpeed's fp16 step first runs isinf / isnan over the whole gradient buffer; ATen's
+    isinf is ``abs() == inf``: a copy in the buffer's dtype (2 B) and a bool mask (1 B) per
+    element, on the GPU without optimizer offload (beyond the freed activations, like the
+    sub-group's fp32 gradients), on the host with it; bf16 checks nothing."""
+    small = {"micro_batch": 1, "seq_len": 16}  # 16 tokens: activations smaller than the check
     group = {"zero": {"sub_group_size": 1000}}  # fp32 gradients of a sub-group: 4,000 B
     fp16, bf16 = (parts(gpu_spec(group, dtype=d, **small)) for d in ("fp16", "bf16"))
     freed = fp16["loss or one recomputed layer"] + fp16["checkpointed layer inputs"]
-    assert fp16[STEP_PART] == P - freed > 0 and bf16[STEP_PART] == 0
-    mask = "fp16 overflow check (bool mask, in the step)"
+    assert fp16[STEP_PART] == 3 * P - freed > 0 and bf16[STEP_PART] == 0
+    check = "fp16 overflow check (|gradients| and a bool mask, in the step)"
     offload = {"gpus_per_node": 2, "offload_optimizer": "cpu"}
-    for dtype, expected in (("fp16", math.ceil(P / 2)), ("bf16", 0)):
+    for dtype, expected in (("fp16", 3 * math.ceil(P / 2)), ("bf16", 0)):
         spec = gpu_spec(offload, dtype=dtype)
         rank = predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
-        assert rank[mask] == expected
+        assert rank[check] == expected
+
+
+def test_the_partition_as_built_counts_on_the_host_only_beyond_the_offloaded_states():
+    """zero.Init's partition is gone once the offloaded states exist: without offload it is
+    the host's whole model part, with offload only what it exceeds them by (here nothing)."""
+    built = "model as built (partition), beyond the offloaded states"
+    for offload, expected in (({}, 2 * P), ({"offload_optimizer": "cpu"}, 0.0)):
+        spec = gpu_spec(offload)
+        rank = predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+        assert rank[built] == expected
+
+
+def test_fp16s_overflow_check_takes_host_time_where_the_buffer_lives():
+    """The check's seconds: every rank of the node checks its partition on the shared cores at
+    the calibrated rate, where the gradient buffer is on the host; nothing in bf16 or on the
+    GPU; a calibration without the rate takes CPU Adam's x FP16_CHECK_PER_ADAM."""
+    cal = dataclasses.replace(CAL, fp16_check_elems_per_s=2e8)
+    offload = {"gpus_per_node": 2, "offload_optimizer": "cpu"}
+    spec = gpu_spec(offload, dtype="fp16")
+    shape = predict.model_shape(spec)
+    assert predict.overflow_check_seconds(spec, shape, cal) == pytest.approx(
+        2 * math.ceil(P / 2) / 2e8
+    )
+    older = predict.overflow_check_seconds(spec, shape, CAL)  # no fp16_check_elems_per_s
+    assert older == pytest.approx(2 * math.ceil(P / 2) / (predict.FP16_CHECK_PER_ADAM * 1e9))
+    for other in (gpu_spec(offload, dtype="bf16"), gpu_spec(dtype="fp16")):
+        assert predict.overflow_check_seconds(other, predict.model_shape(other), cal) == 0
+    k = predict.knobs(ds(spec))
+    bf16 = gpu_spec(offload, dtype="bf16")
+    assert predict.optimizer_seconds(spec, shape, cal, k) == pytest.approx(
+        predict.optimizer_seconds(bf16, predict.model_shape(bf16), cal, k)
+        + 2 * math.ceil(P / 2) / 2e8
+    )
 
 
 def test_offload_moves_states_off_the_gpu():
@@ -565,5 +599,6 @@ def test_report_partial_renders_predictions_and_labels_predict_only(tmp_path):
     view = predicted_view(plan, summary)
     html = _environment().get_template("_predicted.html.j2").render(predicted=view)
     assert 'id="predicted-table"' in html and "Predicted only (not run on this cluster)" in html
-    assert "ZeRO-3 (8 GPU), predicted" in html and "58.18 / 60.60" in html
+    predicted_gib = contracts.read_predictions(plan["prediction"]["plan_csv"])["zero3-2gpu"].gpu_gib
+    assert "ZeRO-3 (8 GPU), predicted" in html and f"{predicted_gib:.2f} / 60.60" in html
     assert _environment().get_template("_predicted.html.j2").render(predicted=None).strip() == ""

@@ -664,6 +664,10 @@ class Calibration:
     # torch AdamW (foreach) with the same cores: fsdp2's CPU step (None: a file from before it;
     # the prediction then takes cpu_adam_params_per_s and says so)
     torch_adam_params_per_s: float | None = None
+    # DeepSpeed's fp16 overflow check (isinf, isnan) over a host gradient buffer with the same
+    # cores, elements/s (None: a file from before it; the prediction then scales CPU Adam's
+    # rate by predict.FP16_CHECK_PER_ADAM and says so)
+    fp16_check_elems_per_s: float | None = None
     h2d_gb_s: float | None = None  # pinned host -> device copies (cuda only)
     d2h_gb_s: float | None = None  # pinned device -> host
     pageable_h2d_gb_s: float | None = None  # from ordinary (unpinned) host memory

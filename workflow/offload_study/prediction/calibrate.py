@@ -269,6 +269,25 @@ def torch_adam_params_per_s(n_params: int, threads: int) -> dict:
     return adam_rate("torch", n_params, threads)
 
 
+def fp16_check_elems_per_s(n_elems: int, threads: int, until_stable: bool = False) -> dict:
+    """Elements per second of DeepSpeed's fp16 overflow check over a host gradient buffer of
+    ``n_elems`` with ``threads`` cores (stage3.py ``has_overflow``: ``isinf(buffer).any()``
+    and ``isnan(buffer).any()``, both every step). ATen's isinf makes an fp16 copy of |x| and
+    a bool mask, isnan another mask: fresh memory each step, as in the run."""
+    import torch
+
+    torch.set_num_threads(threads)
+    buffer = torch.ones(n_elems, dtype=torch.float16)
+
+    def check() -> bool:
+        return bool(torch.isinf(buffer).any() | torch.isnan(buffer).any())
+
+    if not until_stable:
+        return measure(check).rate(n_elems)
+    timing, settled = measure_until_stable(check, min_sample_s=0.0)
+    return {**timing.rate(n_elems), "settled": settled, "elements": n_elems}
+
+
 def copy_gb_s(nbytes: int) -> dict[str, dict]:
     """Host<->device copies: pinned both ways, and host->device from unpinned memory."""
     import torch
@@ -441,7 +460,8 @@ def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
     adam = min(workload.adam_params, host_bytes_free() // (4 * 16))
     spread = {"matmul_tflops": matmul_tflops_at(device, workload.matmul_shapes),
               "cpu_adam_params_per_s": adam_rate("deepspeed", adam, cores, until_stable=True),
-              "torch_adam_params_per_s": adam_rate("torch", adam, cores, until_stable=True)}  # fmt: skip
+              "torch_adam_params_per_s": adam_rate("torch", adam, cores, until_stable=True),
+              "fp16_check_elems_per_s": fp16_check_elems_per_s(adam, cores, until_stable=True)}  # fmt: skip
     if accelerator == "cuda":
         pageable = min(4 * workload.adam_params, 2 * 2**30)
         spread.update(copies_at(workload.copy_bytes, pageable))
@@ -649,7 +669,8 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
     else:
         spread = {"matmul_tflops": matmul_tflops(device, size["matmul"]),
                   "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores),
-                  "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores)}  # fmt: skip
+                  "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores),
+                  "fp16_check_elems_per_s": fp16_check_elems_per_s(size["adam"], cores)}  # fmt: skip
         if accelerator == "cuda":
             spread.update(copy_gb_s(size["copy"]))
     rates = {key: summary["median"] for key, summary in spread.items()}

@@ -134,13 +134,16 @@ class AcceleratorFit:
 #: it leaving each study out): nvml's used memory less torch's reserved peak is 1.89-1.94 GiB
 #: on one GPU (2.7 with NCCL's buffers on two).
 RESERVED_FIT = {"cuda_context_gib": 1.918,
-                "reserved_slack": (2.187e9, 0.8563, -0.3267, 0.1944)}  # fmt: skip
+                "reserved_slack": (2.239e9, 1.234, -0.1435, 0.105)}  # fmt: skip
+#: DeepSpeed's fp16 overflow check on the host per CPU Adam's rate with the same cores, for a
+#: calibration without ``fp16_check_elems_per_s``: benchmarks/fp16_check.py (docs/benchmarks.md).
+FP16_CHECK_PER_ADAM = 0.24
 FITS = {
-    # H200 records (docs/results): the 7B on 2 GPUs reaches ~52 % of the measured 790 TFLOP/s;
+    # H200 records (docs/results): their matmuls reach ~58 % of the calibrated rate (fitted);
     # the 134M-1.3B models take ~0.02 s per layer and micro-step whatever their size; FusedAdam
-    # updates ~3e10 parameters/s; a no-offload rank holds ~1.8 GiB before its model; start-up
+    # updates ~3e10 parameters/s; a rank holds ~1.63 GiB before its model (fitted); start-up
     # 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s (offload) for the 7B.
-    "cuda": AcceleratorFit(0.52, 0.020, 3e10, 1.8, 25.0, 7.0, **RESERVED_FIT),
+    "cuda": AcceleratorFit(0.58, 0.020, 3e10, 1.63, 25.0, 7.0, **RESERVED_FIT),
     # CPU: the calibrated matmul rate as measured (no efficiency fitted) and the host time
     # per layer from the calibration's probe (0.004 s per layer only for a calibration made before the
     # probe existed); ~0.55 GiB per rank before the model and start-up 20-70 s, read from the
@@ -255,10 +258,12 @@ def partition(spec: RunSpec, shape: ModelShape) -> int:
 def overflow_check_bytes(spec: RunSpec, part: int) -> float:
     """fp16's overflow check at the start of the optimizer step (DeepSpeed 0.19.8 stage3.py
     ``has_overflow``): ``torch.isinf(self.grad_partitions_flat_buffer).any()``, then the same
-    with ``isnan``, one after the other: a bool mask of the rank's whole gradient partition,
-    1 byte per element, where that buffer lives (the host under optimizer offload, else the
-    GPU). bf16 and fp32 steps check nothing."""
-    return float(part) if spec.dtype == "fp16" else 0.0
+    with ``isnan``, one after the other, over the rank's whole gradient partition where that
+    buffer lives (the host under optimizer offload, else the GPU). ATen's ``isinf`` of a
+    floating tensor is ``self.abs() == inf``: a copy of the buffer in its dtype (the model's:
+    no ``grad_accum_dtype`` is set) and a bool mask, 1 byte per element, held together.
+    bf16 and fp32 steps check nothing."""
+    return float(part * (DTYPE_BYTES[spec.dtype] + 1)) if spec.dtype == "fp16" else 0.0
 
 
 def _pow2(nbytes: float) -> float:
@@ -388,8 +393,7 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
     b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
     buf = _pow2 if pinned_host(spec, k) else float
     fit = FITS[spec.accelerator]
-    parts = {"runtime": float(units.gib_to_bytes(fit.runtime_gib)),
-             "model as built (partition)": float(b * part)}  # fmt: skip
+    parts = {"runtime": float(units.gib_to_bytes(fit.runtime_gib))}
     if spec.offload_optimizer == "cpu":
         parts.update(offloaded_optimizer_host_parts(spec, shape, k, buf))
     if spec.offload_optimizer == "nvme":
@@ -400,7 +404,9 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
     if spec.offload_optimizer != "none":
         parts["gradients (pinned)"] = buf(float(b * part))
         # the gradient buffer lives on the host: so does the overflow check's mask
-        parts["fp16 overflow check (bool mask, in the step)"] = overflow_check_bytes(spec, part)
+        parts["fp16 overflow check (|gradients| and a bool mask, in the step)"] = (
+            overflow_check_bytes(spec, part)
+        )  # fmt: skip
     if spec.offload_param != "none":
         # the flat buffer the partitions are copied into (for NVMe up to max_in_cpu), while the
         # memory they were built in stays with the process
@@ -409,6 +415,10 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
         parts["parameters as first placed"] = float(b * part)
     if spec.offload_param == "nvme":
         parts["parameter swap buffers (pinned)"] = float(b * k.param_buffers)
+    # the partition as zero.Init built it is gone by the time the offloaded states are made:
+    # it only counts where it is the larger of the two moments
+    beyond = max(0.0, b * part - (sum(parts.values()) - parts["runtime"]))
+    parts["model as built (partition), beyond the offloaded states"] = beyond
     return parts
 
 
@@ -686,14 +696,27 @@ def optimizer_seconds(
     overlap_step hides CPU Adam behind."""
     split = optimizer_split(spec, shape, k)
     device_rate = FITS[spec.accelerator].optimizer_params_per_s
+    check_s = overflow_check_seconds(spec, shape, cal)
     if device_rate is None:
-        return partition(spec, shape) * spec.gpus_per_node / cal.cpu_adam_params_per_s
+        return check_s + partition(spec, shape) * spec.gpus_per_node / cal.cpu_adam_params_per_s
     host_s = split.host_params * spec.gpus_per_node / cal.cpu_adam_params_per_s
     device_s = split.device_params / device_rate
     if k.zenflow is not None:  # the GPU also steps the top-k columns of every parameter
         device_s += zenflow_topk(k) * partition(spec, shape) / device_rate
     largest = max(split.host, default=0) * spec.gpus_per_node / cal.cpu_adam_params_per_s
-    return device_s + host_optimizer_seconds(spec, k, host_s, largest, compute_s)
+    return check_s + device_s + host_optimizer_seconds(spec, k, host_s, largest, compute_s)
+
+
+def overflow_check_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """fp16's overflow check (:func:`overflow_check_bytes`) where the gradient buffer lives on
+    the host (optimizer offload, or a CPU rank): every rank of the node checks its partition
+    on the cores they share, at the calibrated rate (a calibration from before it: CPU Adam's
+    rate x :data:`FP16_CHECK_PER_ADAM`). On a GPU it runs at memory speed: left out."""
+    on_host = spec.offload_optimizer != "none" or spec.accelerator == "cpu"
+    if spec.dtype != "fp16" or not on_host:
+        return 0.0
+    rate = cal.fp16_check_elems_per_s or FP16_CHECK_PER_ADAM * cal.cpu_adam_params_per_s
+    return partition(spec, shape) * spec.gpus_per_node / rate
 
 
 def zenflow_update_interval(k: Knobs) -> int:
