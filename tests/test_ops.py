@@ -7,16 +7,21 @@ build) in processes that are killed or keep running, in a TORCH_EXTENSIONS_DIR o
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from runs import load_record, make_run, run_runner
 from torch.utils.file_baton import FileBaton
 
-from offload_study.admission import ops
+from offload_study.admission import ops, preflight
 
+#: The extensions root this test run found (the machine's builds, made by make's step), read
+#: before any test points TORCH_EXTENSIONS_DIR at its own folder
+MACHINE_EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR")
 OP = "deepspeed_shm_comm"  # the smallest op (~1 MB built): cheap to copy, quickest to rebuild
 
 #: Takes the build lock of the folder argv[1] as torch's build does, says so, then stays until
@@ -107,15 +112,24 @@ def test_the_filesystem_of_a_path_is_its_deepest_mount(path, kind):
 
 
 @pytest.mark.slow
+def copy_machine_build(name: str, extensions: Path) -> None:
+    """The machine's build of op ``name`` (a builder's name), if there is one, into the test's
+    extensions root, its lock left out (else the op is built there when loaded)."""
+    with pytest.MonkeyPatch.context() as env:
+        if MACHINE_EXTENSIONS:
+            env.setenv("TORCH_EXTENSIONS_DIR", MACHINE_EXTENSIONS)
+        else:
+            env.delenv("TORCH_EXTENSIONS_DIR")
+        built = ops.build_dir(name)
+    if built.is_dir():
+        shutil.copytree(built, extensions / name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("lock"))  # fmt: skip
+
+
 def test_building_the_ops_ahead_gets_past_a_stale_lock(extensions):
     """`python -m offload_study.admission.ops` (make's step) with a killed build's lock in a copy of the
     built op: it says it removed the lock and loads the op (before: waited forever)."""
-    with pytest.MonkeyPatch.context() as env:  # the machine's own build, if there is one
-        env.delenv("TORCH_EXTENSIONS_DIR")
-        built = ops.build_dir(OP)
-    if built.is_dir():
-        shutil.copytree(built, extensions / OP, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("lock"))  # fmt: skip
+    copy_machine_build(OP, extensions)
     killed_build(extensions / OP)
     res = subprocess.run(
         [sys.executable, "-m", "offload_study.admission.ops", "--accelerator", "cpu", "shm_comm"],
@@ -154,3 +168,20 @@ def test_little_free_memory_builds_the_ops_one_after_the_other(monkeypatch):
     monkeypatch.setattr(ops, "build_ops", build)
     assert ops.build_ops_at_once(["cpu_adam", "async_io"]) == {"cpu_adam": 1.0, "async_io": 1.0}
     assert calls == [["cpu_adam", "async_io"]]
+
+
+@pytest.mark.slow
+def test_a_run_gets_past_a_stale_lock_of_an_op_it_loads(extensions, tmp_path):
+    """A run one of whose ops had its build killed earlier (a timed-out or preempted run): the
+    runner removes the abandoned lock before it launches, says so, and the run trains (before:
+    its ranks waited on the lock until the run's timeout, and so did every later run)."""
+    spec_path, outdir, spec = make_run(tmp_path)
+    names = [ops.op_builder(op, spec.accelerator).name for op in preflight.ops_needed(spec)]
+    for name in names:
+        copy_machine_build(name, extensions)
+    killed_build(extensions / names[-1])
+    res = run_runner(spec_path, outdir, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert load_record(outdir)["outcome"] == "ok"
+    removed = f"removed the stale build lock {extensions / names[-1] / 'lock'}"
+    assert removed in (outdir / "logs" / "launcher.log").read_text()

@@ -180,6 +180,17 @@ def remove_stale_lock(name: str) -> Path | None:
     return folder / "lock"
 
 
+def clear_stale_locks(names: Iterable[str], accelerator: str | None = None) -> list[Path]:
+    """Remove the abandoned build locks of the ops ``names`` (the ones this accelerator has):
+    a run about to load them would wait on each forever. Returns the locks removed."""
+    removed = []
+    for name in names:
+        builder = op_builder(name, accelerator)
+        lock = remove_stale_lock(builder.name) if builder is not None else None
+        removed += [lock] if lock else []
+    return removed
+
+
 def build_ops(names: list[str], accelerator: str | None = None) -> dict[str, float]:
     """Load (JIT-build when needed) each op, after removing its stale build lock; seconds it
     took, per op this accelerator has."""

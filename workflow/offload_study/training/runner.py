@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study.admission import admit
+from offload_study.admission import admit, ops, preflight
 from offload_study.core.contracts import (
     PAIR_DS_CONFIG_FILE,
     PAIR_SPEC_FILE,
@@ -99,6 +99,21 @@ class RunnerLog:
         self.file.close()
 
 
+def clear_stale_op_locks(spec: RunSpec, say: RunnerLog) -> None:
+    """Remove the abandoned build locks of the ops ``spec`` loads: a build of one of them killed
+    earlier (a timed-out run, a preempted job) left its lock, on which the ranks would wait
+    until the run's timeout, and so would every later run. Looking never stops a launch."""
+    if not preflight.machine_can_check(spec.accelerator):
+        return
+    try:
+        removed = ops.clear_stale_locks(preflight.ops_needed(spec), spec.accelerator)
+    except Exception as e:  # noqa: BLE001 - the ranks' own load says what is wrong
+        say(f"stale build locks not checked: {type(e).__name__}: {e}")
+        return
+    for lock in removed:
+        say(f"removed the stale build lock {lock}")
+
+
 def launch_and_supervise(
     spec: RunSpec, spec_path: str, repeat: int, record: RecordDir, cores: int, run_id: str,
     cancel: Cancelled, say: RunnerLog,
@@ -106,6 +121,7 @@ def launch_and_supervise(
     """Start the harness in its own process group and supervise it to the end."""
     lch = None
     try:
+        clear_stale_op_locks(spec, say)
         lch = launch.build_launch(spec, spec_path, str(record.root), cores=cores, run_id=run_id)
         env = {**lch.environ(os.environ), "OFFLOAD_STUDY_RUN_ID": run_id}
         say(f"{spec.scenario} rep{repeat}: {lch.command_line}")
