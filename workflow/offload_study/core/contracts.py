@@ -666,7 +666,7 @@ class Calibration:
     torch_adam_params_per_s: float | None = None
     # DeepSpeed's fp16 overflow check (isinf, isnan) over a host gradient buffer with the same
     # cores, elements/s (None: a file from before it; the prediction then scales CPU Adam's
-    # rate by predict.FP16_CHECK_PER_ADAM and says so)
+    # rate by predict.FP16_CHECK_PER_ADAM)
     fp16_check_elems_per_s: float | None = None
     h2d_gb_s: float | None = None  # pinned host -> device copies (cuda only)
     d2h_gb_s: float | None = None  # pinned device -> host

@@ -403,7 +403,7 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
         parts["optimizer swap buffers (locked)"] = 4.0 * largest * k.optimizer_buffer_count
     if spec.offload_optimizer != "none":
         parts["gradients (pinned)"] = buf(float(b * part))
-        # the gradient buffer lives on the host: so does the overflow check's mask
+        # the gradient buffer lives on the host: so do the overflow check's copy and mask
         parts["fp16 overflow check (|gradients| and a bool mask, in the step)"] = (
             overflow_check_bytes(spec, part)
         )  # fmt: skip
