@@ -13,10 +13,10 @@ cluster's calibration (config/calibration/<cluster>.json for the H200 machines).
 Per study and overall (targets of issue 26): step time within 10 % of every ok record; of the
 pairs of configs whose measured speeds differ beyond their CIs, >= 90 % ordered right, and
 Kendall tau; GPU memory allocated within 3 %; torch's reserved peak (what a cap limits) within
-8 %; host memory per node within 10 %. The reserved-memory constants are fitted leaving the
-judged study out (offload_study.prediction.accuracy.leave_one_study_out); the older constants of
-predict.FITS (efficiency, dispatch per layer, runtime memory) were fitted once on the records
-and are not (the output says so). The pure computations are offload_study.prediction.accuracy;
+8 %; host memory per node within 10 %. The fitted constants (efficiency and dispatch per layer,
+FSDP2's runtime memory, the reserved slack) are fitted leaving the judged study out
+(offload_study.prediction.accuracy.leave_one_study_out); DeepSpeed's runtime memory is measured
+(predict.FITS: runtime_gib, runtime_at_init_gib), not fitted. The pure computations are offload_study.prediction.accuracy;
 this script gathers records and prints.
 """
 
@@ -119,7 +119,7 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "nvml_measured": raw.get("nvml_used_gib") and units.gib_to_bytes(raw["nvml_used_gib"]),
         "features": predict.reserved_features(memory) if cuda else None,
         "parts": _parts(spec, times) if cuda and times else None,
-        # predicted host bytes per node less the fitted runtime of its ranks (refitted per study)
+        # predicted host bytes per node less the runtime of its ranks (FSDP2: refitted per study)
         "host_base": sum(memory.host.values())
         - spec.gpus_per_node * units.gib_to_bytes(_runtime_gib(spec)),
         "ranks": spec.gpus_per_node,
@@ -200,22 +200,24 @@ def _runtime_gib(spec) -> float:
     return predict.FITS[spec.accelerator].runtime_gib
 
 
-def _runtime_fit(rows: list[dict]) -> dict[str, float]:
-    """Engine -> runtime bytes per rank fitted on its records in ``rows`` (FSDP2 does not load
-    DeepSpeed and its ops); DeepSpeed's where ``rows`` hold no FSDP2 record."""
-
-    def fit(engine):
-        return accuracy.fit_runtime([(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
-                                     for r in rows if r["engine"] == engine])  # fmt: skip
-
-    deepspeed = fit("deepspeed")
-    has_fsdp2 = any(r["engine"] == "fsdp2" for r in rows)
-    return {"deepspeed": deepspeed, "fsdp2": fit("fsdp2") if has_fsdp2 else deepspeed}
+def _runtime_fit(rows: list[dict]) -> dict[str, float | None]:
+    """Engine -> runtime bytes per rank fitted on its records in ``rows``; None for DeepSpeed,
+    whose runtime is measured (predict.FITS: runtime_gib, runtime_at_init_gib), not fitted.
+    FSDP2 does not load DeepSpeed and its ops: its own is fitted, DeepSpeed's measured one
+    where ``rows`` hold no FSDP2 record."""
+    fsdp2 = [(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
+             for r in rows if r["engine"] == "fsdp2"]  # fmt: skip
+    measured = units.gib_to_bytes(predict.FITS["cuda"].runtime_gib)
+    return {"deepspeed": None, "fsdp2": accuracy.fit_runtime(fsdp2) if fsdp2 else measured}
 
 
-def _host_error(row: dict, runtimes: dict[str, float]) -> float | None:
+def _host_error(row: dict, runtimes: dict[str, float | None]) -> float | None:
+    """The host error with a fitted runtime, or as predicted where the runtime is measured."""
+    runtime = runtimes[row["engine"]]
+    if runtime is None:
+        return accuracy.rel_error(*row["host"])
     measured = units.gib_to_bytes(row["host"][1])
-    return accuracy.rel_error(row["host_base"] + runtimes[row["engine"]] * row["ranks"], measured)
+    return accuracy.rel_error(row["host_base"] + runtime * row["ranks"], measured)
 
 
 def _reserved_fit(rows: list[dict]) -> tuple[tuple[float, ...], float]:
@@ -243,7 +245,8 @@ def _reserved_error(row: dict, fit) -> float | None:
 
 def add_out_of_sample_errors(rows: list[dict]) -> None:
     """Each ok GPU row's step, host and reserved errors with the fitted constants (efficiency
-    and dispatch per layer, runtime memory, reserved slack) fitted on the other studies only."""
+    and dispatch per layer, FSDP2's runtime memory, reserved slack) fitted on the other studies
+    only (DeepSpeed's runtime memory is measured)."""
     gpu = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
     if len({r["study"] for r in gpu}) < 2:
         return
@@ -473,12 +476,12 @@ def print_summaries(rows: list[dict]) -> None:
         steps = _step_fit([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
         (eff, disp), fsdp2_disp = steps["deepspeed"], steps["fsdp2"][1]
         runtimes = _runtime_fit([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
-        ds_gib, fsdp2_gib = (units.bytes_to_gib(runtimes[e]) for e in ("deepspeed", "fsdp2"))
+        fsdp2_gib = units.bytes_to_gib(runtimes["fsdp2"])
         fits = predict.FITS["cuda"]
         print(f"step fit over every GPU study: efficiency {eff:.2f}, dispatch {disp:.4f} s per "
-              f"layer; runtime {ds_gib:.2f} GiB per rank "
-              f"(predict.FITS: {fits.efficiency}, {fits.dispatch_s_per_layer}, "
-              f"{fits.runtime_gib}); FSDP2 dispatch {fsdp2_disp:.4f} s per layer "
+              f"layer (predict.FITS: {fits.efficiency}, {fits.dispatch_s_per_layer}); DeepSpeed's "
+              f"runtime measured, not fitted: {fits.runtime_at_init} GiB per rank at "
+              f"initialization, {fits.runtime_gib} in the steps; FSDP2 dispatch {fsdp2_disp:.4f} s per layer "
               f"(fsdp2_model.DISPATCH_S_PER_LAYER: {fsdp2_model.DISPATCH_S_PER_LAYER['cuda']}), "
               f"runtime {fsdp2_gib:.2f} GiB (fsdp2_model.RUNTIME_GIB: "
               f"{fsdp2_model.RUNTIME_GIB['cuda']})")  # fmt: skip
@@ -510,8 +513,8 @@ def write_bands(path: Path, rows: list[dict], uncalibrated: list[dict], argv) ->
         "calibrated": bands(rows),
         "uncalibrated": bands(uncalibrated),
         "statistic": "largest absolute relative error over the ok DeepSpeed GPU records, the fitted "
-        "constants (efficiency, dispatch per layer, runtime memory, reserved slack) fitted "
-        "leaving the record's study out",
+        "constants (efficiency, dispatch per layer, reserved slack) fitted leaving the record's "
+        "study out; the runtime memory measured, not fitted",
         "calibration": "calibrated: config/calibration/<cluster>.json (shipped); uncalibrated: "
         "the GPU catalog's values (python -m offload_study.prediction.catalog --cpu catalog)",
         "measured_by": command.strip(),

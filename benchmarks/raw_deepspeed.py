@@ -39,6 +39,13 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="measured steps (default: spec)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: spec)")
     p.add_argument("--log-level", default="info", help="DeepSpeed log level (harness: info)")
+    p.add_argument(
+        "--memory-trace",
+        default=None,
+        metavar="FILE.jsonl.gz",
+        help="record torch's allocator events from before the model is built to the end "
+        "and write them (offload_study.prediction.allocator reads them)",
+    )
     return p.parse_args(argv)
 
 
@@ -55,6 +62,37 @@ def allocator_stats(torch, device: int) -> dict:
         "num_alloc_retries": s.get("num_alloc_retries"),
         "num_ooms": s.get("num_ooms"),
     }
+
+
+#: the phase markers' sizes in a memory trace: small-pool blocks no DeepSpeed run asks for
+MARK_BYTES = {"forward": 777 * 512 + 1, "backward": 779 * 512 + 1, "step": 781 * 512 + 1,
+              "end": 783 * 512 + 1}  # fmt: skip
+#: a trace holds the size asked for or the size rounded to 512 B (torch versions differ)
+PHASE_OF_MARK = {s: phase for phase, n in MARK_BYTES.items() for s in (n, n + 511)}
+
+
+def host_memory_gib() -> dict:
+    """This process's resident host memory now and at its peak so far (/proc: VmRSS, VmHWM)."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = round(int(value.split()[0]) * 1024 / 2**30, 3)
+    return {"rss": fields.get("VmRSS"), "peak": fields.get("VmHWM")}
+
+
+def write_memory_trace(snapshot: dict, device: int, path: Path) -> None:
+    """One JSON line per allocator event of ``device`` (torch.cuda.memory._snapshot()'s
+    device_traces): action (alloc, free_requested, free_completed, segment_alloc, segment_free,
+    oom, ...), address, size in bytes, stream; a marker's block (MARK_BYTES) becomes its phase."""
+    import gzip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as out:
+        for e in snapshot["device_traces"][device]:
+            row = {k: e.get(k) for k in ("action", "addr", "size", "stream")}
+            phase = PHASE_OF_MARK.get(row["size"])
+            out.write(json.dumps({**row, "phase": phase} if phase else row) + "\n")
 
 
 def nvme_rewrite(ds_config: dict, nvme_dir: str) -> bool:
@@ -97,6 +135,9 @@ def main(argv=None) -> int:
 
     import deepspeed
     import transformers
+
+    # where the host memory comes from: the resident set after each stage of the run
+    host_by_stage = {"imports": host_memory_gib()}
     from deepspeed.accelerator import get_accelerator
 
     deepspeed.utils.set_log_level_from_string(args.log_level)
@@ -112,6 +153,10 @@ def main(argv=None) -> int:
         if want and want * 1e9 < props.total_memory:
             torch.cuda.set_per_process_memory_fraction(want * 1e9 / props.total_memory, local_rank)
             cap_gib = want * 1e9 / 2**30
+    if is_cuda and args.memory_trace:
+        # no stacks: Python frames taken in the backward's recomputation crash torch 2.11
+        # (SystemError in LinearFunctionForZeroStage3.apply); phases are marked instead
+        torch.cuda.memory._record_memory_history(context=None, max_entries=5_000_000)
     deepspeed.init_distributed()
     if nvme_dir and local_rank == 0:
         os.makedirs(nvme_dir, exist_ok=True)
@@ -131,6 +176,7 @@ def main(argv=None) -> int:
         model = transformers.AutoModelForCausalLM.from_config(config)
     if spec.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    host_by_stage["model built"] = host_memory_gib()
     n_params = int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=ds_config
@@ -144,7 +190,13 @@ def main(argv=None) -> int:
     steps = int(spec["steps"]) if args.steps is None else args.steps
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     device = engine.device
+    host_by_stage["deepspeed.initialize"] = host_memory_gib()
     init_s = time.time() - t_start
+
+    def mark(phase: str) -> None:
+        """A phase marker in the memory trace: a block of MARK_BYTES[phase], made and freed."""
+        if is_cuda and args.memory_trace:
+            torch.empty(MARK_BYTES[phase], dtype=torch.uint8, device=device)
 
     # ---- timed loop: nothing but DeepSpeed between the synchronizes
     engine.train()
@@ -155,12 +207,18 @@ def main(argv=None) -> int:
         step_losses = []
         for _ in range(gas):
             ids = torch.randint(0, vocab, (mb, seq), generator=gen).to(device)
+            mark("forward")
             loss = engine(input_ids=ids, labels=ids).loss
+            mark("backward")
             engine.backward(loss)
+            mark("step")
             engine.step()
+            mark("end")
             step_losses.append(loss.detach().float())
         acc.synchronize()
         times.append(time.perf_counter() - t0)
+        if len(times) == 1:
+            host_by_stage["first step"] = host_memory_gib()
         losses.append(float(torch.stack(step_losses).mean().item()))
     # ----
 
@@ -202,6 +260,7 @@ def main(argv=None) -> int:
         ),  # fmt: skip
         # the caching allocator's own account of its slack (torch.cuda.memory_stats)
         "allocator": allocator_stats(torch, local_rank) if is_cuda else None,
+        "host_memory_gib_by_stage": {**host_by_stage, "end": host_memory_gib()},
         "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_version": torch.__version__,
@@ -209,6 +268,8 @@ def main(argv=None) -> int:
         "transformers_version": transformers.__version__,
         "spec": str(args.spec),
     }
+    if is_cuda and args.memory_trace and rank == 0:
+        write_memory_trace(torch.cuda.memory._snapshot(), local_rank, Path(args.memory_trace))
     if rank == 0:
         line = json.dumps(result)
         print(line, flush=True)

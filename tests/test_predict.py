@@ -20,7 +20,7 @@ from conftest import make_spec
 from offload_study.admission.admit import main as plan_main
 from offload_study.analysis import collect
 from offload_study.analysis.report.predicted import predicted_view
-from offload_study.core import contracts
+from offload_study.core import contracts, units
 from offload_study.core.contracts import Calibration, read_calibration, read_json
 from offload_study.core.study import load_study
 from offload_study.planning import dsconfig, presets
@@ -114,14 +114,28 @@ def test_fp16s_overflow_check_holds_an_abs_copy_and_a_mask_where_the_buffer_live
         assert rank[check] == expected
 
 
-def test_the_partition_as_built_counts_on_the_host_only_beyond_the_offloaded_states():
-    """zero.Init's partition is gone once the offloaded states exist: without offload it is
-    the host's whole model part, with offload only what it exceeds them by (here nothing)."""
-    built = "model as built (partition), beyond the offloaded states"
-    for offload, expected in (({}, 2 * P), ({"offload_optimizer": "cpu"}, 0.0)):
+def test_the_partition_as_built_counts_at_initialization_only_where_that_moment_is_larger(
+    monkeypatch,
+):
+    """Two moments on the host: deepspeed.initialize holds zero.Init's partition beside the
+    runtime of that moment; the steps hold the offloaded states beside the runtime the first
+    step grew to. The partition counts by what the first exceeds the second."""
+    built = "model as built (partition) at initialization, beyond the steps"
+    fit = predict.FITS["cuda"]
+    assert fit.runtime_at_init < fit.runtime_gib  # measured: 1.44 and 2.04 GiB
+
+    def rank(offload, runtime_at_init_gib):
+        monkeypatch.setitem(predict.FITS, "cuda", dataclasses.replace(
+            fit, runtime_at_init_gib=runtime_at_init_gib))  # fmt: skip
         spec = gpu_spec(offload)
-        rank = predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
-        assert rank[built] == expected
+        return predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+
+    same = rank({}, fit.runtime_gib)  # the same runtime at both moments: the whole partition
+    assert same[built] == 2 * P
+    assert rank({}, fit.runtime_gib + 1.0)[built] == pytest.approx(units.gib_to_bytes(1.0) + 2 * P)
+    assert rank({}, fit.runtime_gib - 1.0)[built] == 0.0  # a small model: the steps are larger
+    assert rank({"offload_optimizer": "cpu"}, fit.runtime_gib)[built] == 0.0
+    assert same["runtime"] == units.gib_to_bytes(fit.runtime_gib)
 
 
 def test_fp16s_overflow_check_takes_host_time_where_the_buffer_lives():

@@ -7,7 +7,10 @@
 # alternation (one process per run: the allocator is configured when CUDA starts). Each result
 # line holds the allocated and reserved peaks and the allocator's own account of its slack
 # (inactive split blocks, segments, retries). SPECS overrides the list (run.json paths; each
-# one's DeepSpeed config is the .json beside it); STEPS / WARMUP the loop's length.
+# one's DeepSpeed config is the .json beside it); STEPS / WARMUP the loop's length; CONFS the
+# allocator settings (space-separated, "default" for none); TRACE=1 also records every allocator
+# event of each run (raw_deepspeed.py --memory-trace, in allocator.tar.gz), e.g.
+#   run(command="TRACE=1 CONFS=default STEPS=2 WARMUP=1 bash benchmarks/device/run_allocator.sh", ...)
 set -uo pipefail
 NAME=run_allocator
 # shellcheck source=benchmarks/device/lib.sh
@@ -19,16 +22,21 @@ $R/model-a/configs/zero3__gas-1.run.json
 $R/sweep-h200-1gpu-24g/configs/opt__mb-4__rbs-5e7.run.json"}
 STEPS=${STEPS:-5}
 WARMUP=${WARMUP:-2}
-CONFS=("" "expandable_segments:True")
+read -r -a CONFS <<<"${CONFS:-default expandable_segments:True}"
+TRACE=${TRACE:-0}
 
 one() { # one SPEC CONF OUT
-  env ${2:+PYTORCH_CUDA_ALLOC_CONF=$2} OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run \
+  local trace=()
+  [ "$TRACE" = 1 ] && trace=(--memory-trace "${3%.json}.trace.jsonl.gz")
+  local conf=$2
+  [ "$conf" = default ] && conf=
+  env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run \
     --nnodes 1 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) \
     benchmarks/raw_deepspeed.py --spec "$1" --ds-config "${1%.run.json}.json" \
-    --steps "$STEPS" --warmup "$WARMUP" --out "$3" >"${3%.json}.log" 2>&1
+    --steps "$STEPS" --warmup "$WARMUP" --out "$3" "${trace[@]}" >"${3%.json}.log" 2>&1
 }
 export -f one versions build_ops
-export STEPS WARMUP
+export STEPS WARMUP TRACE
 
 show() { # show OUT: one line of what matters here
   python3 - "$1" <<'EOF'
@@ -54,9 +62,9 @@ for spec in $SPECS; do
   for conf in "${CONFS[@]}"; do
     i=$((i + 1))
     kind=default
-    [ -n "$conf" ] && kind=expandable
+    [ "$conf" != default ] && kind=expandable
     out=/tmp/raw-allocator/$i-$(basename "${spec%.run.json}")-$kind.json
-    timed "$(basename "$spec") ${conf:-default}" 150 one "$spec" "$conf" "$out" && show "$out"
+    timed "$(basename "$spec") $conf" 150 one "$spec" "$conf" "$out" && show "$out"
     [ -s "$out" ] || tail -5 "${out%.json}.log"
   done
 done

@@ -20,7 +20,9 @@ the dtype), which dominates at large vocabulary and micro-batch; without checkpo
 layer plus the loss.
 
 **Host memory per node** (:func:`host_parts`): each rank's runtime (Python, torch, DeepSpeed; the
-CUDA context) and its partition as it builds the model (b·P_r); with optimizer offload the fp32
+CUDA context), measured at two moments: when ``deepspeed.initialize`` returns, holding the
+partition as it built the model (b·P_r), and in the steps, beside what is offloaded; the larger
+moment counts. With optimizer offload the fp32
 master and Adam moments (12·P_r), the fp32 gradients of each sub-group and the gradients in the
 dtype (pinned); with parameter offload the parameters (pinned) and the partitions they were
 copied from; NVMe offload's pinned swap buffers (``buffer_count`` x ``buffer_size``). On CUDA,
@@ -120,13 +122,20 @@ class AcceleratorFit:
     efficiency: float  # share of the calibrated matmul rate a training layer reaches
     dispatch_s_per_layer: float  # host time per layer and micro-step (ZeRO-3 hooks, launches)
     optimizer_params_per_s: float | None  # optimizer on the device (None: the CPU Adam rate)
-    runtime_gib: float  # host memory of one rank before the model (Python, torch, DeepSpeed)
+    runtime_gib: float  # host memory of one rank beside its model in the steps (Python, torch, ...)
     startup_s: float  # launch, imports, zero.Init and deepspeed.initialize of a small model
     startup_s_per_billion: float  # more per 1e9 parameters with offload (a quarter without)
     # GPU memory reserved (:func:`gpu_reserved_bytes`): the CUDA context beside torch's
     # allocator, and the allocator's slack over the allocated peak per :func:`reserved_features`
     cuda_context_gib: float = 0.0
     reserved_slack: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    # the runtime when deepspeed.initialize returns, before the first step loads the rest
+    # (CUDA kernels, cuBLAS); None: runtime_gib
+    runtime_at_init_gib: float | None = None
+
+    @property
+    def runtime_at_init(self) -> float:
+        return self.runtime_gib if self.runtime_at_init_gib is None else self.runtime_at_init_gib
 
 
 #: The reserved-memory constants, fitted by offload_study.prediction.accuracy.fit_reserved over
@@ -141,9 +150,14 @@ FP16_CHECK_PER_ADAM = 0.24
 FITS = {
     # H200 records (docs/results): their matmuls reach ~58 % of the calibrated rate (fitted);
     # the 134M-1.3B models take ~0.02 s per layer and micro-step whatever their size; FusedAdam
-    # updates ~3e10 parameters/s; a rank holds ~1.63 GiB before its model (fitted); start-up
-    # 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s (offload) for the 7B.
-    "cuda": AcceleratorFit(0.58, 0.020, 3e10, 1.63, 25.0, 7.0, **RESERVED_FIT),
+    # updates ~3e10 parameters/s; start-up 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s
+    # (offload) for the 7B. A rank's runtime, measured (not fitted): its resident memory
+    # without offload once deepspeed.initialize returns, 1.44 GiB, and after the first step,
+    # 2.04 GiB (benchmarks/raw_deepspeed.py's host_memory_gib_by_stage on an H200 lease,
+    # 2026-12-02: 1.442 / 2.041 GiB for a 134M model, 1.446 / 2.033 for 1.35B).
+    "cuda": AcceleratorFit(
+        0.58, 0.020, 3e10, 2.04, 25.0, 7.0, **RESERVED_FIT, runtime_at_init_gib=1.44
+    ),  # fmt: skip
     # CPU: the calibrated matmul rate as measured (no efficiency fitted) and the host time
     # per layer from the calibration's probe (0.004 s per layer only for a calibration made before the
     # probe existed); ~0.55 GiB per rank before the model and start-up 20-70 s, read from the
@@ -415,10 +429,13 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
         parts["parameters as first placed"] = float(b * part)
     if spec.offload_param == "nvme":
         parts["parameter swap buffers (pinned)"] = float(b * k.param_buffers)
-    # the partition as zero.Init built it is gone by the time the offloaded states are made:
-    # it only counts where it is the larger of the two moments
-    beyond = max(0.0, b * part - (sum(parts.values()) - parts["runtime"]))
-    parts["model as built (partition), beyond the offloaded states"] = beyond
+    # Two moments: deepspeed.initialize holds the partition as zero.Init built it (it moves
+    # the partitions to the host to defragment the GPU) beside the runtime of that moment;
+    # the steps hold the offloaded states beside the runtime the first step grew to. The
+    # first counts only where it is the larger.
+    at_init = units.gib_to_bytes(fit.runtime_at_init) + b * part
+    beyond = max(0.0, at_init - sum(parts.values()))
+    parts["model as built (partition) at initialization, beyond the steps"] = beyond
     return parts
 
 
