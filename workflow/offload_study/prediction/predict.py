@@ -154,7 +154,8 @@ FITS = {
     # (offload) for the 7B. A rank's runtime, measured (not fitted): its resident memory
     # without offload once deepspeed.initialize returns, 1.44 GiB, and after the first step,
     # 2.04 GiB (benchmarks/raw_deepspeed.py's host_memory_gib_by_stage on an H200 lease,
-    # 2026-12-02: 1.442 / 2.041 GiB for a 134M model, 1.446 / 2.033 for 1.35B).
+    # 2026-12-02: 1.442 / 2.041 GiB for a 134M model, 1.446 / 2.033 for 1.35B; the results in
+    # docs/results/h200-1gpu/host-runtime-2026-12-02/).
     "cuda": AcceleratorFit(
         0.58, 0.020, 3e10, 2.04, 25.0, 7.0, **RESERVED_FIT, runtime_at_init_gib=1.44
     ),  # fmt: skip
