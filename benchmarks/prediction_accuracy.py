@@ -95,7 +95,7 @@ def record_rows(
 
 
 def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
-    memory = predict.predict_memory(spec, ds_config)
+    memory = predict.predict_memory(spec, ds_config, cal)
     times = predict.step_time(spec, ds_config, cal)
     ds = predict.deepspeed_estimate(spec)
     cuda = spec.accelerator == "cuda"

@@ -91,6 +91,10 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(tmp_path):
                  cal.disk_write_gb_s, cal.collective_latency_s, cal.interconnect_gb_s):  # fmt: skip
         assert math.isfinite(rate) and rate > 0
     assert 1e-6 < cal.collective_latency_s < 0.1
+    # a rank's host runtime, measured in a fresh process (on an H200: 1.43 / 2.02-2.06 GiB)
+    assert 0.1 < cal.runtime_at_init_gib < 8 and 0.1 < cal.runtime_gib < 8
+    assert cal.runtime_gib >= 0.9 * cal.runtime_at_init_gib  # the first step adds, not frees
+    assert "runtime" not in cal.provenance["probe_errors"]
     # seconds per layer forward and backward, and of the rest, for 1 and 2 ranks
     assert len(layer_costs) == 6 and all(0 <= cost < 1 for cost in layer_costs)
     assert cal.h2d_gb_s is cal.d2h_gb_s is cal.pageable_h2d_gb_s is None  # no GPU here

@@ -616,3 +616,24 @@ def test_report_partial_renders_predictions_and_labels_predict_only(tmp_path):
     predicted_gib = contracts.read_predictions(plan["prediction"]["plan_csv"])["zero3-2gpu"].gpu_gib
     assert "ZeRO-3 (8 GPU), predicted" in html and f"{predicted_gib:.2f} / 60.60" in html
     assert _environment().get_template("_predicted.html.j2").render(predicted=None).strip() == ""
+
+
+def test_the_host_runtime_is_the_calibrations_where_its_machine_measured_it():
+    """calibrate.runtime_probe's two values replace predict.FITS's on their accelerator; a
+    calibration without them, or of another accelerator, leaves FITS's."""
+    spec = gpu_spec()
+    fit = predict.FITS["cuda"]
+    as_fit = tuple(units.gib_to_bytes(v) for v in (fit.runtime_at_init, fit.runtime_gib))
+    assert predict.runtime_bytes(spec) == predict.runtime_bytes(spec, CAL) == as_fit
+    measured = dataclasses.replace(CAL, runtime_at_init_gib=1.0, runtime_gib=3.0)
+    assert predict.runtime_bytes(spec, measured) == (
+        units.gib_to_bytes(1.0),
+        units.gib_to_bytes(3.0),
+    )
+    other = dataclasses.replace(measured, accelerator="cpu")
+    assert predict.runtime_bytes(spec, other) == as_fit
+    shape, k = predict.model_shape(spec), predict.knobs(ds(spec))
+    host = predict.rank_host_parts(spec, shape, k, measured)
+    assert host["runtime"] == units.gib_to_bytes(3.0)
+    memory = predict.predict_memory(spec, ds(spec), measured)
+    assert memory.host["runtime"] == units.gib_to_bytes(3.0) * spec.gpus_per_node

@@ -668,6 +668,11 @@ class Calibration:
     # cores, elements/s (None: a file from before it; the prediction then scales CPU Adam's
     # rate by predict.FP16_CHECK_PER_ADAM)
     fp16_check_elems_per_s: float | None = None
+    # a training rank's host memory beside its model, GiB: when deepspeed.initialize returns
+    # and after its first step (calibrate.runtime_probe; None: a file from before it, or the
+    # probe failed: the prediction then takes predict.FITS's, measured on an H200)
+    runtime_at_init_gib: float | None = None
+    runtime_gib: float | None = None
     h2d_gb_s: float | None = None  # pinned host -> device copies (cuda only)
     d2h_gb_s: float | None = None  # pinned device -> host
     pageable_h2d_gb_s: float | None = None  # from ordinary (unpinned) host memory

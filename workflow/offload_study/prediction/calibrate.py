@@ -610,6 +610,70 @@ def probe_rank(out: str) -> None:
     dist.destroy_process_group()
 
 
+def runtime_rank(out: str) -> None:
+    """The rank of :func:`runtime_probe` (torchrun, a fresh process): what a training rank holds
+    on the host beside its model, at the two moments predict.rank_host_parts compares: when
+    ``deepspeed.initialize`` returns (ZeRO-3, a tiny Llama built under ``zero.Init`` on the
+    accelerator, as the harness builds its model) and after its first optimizer step (the
+    kernels and libraries a step loads on first use). GiB, written to ``out``."""
+    import deepspeed
+    import torch
+    import torch._dynamo  # noqa: F401  (before zero.Init, as offload_study.training.harness)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from offload_study.training.probes import resident_bytes
+
+    cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    config = _probe_config()
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=PROBE_LAYERS[0]))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config)  # fmt: skip
+    at_init = resident_bytes()
+    tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, PROBE_SEQS[0]))
+    tokens = tokens.to(engine.device)
+    engine.backward(engine(input_ids=tokens, labels=tokens).loss)
+    engine.step()
+    runtime = {"runtime_at_init_gib": units.bytes_to_gib(at_init),
+               "runtime_gib": units.bytes_to_gib(resident_bytes())}  # fmt: skip
+    Path(out).write_text(json.dumps(runtime))
+    torch.distributed.destroy_process_group()
+
+
+def _torchrun_module(ranks: int, flag: str, env: dict) -> tuple[dict | None, str]:
+    """Run this module with ``flag OUT`` under torchrun, ``ranks`` processes on this machine:
+    (what rank 0 wrote to OUT, or None, and the command's stderr)."""
+    from offload_study.training.launch import default_torchrun, free_port
+
+    with tempfile.TemporaryDirectory(prefix="offload-study-probe-") as tmp:
+        out = Path(tmp) / "probe.json"
+        cmd = [*default_torchrun(), "--nnodes", "1", "--nproc_per_node", str(ranks),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+               "-m", "offload_study.prediction.calibrate", flag, str(out)]  # fmt: skip
+        res = subprocess.run(
+            cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        )  # fmt: skip
+        # Rank 0 writes its result before the group is torn down; a crash in the teardown
+        # (seen once: "terminate called without an active exception") leaves a whole result.
+        if not out.is_file():
+            return None, f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}"
+        return json.loads(out.read_text()), res.stderr
+
+
+def runtime_probe(accelerator: str) -> tuple[dict | None, str | None]:
+    """(:func:`runtime_rank`'s GiB, None), or (None, why): a fresh process, since this one holds
+    the rates' buffers. The prediction falls back on predict.FITS's measured values."""
+    try:
+        runtime, stderr = _torchrun_module(1, "--runtime-probe", {"DS_ACCELERATOR": accelerator})
+    except (subprocess.TimeoutExpired, json.JSONDecodeError) as err:
+        runtime, stderr = None, str(err)
+    if runtime is None:
+        print(f"calibrate: runtime probe: {stderr[-2000:]}", file=sys.stderr)
+        return None, stderr[-2000:]
+    return runtime, None
+
+
 def zero3_probe(ranks: int) -> dict:
     """Run :func:`probe_rank` in a gloo group of ``ranks`` processes of one thread each; its
     ``values`` and ``spread``. One thread, though a one-rank run gets two on 2 cores: a second
@@ -619,22 +683,12 @@ def zero3_probe(ranks: int) -> dict:
     median 0.3-1.6 s with two at load 3-4; a 2-thread one-rank probe gave 0.002 and 0.034 s per
     layer forward in runs minutes apart, the 1-thread one 0.002-0.004). The FLOPs that a
     second thread would split are counted at the calibrated matmul rate."""
-    from offload_study.training.launch import default_torchrun, free_port
-
-    with tempfile.TemporaryDirectory(prefix="offload-study-probe-") as tmp:
-        out = Path(tmp) / "probe.json"
-        cmd = [*default_torchrun(), "--nnodes", "1", "--nproc_per_node", str(ranks),
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               "-m", "offload_study.prediction.calibrate", "--probe", str(out)]  # fmt: skip
-        env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-        res = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
-        )  # fmt: skip
-        # Rank 0 writes its result before the group is torn down; a crash in the teardown
-        # (seen once: "terminate called without an active exception") leaves a whole result.
-        if not out.is_file():
-            raise RuntimeError(f"ZeRO-3 probe failed ({' '.join(cmd)}):\n{res.stderr[-3000:]}")
-        return json.loads(out.read_text())
+    probe, stderr = _torchrun_module(
+        ranks, "--probe", {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    )
+    if probe is None:
+        raise RuntimeError(f"ZeRO-3 probe: {stderr}")
+    return probe
 
 
 def probe_costs(ranks: int, attempts: int = 2) -> tuple[dict | None, str | None]:
@@ -686,6 +740,10 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
             rates.update(probe["values"])
             spread.update(probe["spread"])
         rates["zero3_layer_s"] = rates["zero3_layer_s"] or None
+    runtime, why = runtime_probe(accelerator)
+    rates.update(runtime or {})
+    if why:
+        probe_errors["runtime"] = why
     disk = disk_gb_s(cluster["nvme_path"], size["disk"]) if cluster.get("nvme_path") else {}
     provenance = {
         "host": platform.node(),
@@ -745,9 +803,13 @@ def main(argv=None) -> int:
         "matmul at its layer shapes, copies at its reduce buckets, until stable",
     )
     p.add_argument("--probe", help=argparse.SUPPRESS)  # one rank of zero3_probe (torchrun)
+    p.add_argument("--runtime-probe", help=argparse.SUPPRESS)  # runtime_probe's rank
     a = p.parse_args(argv)
     if a.probe:
         probe_rank(a.probe)
+        return 0
+    if a.runtime_probe:
+        runtime_rank(a.runtime_probe)
         return 0
     if not (a.cluster and a.out):
         p.error("--cluster and --out are required")

@@ -403,12 +403,25 @@ def pinned_host(spec: RunSpec, k: Knobs) -> bool:
     return spec.accelerator == "cuda" and bool(k.pin_memory)
 
 
-def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
+def runtime_bytes(spec: RunSpec, cal: Calibration | None = None) -> tuple[int, int]:
+    """A rank's host memory beside its model, (when deepspeed.initialize returns, in the
+    steps): as the cluster's calibration measured it on its machine, else :data:`FITS`'s."""
+    fit = FITS[spec.accelerator]
+    at_init, steps = fit.runtime_at_init, fit.runtime_gib
+    if cal is not None and cal.runtime_gib is not None and cal.accelerator == spec.accelerator:
+        steps = cal.runtime_gib
+        at_init = steps if cal.runtime_at_init_gib is None else cal.runtime_at_init_gib
+    return units.gib_to_bytes(at_init), units.gib_to_bytes(steps)
+
+
+def rank_host_parts(
+    spec: RunSpec, shape: ModelShape, k: Knobs, cal: Calibration | None = None
+) -> dict[str, float]:
     """Host bytes of one rank by what holds them (device memory of a CPU rank not included)."""
     b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
     buf = _pow2 if pinned_host(spec, k) else float
-    fit = FITS[spec.accelerator]
-    parts = {"runtime": float(units.gib_to_bytes(fit.runtime_gib))}
+    runtime_at_init, runtime = runtime_bytes(spec, cal)
+    parts = {"runtime": float(runtime)}
     if spec.offload_optimizer == "cpu":
         parts.update(offloaded_optimizer_host_parts(spec, shape, k, buf))
     if spec.offload_optimizer == "nvme":
@@ -434,8 +447,7 @@ def rank_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, flo
     # the partitions to the host to defragment the GPU) beside the runtime of that moment;
     # the steps hold the offloaded states beside the runtime the first step grew to. The
     # first counts only where it is the larger.
-    at_init = units.gib_to_bytes(fit.runtime_at_init) + b * part
-    beyond = max(0.0, at_init - sum(parts.values()))
+    beyond = max(0.0, runtime_at_init + b * part - sum(parts.values()))
     parts["model as built (partition) at initialization, beyond the steps"] = beyond
     return parts
 
@@ -513,8 +525,9 @@ class Memory:
         return units.bytes_to_gib(sum(self.nvme.values()))
 
 
-def predict_memory(spec: RunSpec, ds_config: dict) -> Memory | None:
-    """The memory prediction of a run (None when the model's shape is unknown)."""
+def predict_memory(spec: RunSpec, ds_config: dict, cal: Calibration | None = None) -> Memory | None:
+    """The memory prediction of a run (None when the model's shape is unknown); ``cal`` gives
+    the host runtime its machine measured (:func:`runtime_bytes`)."""
     if spec.engine in ENGINE_MODELS:  # its own model (FSDP2 keeps other things where)
         return ENGINE_MODELS[spec.engine].predict_memory(spec)
     shape = model_shape(spec)
@@ -522,7 +535,7 @@ def predict_memory(spec: RunSpec, ds_config: dict) -> Memory | None:
         return None
     k = knobs(ds_config)
     gpu = gpu_parts(spec, shape, k)
-    rank = rank_host_parts(spec, shape, k)
+    rank = rank_host_parts(spec, shape, k, cal)
     if spec.accelerator == "cpu":  # a CPU rank's "GPU" memory is host memory too
         rank = {**rank, **{f"device: {name}": v for name, v in gpu.items()}}
     host = {name: v * spec.gpus_per_node for name, v in rank.items()}
@@ -981,7 +994,7 @@ def predict(
 ) -> Prediction:  # fmt: skip
     """The plan.csv row of a run: memory, DeepSpeed's estimate (``with_deepspeed``), step time
     and GPU-hours (``cal`` given), and the verdict of :func:`refusal`."""
-    memory = predict_memory(spec, ds_config)
+    memory = predict_memory(spec, ds_config, cal)
     times = step_time(spec, ds_config, cal) if cal else None
     shape = model_shape(spec)
     note = mode_note(spec, shape, knobs(ds_config)) if shape else None
