@@ -610,6 +610,15 @@ def probe_rank(out: str) -> None:
     dist.destroy_process_group()
 
 
+def resident_bytes() -> int:
+    """This process's resident host memory now (VmRSS: the peak, ru_maxrss, would hold the
+    moments before too)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024  # kB -> bytes
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def runtime_rank(out: str) -> None:
     """The rank of :func:`runtime_probe` (torchrun, a fresh process): what a training rank holds
     on the host beside its model, at the two moments predict.rank_host_parts compares: when
@@ -620,8 +629,6 @@ def runtime_rank(out: str) -> None:
     import torch
     import torch._dynamo  # noqa: F401  (before zero.Init, as offload_study.training.harness)
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from offload_study.training.probes import resident_bytes
 
     cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")

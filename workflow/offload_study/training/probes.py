@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import resource
 import threading
-from pathlib import Path
 
 from offload_study.core import devices, units
 from offload_study.core.contracts import GPU_CAP_LOG_PREFIX, RunSpec
@@ -60,14 +59,6 @@ def set_up_device(spec: RunSpec, is_cuda: bool, local_rank: int) -> dict:
 def host_peak_rss_bytes() -> int:
     # ru_maxrss is in KiB on Linux
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB -> bytes
-
-
-def resident_bytes() -> int:
-    """The process's resident host memory now (VmRSS; ru_maxrss holds only the peak)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024  # kB -> bytes
-    return host_peak_rss_bytes()  # no /proc: the peak is the closest there is
 
 
 def nvml_used_bytes(device_index: int) -> int | None:
