@@ -172,3 +172,11 @@ def test_workload_of_a_study_is_its_partition_layer_shapes_and_buckets():
     assert m % 2 == 0 and k > 0 and n > 0
     assert calibrate.layer_matmuls(8, 4, 16, 2) == [(8, 4, 4), (8, 4, 4), (8, 4, 2), (8, 4, 2),
                                                    (8, 4, 16), (8, 4, 16), (8, 16, 4)]  # fmt: skip
+
+
+def test_the_runtime_probe_measures_a_fresh_rank_at_both_moments():
+    """calibrate.runtime_probe (a CUDA cluster's: a process of its own) run on this CPU: a
+    tiny Llama's rank under torchrun, its resident memory at initialization and after a step."""
+    runtime, why = calibrate.runtime_probe("cpu")
+    assert why is None
+    assert 0.1 < runtime["runtime_at_init_gib"] <= 1.1 * runtime["runtime_gib"] < 8

@@ -601,10 +601,15 @@ def probe_rank(out: str) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     deepspeed.init_distributed(dist_backend="gloo")
+    # the one-rank probe is a fresh CPU process: the runtime there first (a process of its own,
+    # calibrate.runtime_probe, would cost a CPU cluster's calibration ~35 s more on 2 cores)
+    alone = dist.get_world_size() == 1
+    runtime = {"values": _runtime_gib(torch, deepspeed)} if alone else {}
     zero3 = _zero3_costs(torch, deepspeed, dist)
-    gather = _allgather_costs(torch, dist) if dist.get_world_size() > 1 else {}
+    gather = _allgather_costs(torch, dist) if not alone else {}
     if dist.get_rank() == 0:
-        result = {key: {**zero3[key], **gather.get(key, {})} for key in ("values", "spread")}
+        result = {key: {**zero3[key], **gather.get(key, {}), **runtime.get(key, {})}
+                  for key in ("values", "spread")}  # fmt: skip
         Path(out).write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
@@ -619,19 +624,16 @@ def resident_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def runtime_rank(out: str) -> None:
-    """The rank of :func:`runtime_probe` (torchrun, a fresh process): what a training rank holds
-    on the host beside its model, at the two moments predict.rank_host_parts compares: when
-    ``deepspeed.initialize`` returns (ZeRO-3, a tiny Llama built under ``zero.Init`` on the
-    accelerator, as the harness builds its model) and after its first optimizer step (the
-    kernels and libraries a step loads on first use). GiB, written to ``out``."""
-    import deepspeed
-    import torch
+def _runtime_gib(torch, deepspeed) -> dict[str, float]:
+    """What a training rank holds on the host beside its model, at the two moments
+    predict.rank_host_parts compares: when ``deepspeed.initialize`` returns (ZeRO-3, a tiny
+    Llama built under ``zero.Init`` on the accelerator, as the harness builds its model) and
+    after its first optimizer step (the kernels and libraries a step loads on first use), GiB.
+    Measured first thing in a fresh process (its distributed group up), before anything else
+    the process holds."""
     import torch._dynamo  # noqa: F401  (before zero.Init, as offload_study.training.harness)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
-    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
     config = _probe_config()
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=PROBE_LAYERS[0]))
@@ -642,9 +644,19 @@ def runtime_rank(out: str) -> None:
     tokens = tokens.to(engine.device)
     engine.backward(engine(input_ids=tokens, labels=tokens).loss)
     engine.step()
-    runtime = {"runtime_at_init_gib": units.bytes_to_gib(at_init),
-               "runtime_gib": units.bytes_to_gib(resident_bytes())}  # fmt: skip
-    Path(out).write_text(json.dumps(runtime))
+    return {"runtime_at_init_gib": units.bytes_to_gib(at_init),
+            "runtime_gib": units.bytes_to_gib(resident_bytes())}  # fmt: skip
+
+
+def runtime_rank(out: str) -> None:
+    """The rank of :func:`runtime_probe` (torchrun, a fresh process on the accelerator):
+    :func:`_runtime_gib`, written to ``out``."""
+    import deepspeed
+    import torch
+
+    cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    Path(out).write_text(json.dumps(_runtime_gib(torch, deepspeed)))
     torch.distributed.destroy_process_group()
 
 
@@ -670,7 +682,8 @@ def _torchrun_module(ranks: int, flag: str, env: dict) -> tuple[dict | None, str
 
 def runtime_probe(accelerator: str) -> tuple[dict | None, str | None]:
     """(:func:`runtime_rank`'s GiB, None), or (None, why): a fresh process, since this one holds
-    the rates' buffers. The prediction falls back on predict.FITS's measured values."""
+    the rates' buffers (a CPU cluster's comes from the one-rank ZeRO-3 probe instead). The
+    prediction falls back on predict.FITS's measured values."""
     try:
         runtime, stderr = _torchrun_module(1, "--runtime-probe", {"DS_ACCELERATOR": accelerator})
     except (subprocess.TimeoutExpired, json.JSONDecodeError) as err:
@@ -747,10 +760,11 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
             rates.update(probe["values"])
             spread.update(probe["spread"])
         rates["zero3_layer_s"] = rates["zero3_layer_s"] or None
-    runtime, why = runtime_probe(accelerator)
-    rates.update(runtime or {})
-    if why:
-        probe_errors["runtime"] = why
+    if accelerator != "cpu":  # a CPU cluster's one-rank ZeRO-3 probe measured it
+        runtime, why = runtime_probe(accelerator)
+        rates.update(runtime or {})
+        if why:
+            probe_errors["runtime"] = why
     disk = disk_gb_s(cluster["nvme_path"], size["disk"]) if cluster.get("nvme_path") else {}
     provenance = {
         "host": platform.node(),
