@@ -332,7 +332,8 @@ def snakemake(work: Path, *args: str, background: bool = False):
 @pytest.mark.injects_fault
 def test_snakemake_killed_mid_study_and_restarted(tmp_path, results_ledger, cpu_calibration):
     """SIGKILL to the Snakemake process (and its job) while the second run goes; the restart
-    (--rerun-incomplete) re-runs only that run, the first record stays byte for byte."""
+    (--rerun-incomplete) re-runs only that run, the first record stays byte for byte. Then a
+    run of the finished study is cancelled: the next invocation makes it again."""
     work = copy_repo_for_run(tmp_path, cpu_calibration, "local-cpu")
     study_file(work)
     results = work / "results" / "local-cpu" / "killed"
@@ -360,6 +361,22 @@ def test_snakemake_killed_mid_study_and_restarted(tmp_path, results_ledger, cpu_
     for name in (done, other):  # one archived record each: the first was not run again
         assert load_record(results / name / "rep0")["outcome"] == "ok"
     assert (work / "reports" / "local-cpu" / "killed" / "report.html").is_file()
+    cancelled_run_made_again(work, results / done / "rep0")
+
+
+def cancelled_run_made_again(work: Path, record: Path) -> None:
+    """A finished study (its tables and report built) whose run SLURM cancelled: the next
+    invocation makes the run again (the retry policy), and the report shows the new record."""
+    metrics = read_json(record / "metrics.json")
+    write_json(record / "metrics.json",
+               {**metrics, "outcome": "cancelled", "error_excerpt": "received signal 15"})  # fmt: skip
+    res = snakemake(work)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "retry policy:" in res.stderr and "cancelled, re-run" in res.stderr, res.stderr
+    assert len(re.findall(r"^(?:local)?rule train:", res.stderr, re.M)) == 1, res.stderr
+    assert read_json(record / "metrics.json")["outcome"] == "ok"
+    runs = pd.read_csv(record.parents[1] / "runs.csv")
+    assert set(runs["outcome"]) == {"ok"} and runs["retries"].sum() == 1
 
 
 def crash(pid: int) -> None:

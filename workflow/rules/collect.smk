@@ -12,14 +12,14 @@ rule collect:
         ),
     output:
         runs=report(
-            f"{RESULTS}/runs.csv",
+            f"{RESULTS}/{layout.RUNS_CSV}",
             caption="../report/runs.rst",
             category="Tables",
             labels={"table": "runs (one row per run)"},
         ),
-        parquet=f"{RESULTS}/runs.parquet",
+        parquet=f"{RESULTS}/{layout.RUNS_PARQUET}",
         summary=report(
-            f"{RESULTS}/summary.csv",
+            f"{RESULTS}/{layout.SUMMARY_CSV}",
             caption="../report/summary.rst",
             category="Tables",
             labels={"table": "summary (one row per scenario)"},

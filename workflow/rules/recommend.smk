@@ -63,7 +63,7 @@ rule recommend:
         ),
         plan_csv=rules.plan.output.csv,
     output:
-        json=f"{RECOMMEND_DIR}/recommendation.json",
+        json=f"{RECOMMEND_DIR}/{layout.RECOMMENDATION_JSON}",
         ds_config=f"{RECOMMEND_DIR}/recommended.ds_config.json",
         html=f"{REPORT_DIR}/recommend.html",
     log:

@@ -44,7 +44,11 @@ CONFIGS_DIR = "configs"
 ARCHIVE_DIR = "archive"
 RECOMMEND_DIR = "recommend"
 LOGS_DIR = "logs"
+RUNS_CSV = "runs.csv"
+RUNS_PARQUET = "runs.parquet"
 SUMMARY_CSV = "summary.csv"
+#: recommend's decision, in the study's RECOMMEND_DIR
+RECOMMENDATION_JSON = "recommendation.json"
 
 
 def cluster_file(cluster: str, cluster_dir: str | Path = CLUSTER_DIR) -> Path:
@@ -111,6 +115,16 @@ def study_of_record(record: str | Path) -> Path:
 def archive_dir(study: str | Path, scenario: str, repeat: int, stamp: str) -> Path:
     """<study>/archive/<scenario>/rep<k>/<stamp>: a superseded copy of a record."""
     return Path(study) / ARCHIVE_DIR / scenario / f"rep{repeat}" / stamp
+
+
+def made_from_records(study: str | Path) -> list[Path]:
+    """What the workflow made from a study's records, never measured: collect's tables,
+    recommend's decision and its rounds after the first (round 0 reads only the plan)."""
+    study = Path(study)
+    recommend = study / RECOMMEND_DIR
+    rounds = [p for p in recommend.glob("selected.round*.json") if p.stem != "selected.round0"]
+    return [*(study / name for name in (RUNS_CSV, RUNS_PARQUET, SUMMARY_CSV)),
+            recommend / RECOMMENDATION_JSON, *sorted(rounds)]  # fmt: skip
 
 
 def report_dir(cluster: str, study: str) -> str:

@@ -13,7 +13,10 @@ taken out for a retry, it is moved into the archive unless a copy of every byte 
 
 A record whose failure the retry policy re-runs (:data:`offload_study.training.outcome.RETRY_POLICY`)
 leaves its place for the archive when the workflow is parsed (:func:`retry_failed_runs`), so that
-Snakemake, finding its outputs missing, runs it again.
+Snakemake, finding its outputs missing, runs it again (the default target names every record; for
+`snakemake recommend`, recommend's decision goes with it). What was made from the records (the
+tables, recommend's decision) goes with it: they would show a record that is no longer in place,
+and Snakemake makes a missing file again only when a target or a job that runs needs it.
 """
 
 from __future__ import annotations
@@ -253,4 +256,17 @@ def retry_failed_runs(study: str | Path, runs, retries: dict, move: bool = True)
     """RetryNotes of the failed records among ``runs`` ((scenario, repeat) pairs); those the
     policy re-runs are taken out of place (``move``) so that the next run makes them again."""
     notes = (retry_failed_run(Path(study), s, int(r), retries, move) for s, r in runs)
-    return [n for n in notes if n is not None]
+    notes = [n for n in notes if n is not None]
+    if move and any(n.retried for n in notes):
+        forget_what_records_made(study)
+    return notes
+
+
+def forget_what_records_made(study: str | Path) -> None:
+    """Remove what the workflow made from the study's records (layout.made_from_records): they
+    are derived, so removing them loses nothing, and the next run makes them again from the records
+    then in place. recommend's decision is `snakemake recommend`'s target: without it, that target
+    stands and its records taken out are never made again (Snakemake ignores a missing
+    intermediate file; the chaos run's "Nothing to be done")."""
+    for path in layout.made_from_records(study):
+        path.unlink(missing_ok=True)

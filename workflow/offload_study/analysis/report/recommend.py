@@ -29,7 +29,7 @@ from offload_study.core import contracts, layout, verdict
 from offload_study.core.contracts import read_json
 
 #: Where recommendation.json lies, relative to the study's results folder (beside plan.json).
-RECOMMENDATION = Path("recommend") / "recommendation.json"
+RECOMMENDATION = Path(layout.RECOMMEND_DIR) / layout.RECOMMENDATION_JSON
 
 #: The file name the winner's DeepSpeed config downloads as (rule recommend's ds_config output).
 DS_CONFIG_NAME = "recommended.ds_config.json"
