@@ -12,6 +12,10 @@ The seed is printed; ``CHAOS_SEED=<seed>`` repeats its choices; ``CHAOS_SEED=ran
 run"). Seed 1801717880 once reported a loss, which led to two fixes: a record now leaves its
 place only for the archive (placement.leave_for_archive), and a record counts as seen only when
 two snapshots in a row read it alike (a single read can catch an output Snakemake is deleting).
+Seed 7 once lost one (2026-12-02): a rank SIGKILLed, the study finished with its rank_lost
+record, and the next invocation took the record out for a retry but found "Nothing to be done"
+(Snakemake ignores a missing file while what was made from it stands): the default target now
+names every record (Snakefile, rule all; test_faults covers it without faults at random).
 Each run: a 1-rank tiny Llama, 1 warm-up + 2 steps, the session's calibration.
 """
 
