@@ -31,7 +31,7 @@ checkpoint recommend_select:
         space=rules.recommend_space.output[0],
         plan_csv=rules.plan.output.csv,
     output:
-        f"{RECOMMEND_DIR}/selected.round{{round}}.json",
+        f"{RECOMMEND_DIR}/{layout.RECOMMEND_ROUND}",
     log:
         f"{RESULTS}/logs/recommend_select.round{{round}}.log",
     wildcard_constraints:

@@ -47,8 +47,9 @@ LOGS_DIR = "logs"
 RUNS_CSV = "runs.csv"
 RUNS_PARQUET = "runs.parquet"
 SUMMARY_CSV = "summary.csv"
-#: recommend's decision, in the study's RECOMMEND_DIR
+#: recommend's decision, and each round's selection (a pattern over "round"), in RECOMMEND_DIR
 RECOMMENDATION_JSON = "recommendation.json"
+RECOMMEND_ROUND = "selected.round{round}.json"
 
 
 def cluster_file(cluster: str, cluster_dir: str | Path = CLUSTER_DIR) -> Path:
@@ -122,7 +123,8 @@ def made_from_records(study: str | Path) -> list[Path]:
     recommend's decision and its rounds after the first (round 0 reads only the plan)."""
     study = Path(study)
     recommend = study / RECOMMEND_DIR
-    rounds = [p for p in recommend.glob("selected.round*.json") if p.stem != "selected.round0"]
+    first = RECOMMEND_ROUND.format(round=0)
+    rounds = [p for p in recommend.glob(RECOMMEND_ROUND.format(round="*")) if p.name != first]
     return [*(study / name for name in (RUNS_CSV, RUNS_PARQUET, SUMMARY_CSV)),
             recommend / RECOMMENDATION_JSON, *sorted(rounds)]  # fmt: skip
 

@@ -13,10 +13,10 @@ taken out for a retry, it is moved into the archive unless a copy of every byte 
 
 A record whose failure the retry policy re-runs (:data:`offload_study.training.outcome.RETRY_POLICY`)
 leaves its place for the archive when the workflow is parsed (:func:`retry_failed_runs`), so that
-Snakemake, finding its outputs missing, runs it again (the default target names every record; for
-`snakemake recommend`, recommend's decision goes with it). What was made from the records (the
-tables, recommend's decision) goes with it: they would show a record that is no longer in place,
-and Snakemake makes a missing file again only when a target or a job that runs needs it.
+Snakemake, finding its outputs missing, runs it again. Snakemake makes a missing file again only
+when a target, or a job that runs, needs it: the default target names every record, and what was
+made from the records (the tables; recommend's decision, `snakemake recommend`'s target) leaves
+with the record, which it would otherwise still show.
 """
 
 from __future__ import annotations
