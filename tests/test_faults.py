@@ -366,7 +366,7 @@ def test_snakemake_killed_mid_study_and_restarted(tmp_path, results_ledger, cpu_
 
 def cancelled_run_made_again(work: Path, record: Path) -> None:
     """A finished study (its tables and report built) whose run SLURM cancelled: the next
-    invocation makes the run again (the retry policy), and the report shows the new record."""
+    invocation makes the run again (the retry policy), and runs.csv holds the new record."""
     metrics = read_json(record / "metrics.json")
     write_json(record / "metrics.json",
                {**metrics, "outcome": "cancelled", "error_excerpt": "received signal 15"})  # fmt: skip

@@ -155,12 +155,16 @@ def test_an_infrastructure_failure_leaves_for_the_archive_until_the_budget_is_sp
     assert summary["n_retried"].iloc[0] == 2 and "retried:2" in summary["outcomes"].iloc[0]
 
 
+def round_file(r: int) -> str:
+    return layout.RECOMMEND_ROUND.format(round=r)
+
+
 def made_from_records(root: Path) -> list[Path]:
     """The tables and recommend files a finished study holds, made from its records."""
     study, recommend = study_dir(root), study_dir(root) / layout.RECOMMEND_DIR
     made = [study / layout.RUNS_CSV, study / layout.RUNS_PARQUET, study / layout.SUMMARY_CSV,
-            recommend / layout.RECOMMENDATION_JSON, recommend / "selected.round1.json"]  # fmt: skip
-    for path in [*made, recommend / "selected.round0.json"]:
+            recommend / layout.RECOMMENDATION_JSON, recommend / round_file(1)]  # fmt: skip
+    for path in [*made, recommend / round_file(0)]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
     return made
@@ -168,16 +172,16 @@ def made_from_records(root: Path) -> list[Path]:
 
 @pytest.mark.parametrize(("failure", "retried"), [("cancelled", True), ("gpu_oom", False)])
 def test_a_retried_record_takes_what_was_made_from_the_records_with_it(tmp_path, failure, retried):
-    """Snakemake makes a missing record again only when something downstream of it is missing
-    too (a finished study said "Nothing to be done"): a retry removes the derived files; round 0
-    of recommend (the plan's ranking alone) and a study whose failures stay keep theirs."""
+    """A retry removes the files derived from the records (the tables; recommend's decision,
+    `snakemake recommend`'s target, which Snakemake must find missing to make the record again);
+    round 0 of recommend (the plan's ranking alone) and a study whose failures stay keep theirs."""
     root = tmp_path / "w"
     place_failed(root, tmp_path / "scratch", "2026-12-01T10:00:00Z", failure, "boom")
     made = made_from_records(root)
     (note,) = placement.retry_failed_runs(study_dir(root), [("s", 0)], BUDGET)
     assert note.retried == retried
     assert [p.exists() for p in made] == [not retried] * len(made)
-    assert (study_dir(root) / layout.RECOMMEND_DIR / "selected.round0.json").is_file()
+    assert (study_dir(root) / layout.RECOMMEND_DIR / round_file(0)).is_file()
 
 
 @pytest.mark.parametrize("failure", WORKLOAD)
