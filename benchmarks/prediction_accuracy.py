@@ -117,7 +117,7 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "reserved_measured": raw.get("peak_gpu_reserved_gib") and units.gib_to_bytes(
             raw["peak_gpu_reserved_gib"]),
         "nvml_measured": raw.get("nvml_used_gib") and units.gib_to_bytes(raw["nvml_used_gib"]),
-        "features": predict.reserved_features(memory) if cuda else None,
+        "features": predict.reserved_features(spec, ds_config) if cuda else None,
         "parts": _parts(spec, times) if cuda and times else None,
         # predicted host bytes per node less the runtime of its ranks (FSDP2: refitted per study)
         "host_base": sum(memory.host.values())
@@ -256,18 +256,12 @@ def add_out_of_sample_errors(rows: list[dict]) -> None:
             r[key] = err
 
 
-def _deepspeed_only(fit):
-    """The constants are DeepSpeed's (predict.FITS, RESERVED_FIT): fitted on its records only;
-    an FSDP2 record is judged with them, never fitted to."""
-    return lambda rows: fit([r for r in rows if r["engine"] == "deepspeed"])
-
-
 #: error key -> (fit, evaluate) of the constants refitted leaving the judged study out (the
-#: step's per engine, the memory constants DeepSpeed's)
+#: step's per engine; the reserved slack's causes are each one engine's)
 OUT_OF_SAMPLE = {
     "step_error": (_step_fit, _step_error),
     "host_error": (_runtime_fit, _host_error),
-    "reserved_error": (_deepspeed_only(_reserved_fit), _reserved_error),
+    "reserved_error": (_reserved_fit, _reserved_error),
 }
 
 
@@ -469,13 +463,11 @@ def print_summaries(rows: list[dict]) -> None:
         if kind == "GPU":
             print("\n".join(noise_floor_lines(of_kind)))
     if any(r["kind"] == "GPU" for r in rows):
-        # DeepSpeed's constants, fitted on its records only (as leaving a study out does)
-        ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"
-              and r["engine"] == "deepspeed"]  # fmt: skip
-        slack, context = _reserved_fit(ok)
-        steps = _step_fit([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
+        ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
+        slack, context = _reserved_fit(ok)  # each engine's causes fitted on its records
+        steps = _step_fit(ok)
         (eff, disp), fsdp2_disp = steps["deepspeed"], steps["fsdp2"][1]
-        runtimes = _runtime_fit([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
+        runtimes = _runtime_fit(ok)
         fsdp2_gib = units.bytes_to_gib(runtimes["fsdp2"])
         fits = predict.FITS["cuda"]
         print(f"step fit over every GPU study: efficiency {eff:.2f}, dispatch {disp:.4f} s per "

@@ -83,7 +83,7 @@ def test_fit_reserved_recovers_a_linear_slack_and_fit_context_its_median():
 def test_reserved_prediction_adds_the_allocator_slack_and_the_context(gpu_spec):
     spec, ds = gpu_spec
     memory = predict.predict_memory(spec, ds)
-    reserved = predict.gpu_reserved_bytes(spec, memory)
+    reserved = predict.gpu_reserved_bytes(spec, memory, ds)
     context = 2**30 * predict.FITS["cuda"].cuda_context_gib
     assert reserved > sum(memory.gpu.values()) + context * 0.99
     row = predict.predict(spec, ds, None)
@@ -95,6 +95,53 @@ def test_reserved_prediction_adds_the_allocator_slack_and_the_context(gpu_spec):
     assert predict.refusal(dataclasses.replace(spec, force=False), tight) is not None
     older = dataclasses.replace(tight, gpu_reserved_bytes=None)  # a plan.csv before the column
     assert predict.refusal(dataclasses.replace(spec, force=False), older) is None
+
+
+def causes(features):
+    return dict(zip(predict.RESERVED_CAUSES, features, strict=True))
+
+
+def test_reserved_slack_sizes_each_cause_from_the_config(gpu_spec):
+    spec, ds = gpu_spec  # 1.91B, bf16, one GPU, CPU optimizer offload, 5e8-element buckets
+    shape = predict.model_shape(spec)
+    got = causes(predict.reserved_features(spec, ds))
+    assert got["the reduction stream's buckets"] == 2 * 5e8
+    assert got["one layer's parameters"] == pytest.approx(2 * shape.params / shape.layers)
+    assert got["gathered parameters"] == got["the fp16 overflow check on the GPU"] == 0.0
+    # a bucket larger than the model holds only its gradients (default-gpu's 134M model)
+    big = {**ds, "zero_optimization": {**ds["zero_optimization"], "reduce_bucket_size": 1e11}}
+    assert causes(predict.reserved_features(spec, big))["the reduction stream's buckets"] == (
+        2 * shape.params
+    )
+    # parameter offload gathers; fp16 with the optimizer on the GPU checks for overflow there
+    fetched = dataclasses.replace(spec, offload_param="cpu")
+    assert causes(predict.reserved_features(fetched, ds))["gathered parameters"] == 2 * 1e9
+    fp16 = dataclasses.replace(spec, dtype="fp16", offload_optimizer="none")
+    part = predict.partition(fp16, shape)
+    assert causes(predict.reserved_features(fp16, ds))["the fp16 overflow check on the GPU"] == (
+        3 * part
+    )
+
+
+def test_fsdp2_reserved_slack_is_the_loss_blocks_by_offload(gpu_spec):
+    spec, _ = gpu_spec
+    shape = predict.model_shape(spec)
+    loss = spec.micro_batch * spec.seq_len * shape.vocab * (2 + 12)
+    plain = dataclasses.replace(spec, engine="fsdp2", offload_optimizer="none")
+    offloaded = dataclasses.replace(spec, engine="fsdp2", offload_param="cpu")
+    assert causes(predict.reserved_features(plain, {})) == {
+        **causes(predict.reserved_vector({})),
+        "the loss's blocks, FSDP2 without offload": loss,
+    }
+    assert (
+        causes(predict.reserved_features(offloaded, {}))["the loss's blocks, FSDP2 with offload"]
+        == loss
+    )
+
+
+def test_reserved_vector_refuses_a_cause_it_does_not_know():
+    with pytest.raises(ValueError, match="not in RESERVED_CAUSES: \\['fragmentation'\\]"):
+        predict.reserved_vector({"fragmentation": 1.0})
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ from offload_study.prediction.predict import (
     flops_per_micro_step,
     layer_activation_bytes,
     model_shape,
+    reserved_vector,
 )
 
 FP32 = 4.0
@@ -182,6 +183,19 @@ def predict_memory(spec: RunSpec) -> Memory | None:
         rank = {**rank, **{f"device: {name}": v for name, v in gpu.items()}}
     host = {name: v * spec.gpus_per_node for name, v in rank.items()}
     return Memory(gpu=gpu, host=host, nvme={})
+
+
+def reserved_features(spec: RunSpec) -> tuple[float, ...]:
+    """The allocator's slack causes (:data:`predict.RESERVED_CAUSES`) of an FSDP2 run, bytes: the
+    loss's blocks, the logits in the compute dtype and three fp32 tensors of their size (upcast,
+    log-softmax, gradient), per micro-batch; with and without CPUOffloadPolicy apart, as the
+    backward reuses a different share of them."""
+    shape = model_shape(spec)
+    if shape is None:
+        return reserved_vector({})
+    loss = spec.micro_batch * spec.seq_len * shape.vocab * (DTYPE_BYTES[spec.dtype] + 3 * FP32)
+    mode = "with offload" if offloads(spec) else "without offload"
+    return reserved_vector({f"the loss's blocks, FSDP2 {mode}": loss})
 
 
 def host_adam_rate(cal: Calibration) -> float:

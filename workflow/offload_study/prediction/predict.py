@@ -109,9 +109,33 @@ ZENFLOW_DEFAULTS = {"topk_ratio": 0.1, "update_interval": "auto", "overlap_step"
                     "pt_reserved_cores_perc": 0.5}  # fmt: skip
 #: How far a prediction may pass its budget before the run is refused: the largest error the
 #: model showed against measured runs (benchmarks/prediction_accuracy.py), rounded up.
-#: The GPU check is on the reserved prediction: its out-of-sample errors reach +19 % on a capped
-#: run that fit (recommend-h200-1gpu-16g rec-opt-r0.8, 15.97 GiB reserved under 16 GiB).
+#: The GPU check is on the reserved prediction: its out-of-sample errors reach -14 % (model-b's
+#: NVMe optimizer row) and +13 % (docs/benchmarks.md, "Reserved memory: the slack by cause").
 MARGINS = {"gpu": 0.20, "host": 0.20, "nvme": 0.10}
+
+
+#: What torch's caching allocator keeps reserved beyond the allocated peak, by cause: what the
+#: replay of six traced runs found cached at their reserved peaks (offload_study.prediction.
+#: allocator; docs/benchmarks.md, "Reserved memory: the allocator replayed"). Each is sized by
+#: :func:`reserved_features`, in bytes, and weighed by the fitted ``reserved_slack``.
+RESERVED_CAUSES = (
+    # DeepSpeed: its reduction stream's buckets (2 segments of a bucket, which holds at most
+    # the model's gradients), cached on that stream, where nothing else reuses them
+    "the reduction stream's buckets",
+    # DeepSpeed, fp16 with the optimizer on the GPU: the overflow check's |gradients| and mask,
+    # made once per step and cached through the next backward
+    "the fp16 overflow check on the GPU",
+    # DeepSpeed, with parameters gathered (several ranks, or fetched from the host): split
+    # blocks of the gathers, freed and re-made at every fetch
+    "gathered parameters",
+    # DeepSpeed: one layer's parameters: its gathers, gradients and recomputation make blocks
+    # of its size that the next layer's do not fit exactly
+    "one layer's parameters",
+    # FSDP2: the loss's blocks (logits, their fp32 upcast, the log-softmax and its gradient)
+    # are made at the loss and stay cached; with CPUOffloadPolicy the backward reuses some
+    "the loss's blocks, FSDP2 without offload",
+    "the loss's blocks, FSDP2 with offload",
+)
 
 
 @dataclass(frozen=True)
@@ -126,9 +150,10 @@ class AcceleratorFit:
     startup_s: float  # launch, imports, zero.Init and deepspeed.initialize of a small model
     startup_s_per_billion: float  # more per 1e9 parameters with offload (a quarter without)
     # GPU memory reserved (:func:`gpu_reserved_bytes`): the CUDA context beside torch's
-    # allocator, and the allocator's slack over the allocated peak per :func:`reserved_features`
+    # allocator, and the weights of the allocator's slack over the allocated peak, one per
+    # RESERVED_CAUSES (:func:`reserved_features` sizes them)
     cuda_context_gib: float = 0.0
-    reserved_slack: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    reserved_slack: tuple[float, ...] = (0.0,) * len(RESERVED_CAUSES)
     # the runtime when deepspeed.initialize returns, before the first step loads the rest
     # (CUDA kernels, cuBLAS); None: runtime_gib
     runtime_at_init_gib: float | None = None
@@ -142,8 +167,8 @@ class AcceleratorFit:
 #: every committed H200 record (benchmarks/prediction_accuracy.py prints the fit and evaluates
 #: it leaving each study out): nvml's used memory less torch's reserved peak is 1.89-1.94 GiB
 #: on one GPU (2.7 with NCCL's buffers on two).
-RESERVED_FIT = {"cuda_context_gib": 1.918,
-                "reserved_slack": (2.239e9, 1.234, -0.1435, 0.105)}  # fmt: skip
+RESERVED_FIT = {"cuda_context_gib": 1.916,
+                "reserved_slack": (2.622, 0.55, 0.6761, 7.208, 1.197, 0.5213)}  # fmt: skip
 #: DeepSpeed's fp16 overflow check on the host per CPU Adam's rate with the same cores, for a
 #: calibration without ``fp16_check_elems_per_s``: benchmarks/fp16_check.py (docs/benchmarks.md).
 FP16_CHECK_PER_ADAM = 0.24
@@ -542,18 +567,36 @@ def predict_memory(spec: RunSpec, ds_config: dict, cal: Calibration | None = Non
     return Memory(gpu=gpu, host=host, nvme=nvme_parts(spec, shape))
 
 
-def reserved_features(memory: Memory) -> tuple[float, float, float, float]:
-    """What torch's caching allocator keeps reserved beyond the allocated peak grows with: a
-    constant, the reduce bucket and the largest activation transient (the loss or a recomputed
-    layer), freed and re-made every micro-step in blocks that do not fit the holes others left,
-    and the allocated peak (segments are rounded and split). Bytes."""
-    g = memory.gpu
-    transient = g.get("loss or one recomputed layer", 0.0) + g.get("logits and loss", 0.0)
-    return (1.0, g.get("reduce bucket", 0.0), transient, sum(g.values()))
+def reserved_features(spec: RunSpec, ds_config: dict) -> tuple[float, ...]:
+    """The size of each of :data:`RESERVED_CAUSES` for a run, bytes (0 for a cause that is not
+    its engine's or mode's; all 0 when the model's shape is unknown)."""
+    if spec.engine in ENGINE_MODELS:
+        return ENGINE_MODELS[spec.engine].reserved_features(spec)
+    shape = model_shape(spec)
+    if shape is None:
+        return reserved_vector({})
+    b, k, part = DTYPE_BYTES[spec.dtype], knobs(ds_config), partition(spec, shape)
+    gathered = spec.world_size > 1 or spec.offload_param != "none"
+    bucket = b * min(k.reduce_bucket, shape.params) if k.contiguous_gradients else 0.0
+    return reserved_vector({
+        "the reduction stream's buckets": bucket,
+        "the fp16 overflow check on the GPU":
+            overflow_check_bytes(spec, part) if spec.offload_optimizer == "none" else 0.0,
+        "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
+        "one layer's parameters": b * shape.params / shape.layers,
+    })  # fmt: skip
+
+
+def reserved_vector(sizes: dict[str, float]) -> tuple[float, ...]:
+    """``sizes`` (cause -> bytes) in the order of :data:`RESERVED_CAUSES`, 0 for the others."""
+    unknown = set(sizes) - set(RESERVED_CAUSES)
+    if unknown:
+        raise ValueError(f"reserved_vector: not in RESERVED_CAUSES: {sorted(unknown)}")
+    return tuple(float(sizes.get(cause, 0.0)) for cause in RESERVED_CAUSES)
 
 
 def gpu_reserved_bytes(
-    spec: RunSpec, memory: Memory | None, fit: AcceleratorFit | None = None
+    spec: RunSpec, memory: Memory | None, ds_config: dict, fit: AcceleratorFit | None = None
 ) -> int | None:
     """Peak GPU memory a run holds, per GPU: torch's reserved peak (the allocated peak plus the
     allocator's slack, :func:`reserved_features` weighted by the fitted ``reserved_slack``),
@@ -561,7 +604,8 @@ def gpu_reserved_bytes(
     if memory is None or spec.accelerator != "cuda":
         return None
     fit = fit or FITS["cuda"]
-    slack = sum(c * f for c, f in zip(fit.reserved_slack, reserved_features(memory), strict=True))
+    features = reserved_features(spec, ds_config)
+    slack = sum(c * f for c, f in zip(fit.reserved_slack, features, strict=True))
     context = units.gib_to_bytes(fit.cuda_context_gib)
     return int(sum(memory.gpu.values()) + max(slack, 0.0) + context)
 
@@ -1005,7 +1049,7 @@ def predict(
         world_size=spec.world_size,
         gpu_gib=_rounded(memory.gpu_gib) if memory and spec.accelerator == "cuda" else None,
         gpu_budget_gib=limit["gpu"],
-        gpu_reserved_bytes=gpu_reserved_bytes(spec, memory),
+        gpu_reserved_bytes=gpu_reserved_bytes(spec, memory, ds_config),
         host_gib=_rounded(memory.host_gib) if memory else None,
         host_budget_gib=_rounded(limit["host"]),
         nvme_gib=_rounded(memory.nvme_gib) if memory and memory.nvme else None,
