@@ -56,6 +56,9 @@ GPU_RECORDS = {
     # half of Llama-2-7B on one H200, fp16 and bf16 (host memory at the 7B's per-rank size)
     "docs/results/h200-1gpu/host-h200-half7b-fp16": "config/studies/host-h200-half7b-fp16.yaml",
     "docs/results/h200-1gpu/host-h200-half7b-bf16": "config/studies/host-h200-half7b-bf16.yaml",
+    # model D (2.3B, grouped-query attention, vocab 50304): measured after the reserved weights
+    # were fitted, the held-out check of stop 36
+    "docs/results/h200-1gpu/holdout-h200-model-d": "config/studies/holdout-h200-model-d.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
         "world_size", "seq_len", "dtype")  # fmt: skip
