@@ -127,6 +127,8 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         - spec.gpus_per_node * units.gib_to_bytes(_runtime_gib(spec)),
         "ranks": spec.gpus_per_node,
         "allocated_bytes": sum(memory.gpu.values()) if cuda else None,
+        # reserved beyond the allocated peak by blocks of known size (not fitted)
+        "known_reserved_bytes": predict.nvme_gradient_copies_bytes(spec, ds_config),
         # the verdict without force (the 40 GiB OOM run is forced on purpose)
         "feasible": predict.predict(replace(spec, force=False), ds_config, cal).feasible,
     }  # fmt: skip
@@ -227,7 +229,13 @@ def _reserved_fit(rows: list[dict]) -> tuple[tuple[float, ...], float]:
     """(reserved_slack, CUDA context bytes) fitted on ``rows``."""
     usable = [r for r in rows if r["reserved_measured"] and r["features"]]
     slack = accuracy.fit_reserved(
-        [(r["features"], r["reserved_measured"] - r["allocated_bytes"]) for r in usable]
+        [
+            (
+                r["features"],
+                r["reserved_measured"] - r["allocated_bytes"] - r["known_reserved_bytes"],
+            )
+            for r in usable
+        ]  # fmt: skip
     )
     context = accuracy.fit_context(
         [(r["nvml_measured"], r["reserved_measured"]) for r in usable if r["nvml_measured"]]
@@ -240,7 +248,7 @@ def _reserved_error(row: dict, fit) -> float | None:
     if not (row["reserved_measured"] and row["features"]):
         return None
     slack, _ = fit
-    predicted = row["allocated_bytes"] + max(
+    predicted = row["allocated_bytes"] + row["known_reserved_bytes"] + max(
         0.0, sum(c * f for c, f in zip(slack, row["features"], strict=True))
     )  # fmt: skip
     return accuracy.rel_error(predicted, row["reserved_measured"])

@@ -123,6 +123,22 @@ def test_reserved_slack_sizes_each_cause_from_the_config(gpu_spec):
     )
 
 
+def test_nvme_optimizer_offload_reserves_a_buckets_fp32_gradient_copies(gpu_spec):
+    """Counted at their size, beside the fitted causes: 4 bytes x the rank's share of a bucket
+    (model-b's NVMe traces); nothing without NVMe optimizer offload."""
+    spec, ds = gpu_spec  # CPU optimizer offload, 5e8-element buckets, one GPU
+    assert predict.nvme_gradient_copies_bytes(spec, ds) == 0.0
+    nvme = dataclasses.replace(spec, offload_optimizer="nvme", nvme_path="/tmp/nvme")
+    assert predict.nvme_gradient_copies_bytes(nvme, ds) == 4 * 5e8
+    two_ranks = dataclasses.replace(nvme, gpus_per_node=2, world_size=2)
+    assert predict.nvme_gradient_copies_bytes(two_ranks, ds) == 4 * 5e8 / 2
+    memory = predict.predict_memory(nvme, ds)
+    cpu_reserved = predict.gpu_reserved_bytes(nvme, memory, ds) - 4 * 5e8
+    assert cpu_reserved == pytest.approx(
+        predict.gpu_reserved_bytes(spec, predict.predict_memory(spec, ds), ds), abs=1
+    )
+
+
 def test_fsdp2_reserved_slack_is_the_loss_blocks_by_offload(gpu_spec):
     spec, _ = gpu_spec
     shape = predict.model_shape(spec)

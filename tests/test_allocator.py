@@ -87,7 +87,11 @@ def test_replay_reports_the_peak_and_what_was_cached_there():
     assert run.peak.cached_free_by_tag == {"forward 1": 40 * MIB}
 
 
-@pytest.mark.parametrize("trace", sorted(TRACES.glob("*.trace.jsonl.gz")), ids=lambda p: p.name)
+#: every recorded trace: the six of stop 34 and the NVMe ones of stop 36
+ALL_TRACES = sorted(TRACES.parent.glob("allocator-traces*/*.trace.jsonl.gz"))
+
+
+@pytest.mark.parametrize("trace", ALL_TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_replaying_a_recorded_trace_gives_the_reserved_peak_torch_measured(trace):
     measured = allocator.trace_result(trace)
     run = allocator.replay(allocator.read_trace(trace))

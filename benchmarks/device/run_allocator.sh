@@ -8,7 +8,8 @@
 # line holds the allocated and reserved peaks and the allocator's own account of its slack
 # (inactive split blocks, segments, retries). SPECS overrides the list (run.json paths; each
 # one's DeepSpeed config is the .json beside it); STEPS / WARMUP the loop's length; CONFS the
-# allocator settings (space-separated, "default" for none); TRACE=1 also records every allocator
+# allocator settings (space-separated, "default" for none); OPS the DeepSpeed ops built first
+# (default "cpu_adam fused_adam"; add async_io for an NVMe spec); TRACE=1 also records every allocator
 # event of each run (raw_deepspeed.py --memory-trace, in allocator.tar.gz), e.g.
 #   run(command="TRACE=1 CONFS=default STEPS=2 WARMUP=1 bash benchmarks/device/run_allocator.sh", ...)
 set -uo pipefail
@@ -55,7 +56,8 @@ EOF
 trap 'tar -czf "$OUT/allocator.tar.gz" -C /tmp raw-allocator 2>/dev/null; printf "%s\n" "${SUMMARY[@]}"' EXIT
 setup
 timed versions 60 versions
-timed ops 240 build_ops cpu_adam fused_adam
+read -r -a OPS <<<"${OPS:-cpu_adam fused_adam}" # async_io too for an NVMe spec
+timed ops 240 build_ops "${OPS[@]}"
 mkdir -p /tmp/raw-allocator
 i=0
 for spec in $SPECS; do
