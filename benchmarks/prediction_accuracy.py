@@ -228,15 +228,11 @@ def _host_error(row: dict, runtimes: dict[str, float | None]) -> float | None:
 def _reserved_fit(rows: list[dict]) -> tuple[tuple[float, ...], float]:
     """(reserved_slack, CUDA context bytes) fitted on ``rows``."""
     usable = [r for r in rows if r["reserved_measured"] and r["features"]]
-    slack = accuracy.fit_reserved(
-        [
-            (
-                r["features"],
-                r["reserved_measured"] - r["allocated_bytes"] - r["known_reserved_bytes"],
-            )
-            for r in usable
-        ]  # fmt: skip
-    )
+
+    def unexplained(r: dict) -> float:  # what the fitted causes must explain, bytes
+        return r["reserved_measured"] - r["allocated_bytes"] - r["known_reserved_bytes"]
+
+    slack = accuracy.fit_reserved([(r["features"], unexplained(r)) for r in usable])
     context = accuracy.fit_context(
         [(r["nvml_measured"], r["reserved_measured"]) for r in usable if r["nvml_measured"]]
     )
