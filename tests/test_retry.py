@@ -201,8 +201,11 @@ def test_a_slurm_time_limit_is_retried_only_when_the_study_allows_it(tmp_path):
     (note,) = placement.retry_failed_runs(study_dir(root), [("s", 0)], BUDGET, move=False)
     assert not note.retried and "retries.time_limit: false" in note.why
     allow = {**BUDGET, "time_limit": True}
+    (dry,) = placement.retry_failed_runs(study_dir(root), [("s", 0)], allow, move=False)
+    assert dry.retried and ", would re-run: " in str(dry) and record.exists()  # snakemake -n
     (note,) = placement.retry_failed_runs(study_dir(root), [("s", 0)], allow)
-    assert note.retried and not record.exists() and len(archived(root)) == 1
+    assert note.retried and ", re-run: " in str(note)
+    assert not record.exists() and len(archived(root)) == 1
 
 
 def test_ok_and_missing_records_are_left_alone(tmp_path):

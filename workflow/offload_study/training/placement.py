@@ -138,6 +138,7 @@ class RetryNote:
     failures: int  # archived failures of this run that the policy re-runs (this one included)
     retried: bool
     why: str
+    dry_run: bool = False  # decided only (snakemake -n): nothing was taken out of place
 
     @property
     def retryable(self) -> bool:
@@ -145,7 +146,7 @@ class RetryNote:
         return RETRY_POLICY[self.cause].budget is not None
 
     def __str__(self) -> str:
-        verb = "re-run" if self.retried else "not retried"
+        verb = ("would re-run" if self.dry_run else "re-run") if self.retried else "not retried"
         return f"{self.record}: {self.cause}, {verb}: {self.why}"
 
 
@@ -223,7 +224,7 @@ def retry_failed_run(study: Path, scenario: str, repeat: int, retries: dict, mov
     retried, why = retry_decision(cause, failures, retries)
     if retried and move:
         leave_for_archive(record, archive)
-    return RetryNote(record, cause, failures, retried, why)
+    return RetryNote(record, cause, failures, retried, why, dry_run=not move)
 
 
 def _archived_whole(record: Path, archive: Path) -> bool:
