@@ -115,9 +115,11 @@ MARGINS = {"gpu": 0.20, "host": 0.20, "nvme": 0.10}
 
 
 #: What torch's caching allocator keeps reserved beyond the allocated peak, by cause: what the
-#: replay of six traced runs found cached at their reserved peaks (offload_study.prediction.
-#: allocator; docs/benchmarks.md, "Reserved memory: the allocator replayed"). Each is sized by
-#: :func:`reserved_features`, in bytes, and weighed by the fitted ``reserved_slack``.
+#: replay of traced runs found cached at their reserved peaks (offload_study.prediction.allocator;
+#: docs/results/h200-1gpu/allocator-traces-*/; docs/benchmarks.md, "Reserved memory: the allocator
+#: replayed"). Each is sized by :func:`reserved_features`, in bytes, and weighed by the fitted
+#: ``reserved_slack``; blocks whose size is known are counted whole apart
+#: (:func:`nvme_gradient_copies_bytes`).
 RESERVED_CAUSES = (
     # DeepSpeed: its reduction stream's buckets (2 segments of a bucket, which holds at most
     # the model's gradients), cached on that stream, where nothing else reuses them
