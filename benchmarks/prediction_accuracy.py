@@ -244,9 +244,8 @@ def _reserved_error(row: dict, fit) -> float | None:
     if not (row["reserved_measured"] and row["features"]):
         return None
     slack, _ = fit
-    predicted = row["allocated_bytes"] + row["known_reserved_bytes"] + max(
-        0.0, sum(c * f for c, f in zip(slack, row["features"], strict=True))
-    )  # fmt: skip
+    slack_bytes = predict.allocator_slack_bytes(slack, row["features"])
+    predicted = row["allocated_bytes"] + row["known_reserved_bytes"] + slack_bytes
     return accuracy.rel_error(predicted, row["reserved_measured"])
 
 

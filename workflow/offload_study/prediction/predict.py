@@ -622,11 +622,16 @@ def gpu_reserved_bytes(
     if memory is None or spec.accelerator != "cuda":
         return None
     fit = fit or FITS["cuda"]
-    features = reserved_features(spec, ds_config)
-    slack = sum(c * f for c, f in zip(fit.reserved_slack, features, strict=True))
+    slack = allocator_slack_bytes(fit.reserved_slack, reserved_features(spec, ds_config))
     context = units.gib_to_bytes(fit.cuda_context_gib)
     known = nvme_gradient_copies_bytes(spec, ds_config)
-    return int(sum(memory.gpu.values()) + known + max(slack, 0.0) + context)
+    return int(sum(memory.gpu.values()) + known + slack + context)
+
+
+def allocator_slack_bytes(weights: tuple[float, ...], features: tuple[float, ...]) -> float:
+    """The allocator's slack: each cause's size (:func:`reserved_features`) by its weight, never
+    below 0."""
+    return max(0.0, sum(c * f for c, f in zip(weights, features, strict=True)))
 
 
 def capped(spec: RunSpec) -> bool:
