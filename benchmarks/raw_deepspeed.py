@@ -46,7 +46,45 @@ def parse_args(argv=None):
         help="record torch's allocator events from before the model is built to the end "
         "and write them (offload_study.prediction.allocator reads them)",
     )
+    p.add_argument(
+        "--phase-times",
+        action="store_true",
+        help="time the parts of ZeRO-3's optimizer step (PHASES, an accelerator synchronize "
+        "around each) and the forward, backward and step of each micro-step",
+    )
     return p.parse_args(argv)
+
+
+#: the parts of DeepSpeed ZeRO-3's optimizer step (stage3.py ``step``) that --phase-times times
+PHASES = ("_overflow_check_and_loss_scale_update", "_get_norm_groups", "_prepare_sub_group",
+          "unscale_and_clip_grads", "_optimizer_step",
+          "_reassign_or_swap_out_partitioned_parameters", "_release_sub_group", "_post_step")  # fmt: skip
+
+
+def phase_medians(steps: list[dict[str, float]]) -> dict[str, float] | None:
+    """Each part's median seconds per step over ``steps`` (None without steps)."""
+    names = sorted({name for step in steps for name in step})
+    return {n: statistics.median(s.get(n, 0.0) for s in steps) for n in names} if steps else None
+
+
+def time_phases(optimizer, sync, totals: dict[str, float]) -> None:
+    """Wrap ``optimizer``'s PHASES (those it has) so each call adds its seconds to ``totals``."""
+
+    def timed(name, method):
+        def call(*args, **kwargs):
+            sync()
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            sync()
+            totals[name] = totals.get(name, 0.0) + time.perf_counter() - start
+            return result
+
+        return call
+
+    for name in PHASES:
+        method = getattr(optimizer, name, None)
+        if method is not None:
+            setattr(optimizer, name, timed(name, method))
 
 
 def allocator_stats(torch, device: int) -> dict:
@@ -198,6 +236,22 @@ def main(argv=None) -> int:
         if is_cuda and args.memory_trace:
             torch.empty(MARK_BYTES[phase], dtype=torch.uint8, device=device)
 
+    phases: dict[str, float] = {}
+    phase_steps: list[dict[str, float]] = []
+    if args.phase_times:
+        time_phases(engine.optimizer, acc.synchronize, phases)
+
+    def part(name: str, call):
+        """``call()``, its seconds added to ``phases[name]`` (with --phase-times)."""
+        if not args.phase_times:
+            return call()
+        acc.synchronize()
+        start = time.perf_counter()
+        result = call()
+        acc.synchronize()
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
+        return result
+
     # ---- timed loop: nothing but DeepSpeed between the synchronizes
     engine.train()
     times, losses = [], []
@@ -205,18 +259,20 @@ def main(argv=None) -> int:
         acc.synchronize()
         t0 = time.perf_counter()
         step_losses = []
+        phases.clear()
         for _ in range(gas):
             ids = torch.randint(0, vocab, (mb, seq), generator=gen).to(device)
             mark("forward")
-            loss = engine(input_ids=ids, labels=ids).loss
+            loss = part("forward", lambda ids=ids, e=engine: e(input_ids=ids, labels=ids).loss)
             mark("backward")
-            engine.backward(loss)
+            part("backward", lambda loss=loss, e=engine: e.backward(loss))
             mark("step")
-            engine.step()
+            part("step", engine.step)
             mark("end")
             step_losses.append(loss.detach().float())
         acc.synchronize()
         times.append(time.perf_counter() - t0)
+        phase_steps.append(dict(phases))
         if len(times) == 1:
             host_by_stage["first step"] = host_memory_gib()
         losses.append(float(torch.stack(step_losses).mean().item()))
@@ -267,6 +323,8 @@ def main(argv=None) -> int:
         "deepspeed_version": deepspeed.__version__,
         "transformers_version": transformers.__version__,
         "spec": str(args.spec),
+        # --phase-times: seconds per measured step of each part, the median over the steps
+        "phase_s_median": phase_medians(phase_steps[warmup:]) if args.phase_times else None,
     }
     if is_cuda and args.memory_trace and rank == 0:
         write_memory_trace(torch.cuda.memory._snapshot(), local_rank, Path(args.memory_trace))

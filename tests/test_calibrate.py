@@ -64,6 +64,26 @@ def test_cpu_matmul_and_adam_rates_are_measured_here():
     assert 1e6 < check["median"] < 1e12
 
 
+def test_the_partition_is_laid_out_in_sub_groups_as_the_run_holds_it():
+    groups = calibrate.partition_layout(25_000, sub_group=10_000)
+    assert [m.numel() for m in groups] == [10_000, 10_000, 5_000]
+    assert all(m.grad is not None and m.grad.shape == m.shape for m in groups)
+    assert [m.numel() for m in calibrate.partition_layout(25_000)] == [25_000]  # flat
+
+
+def test_the_steps_host_passes_are_measured_over_the_sub_groups():
+    """calibrate.step_passes_at on this CPU: the unscale and the host copy of the master, both
+    over the same sub-groups CPU Adam steps one at a time; no upload without a GPU."""
+    cores = len(os.sched_getaffinity(0))
+    groups = calibrate.partition_layout(300_000, sub_group=100_000)
+    adam = calibrate.adam_rate("deepspeed", 300_000, cores, until_stable=True, groups=groups)
+    passes = calibrate.step_passes_at(300_000, cores, "cpu", groups=groups)
+    assert set(passes) == {"grad_unscale_params_per_s", "master_copy_params_per_s"}
+    for rate in (adam, *passes.values()):
+        assert 1e6 < rate["low"] <= rate["median"] <= rate["high"] < 1e12
+        assert rate["params"] == 300_000 and isinstance(rate["settled"], bool)
+
+
 def test_disk_probe_writes_reads_and_removes_its_files(tmp_path):
     disk = calibrate.disk_gb_s(str(tmp_path), 4 * 2**20)
     assert disk["disk_bytes"] == calibrate.DISK_FILES * 4 * 2**20
@@ -87,7 +107,8 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
     assert all(costs[k] >= 0 for costs in probed for k in growth)
     assert all((costs["tokens"], costs["layer_elements"]) == (64, 64 * 64) for costs in probed)
     for rate in (cal.matmul_tflops, cal.cpu_adam_params_per_s, cal.torch_adam_params_per_s,
-                 cal.fp16_check_elems_per_s, cal.disk_read_gb_s,
+                 cal.fp16_check_elems_per_s, cal.grad_unscale_params_per_s,
+                 cal.master_copy_params_per_s, cal.disk_read_gb_s,
                  cal.disk_write_gb_s, cal.collective_latency_s, cal.interconnect_gb_s):  # fmt: skip
         assert math.isfinite(rate) and rate > 0
     assert 1e-6 < cal.collective_latency_s < 0.1
@@ -98,6 +119,7 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
     # seconds per layer forward and backward, and of the rest, for 1 and 2 ranks
     assert len(layer_costs) == 6 and all(0 <= cost < 1 for cost in layer_costs)
     assert cal.h2d_gb_s is cal.d2h_gb_s is cal.pageable_h2d_gb_s is None  # no GPU here
+    assert cal.master_upload_params_per_s is None
     assert cal.source.startswith("measured by offload_study.prediction.calibrate")
     spread = cal.provenance["spread"]
     for key in ("matmul_tflops", "cpu_adam_params_per_s", "torch_adam_params_per_s",
@@ -168,6 +190,7 @@ def test_workload_of_a_study_is_its_partition_layer_shapes_and_buckets():
     work = calibrate.workload_of(str(REPO_ROOT / "config/config.yaml"),
                                  str(REPO_ROOT / "config/clusters"))  # fmt: skip
     assert work.adam_params > 0 and work.copy_bytes
+    assert work.sub_group_params == 100_000_000  # the generated config's sub_group_size
     m, k, n = max(work.matmul_shapes, key=lambda s: s[0] * s[1] * s[2])
     assert m % 2 == 0 and k > 0 and n > 0
     assert calibrate.layer_matmuls(8, 4, 16, 2) == [(8, 4, 4), (8, 4, 4), (8, 4, 2), (8, 4, 2),

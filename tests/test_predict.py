@@ -216,12 +216,36 @@ def test_step_time_parts_by_hand():
     fit = predict.FITS["cuda"]
     assert t.flops_s == pytest.approx(2 * flops / (100e12 * fit.efficiency))
     assert t.dispatch_s == pytest.approx(2 * 2 * fit.dispatch_s_per_layer)
-    # gradients to the host each micro-step, the fp32 master back once from unpinned memory
+    # gradients to the host each micro-step; the fp32 master into the GPU's bf16 partition once
+    # (a calibration without the upload's rate: 4 B per parameter from unpinned memory)
     assert t.pcie_s == pytest.approx(2 * 2 * P / 50e9 + 4 * P / 10e9)
-    assert t.optimizer_s == pytest.approx(P / 1e9)
+    # CPU Adam and the unscale of its gradients (at CPU Adam's rate x STEP_PASS_PER_ADAM)
+    unscale = predict.STEP_PASS_PER_ADAM["grad_unscale_params_per_s"] * 1e9
+    assert t.optimizer_s == pytest.approx(P / 1e9 + P / unscale)
     assert t.nvme_s == t.comm_s == 0
     assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.pcie_s + t.optimizer_s)
     assert t.bound == "dispatch"  # a tiny model: ZeRO-3's per-layer work, not its FLOPs
+
+
+def test_the_offloaded_step_makes_its_host_passes_at_their_calibrated_rates():
+    """DeepSpeed's step over the offloaded sub-groups: CPU Adam, the unscale of the fp32
+    gradients, and the fp32 master's copy into the bf16 partition: on the host when the
+    parameters are offloaded, else to the GPU at the upload's rate (not a pinned copy)."""
+    cal = dataclasses.replace(CAL, grad_unscale_params_per_s=4e9, master_copy_params_per_s=5e9,
+                              master_upload_params_per_s=2e8)  # fmt: skip
+    both = gpu_spec({"offload_optimizer": "cpu", "offload_param": "cpu"})
+    assert predict.host_step_seconds_per_param(both, cal) == pytest.approx(
+        1 / 1e9 + 1 / 4e9 + 1 / 5e9
+    )
+    optimizer = gpu_spec({"offload_optimizer": "cpu"})
+    assert predict.host_step_seconds_per_param(optimizer, cal) == pytest.approx(1 / 1e9 + 1 / 4e9)
+    t = predict.step_time(optimizer, ds(optimizer), cal)
+    assert t.optimizer_s == pytest.approx(P * (1 / 1e9 + 1 / 4e9))
+    assert t.pcie_s == pytest.approx(2 * P / 50e9 + P / 2e8)  # gradients out, master in
+    # an older calibration: the passes at CPU Adam's rate x the measured multiples
+    older = predict.host_step_seconds_per_param(both, CAL)
+    ratios = predict.STEP_PASS_PER_ADAM.values()
+    assert older == pytest.approx((1 + sum(1 / r for r in ratios)) / 1e9)
 
 
 def test_nvme_and_collectives_by_hand():
@@ -347,9 +371,11 @@ def test_partial_offload_step_time_by_hand():
     spec = ratio_spec(0.4)
     shape, k = predict.model_shape(spec), small_groups(spec)
     host = 53_376 + 92_864
-    # CPU Adam on the offloaded share only, the GPU's AdamW on the rest at the device rate
+    # CPU Adam and its host passes on the offloaded share only, the GPU's AdamW on the rest at
+    # the device rate
     assert predict.optimizer_seconds(spec, shape, CAL, k) == pytest.approx(
-        host / 1e9 + 64_000 / predict.FITS["cuda"].optimizer_params_per_s
+        host * predict.host_step_seconds_per_param(spec, CAL)
+        + 64_000 / predict.FITS["cuda"].optimizer_params_per_s
     )
     # every gradient to the host (bf16), the offloaded share's fp32 master back (unpinned)
     assert predict.pcie_seconds(spec, shape, CAL, k) == pytest.approx(

@@ -668,6 +668,13 @@ class Calibration:
     # cores, elements/s (None: a file from before it; the prediction then scales CPU Adam's
     # rate by predict.FP16_CHECK_PER_ADAM)
     fp16_check_elems_per_s: float | None = None
+    # the passes of DeepSpeed's ZeRO-3 step over an offloaded sub-group beside CPU Adam, with the
+    # same cores, parameters/s (calibrate.step_passes_at): the fp32 gradients' unscale, the fp32
+    # master's copy into the bf16 partition on the host, and into one on the GPU (None: a file
+    # from before them; the prediction then scales CPU Adam's rate, predict.STEP_PASS_PER_ADAM)
+    grad_unscale_params_per_s: float | None = None
+    master_copy_params_per_s: float | None = None
+    master_upload_params_per_s: float | None = None
     # a training rank's host memory beside its model, GiB: when deepspeed.initialize returns
     # and after its first step (calibrate.runtime_probe; None: a file from before it, or the
     # probe failed: the prediction then takes predict.FITS's, measured on an H200)

@@ -242,21 +242,51 @@ def _cpu_optimizer(kind: str, param):
     return torch.optim.AdamW([param], lr=1e-4, foreach=True)
 
 
-def adam_rate(kind: str, n_params: int, threads: int, until_stable: bool = False) -> dict:
+def partition_layout(n_params: int, sub_group: int | None = None, pinned: bool = False) -> list:
+    """A rank's offloaded partition of ``n_params`` as DeepSpeed's ZeRO-3 holds it: fp32 masters
+    of ``sub_group`` parameters each (one flat tensor without), each with its fp32 gradient,
+    in pinned memory when ``pinned`` (offload_optimizer.pin_memory on a GPU)."""
+    import torch
+
+    groups, size = [], sub_group or n_params
+    for start in range(0, n_params, size):
+        master = torch.nn.Parameter(torch.randn(min(size, n_params - start)))
+        master.grad = torch.randn(master.numel())
+        if pinned:
+            master.data, master.grad = master.data.pin_memory(), master.grad.pin_memory()
+        groups.append(master)
+    return groups
+
+
+def _rate(op, n_params: int, until_stable: bool, sync=lambda: None) -> dict:
+    """``n_params`` per second of ``op``: :func:`measure`, or until stable with the spread and
+    whether it settled."""
+    if not until_stable:
+        return measure(op, sync).rate(n_params)
+    timing, settled = measure_until_stable(op, sync, min_sample_s=0.0)
+    return {**timing.rate(n_params), "settled": settled, "params": n_params}
+
+
+def adam_rate(
+    kind: str, n_params: int, threads: int, until_stable: bool = False, groups: list | None = None
+) -> dict:
     """Parameters per second of the CPU optimizer ``kind`` (CPU_OPTIMIZERS) on one flat fp32
-    tensor of ``n_params`` (16 B per parameter: parameter, gradient, two moments); both kinds on
-    the same tensor shape, so their rates compare. ``until_stable``: sampled until the samples
-    settle (:func:`measure_until_stable`), with the spread and whether it settled."""
+    tensor of ``n_params`` (16 B per parameter: parameter, gradient, two moments), or over
+    ``groups`` (:func:`partition_layout`) one sub-group per call as stage3.py's
+    ``_optimizer_step`` swaps them in. ``until_stable``: sampled until the samples settle
+    (:func:`measure_until_stable`), with the spread and whether it settled."""
     import torch
 
     torch.set_num_threads(threads)
-    param = torch.nn.Parameter(torch.randn(n_params))
-    param.grad = torch.randn(n_params)
-    step = _cpu_optimizer(kind, param).step
-    if not until_stable:
-        return measure(step).rate(n_params)
-    timing, settled = measure_until_stable(step, min_sample_s=0.0)
-    return {**timing.rate(n_params), "settled": settled, "params": n_params}
+    groups = groups or partition_layout(n_params)
+    optimizer = _cpu_optimizer(kind, groups[0])
+
+    def step() -> None:
+        for master in groups:
+            optimizer.param_groups[0]["params"] = [master]
+            optimizer.step()
+
+    return _rate(step, n_params, until_stable)
 
 
 def cpu_adam_params_per_s(n_params: int, threads: int) -> dict:
@@ -286,6 +316,43 @@ def fp16_check_elems_per_s(n_elems: int, threads: int, until_stable: bool = Fals
         return measure(check).rate(n_elems)
     timing, settled = measure_until_stable(check, min_sample_s=0.0)
     return {**timing.rate(n_elems), "settled": settled, "elements": n_elems}
+
+
+def step_passes_at(
+    n_params: int, threads: int, accelerator: str, until_stable: bool = True,
+    groups: list | None = None,
+) -> dict:  # fmt: skip
+    """Parameters per second of the host passes DeepSpeed's ZeRO-3 step makes over each
+    offloaded sub-group beside CPU Adam, on ``n_params`` (over ``groups``, the run's layout:
+    :func:`partition_layout`) with ``threads`` cores:
+
+    - grad_unscale: ``unscale_and_clip_grads`` multiplies the fp32 gradients in place, every
+      step, at a loss scale of 1 too;
+    - master_copy: ``_reassign_or_swap_out_partitioned_parameters`` copies the updated fp32
+      master into the bf16 partition; on the host when the parameters are offloaded;
+    - master_upload (cuda): the same copy into a partition on the GPU (parameters not
+      offloaded): the whole ``copy_`` of another dtype across devices, as the run calls it."""
+    import torch
+
+    torch.set_num_threads(threads)
+    groups = groups or partition_layout(n_params)
+    bf16 = [torch.empty(m.numel(), dtype=torch.bfloat16) for m in groups]
+    out = {
+        "grad_unscale_params_per_s": _rate(
+            lambda: [m.grad.mul_(1.0) for m in groups], n_params, until_stable
+        ),
+        "master_copy_params_per_s": _rate(
+            lambda: [b.copy_(m.data) for b, m in zip(bf16, groups, strict=True)],
+            n_params, until_stable,
+        ),
+    }  # fmt: skip
+    if accelerator == "cuda":
+        bf16 = [b.to("cuda") for b in bf16]
+        out["master_upload_params_per_s"] = _rate(
+            lambda: [b.copy_(m.data) for b, m in zip(bf16, groups, strict=True)],
+            n_params, until_stable, _sync("cuda"),
+        )  # fmt: skip
+    return out
 
 
 def copy_gb_s(nbytes: int) -> dict[str, dict]:
@@ -358,6 +425,11 @@ class Workload:
     adam_params: int
     matmul_shapes: tuple[tuple[int, int, int], ...]
     copy_bytes: tuple[int, ...]
+    # zero_optimization.sub_group_size of the run with that partition: DeepSpeed holds the
+    # partition in sub-groups of about this many parameters, and each pass of its step loops
+    # over them (measured on an H200 lease: CPU Adam over 1e8-parameter sub-groups of a
+    # 1.91e9 partition is 21 % slower than over one flat tensor)
+    sub_group_params: int | None = None
 
 
 def layer_matmuls(tokens: int, hidden: int, ffn: int, kv: int) -> list[tuple[int, int, int]]:
@@ -374,20 +446,21 @@ def workload_of(study: str, cluster_dir: str) -> Workload | None:
     from offload_study.prediction import predict
 
     plan = Plan(study, cluster_dir=cluster_dir)
-    adam, shapes, copies = 0, set(), set()
+    adam, sub_group, shapes, copies = 0, None, set(), set()
     for spec in plan.runs:
         shape = predict.model_shape(spec)
         if shape is None:
             continue
         k = predict.knobs(dsconfig.build_ds_config(spec))
-        adam = max(adam, predict.partition(spec, shape))
+        if predict.partition(spec, shape) > adam:
+            adam, sub_group = predict.partition(spec, shape), k.sub_group
         kv = shape.hidden * shape.kv_heads // shape.heads
         tokens = spec.micro_batch * spec.seq_len
         shapes.update(layer_matmuls(tokens, shape.hidden, shape.ffn, kv))
         copies.add(int(min(k.reduce_bucket, shape.params) * units.DTYPE_BYTES[spec.dtype]))
     if not adam:
         return None
-    return Workload(adam, tuple(sorted(shapes)), tuple(sorted(copies)))
+    return Workload(adam, tuple(sorted(shapes)), tuple(sorted(copies)), sub_group)
 
 
 def matmul_tflops_at(device: str, shapes: tuple[tuple[int, int, int], ...]) -> dict:
@@ -459,9 +532,13 @@ def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
     device = "cuda" if accelerator == "cuda" else "cpu"
     adam = min(workload.adam_params, host_bytes_free() // (4 * 16))
     spread = {"matmul_tflops": matmul_tflops_at(device, workload.matmul_shapes),
-              "cpu_adam_params_per_s": adam_rate("deepspeed", adam, cores, until_stable=True),
               "torch_adam_params_per_s": adam_rate("torch", adam, cores, until_stable=True),
               "fp16_check_elems_per_s": fp16_check_elems_per_s(adam, cores, until_stable=True)}  # fmt: skip
+    # DeepSpeed's step over the partition as the run holds it: sub-groups, pinned on a GPU
+    groups = partition_layout(adam, workload.sub_group_params, pinned=accelerator == "cuda")
+    spread["cpu_adam_params_per_s"] = adam_rate("deepspeed", adam, cores, True, groups)
+    spread.update(step_passes_at(adam, cores, accelerator, groups=groups))
+    del groups
     if accelerator == "cuda":
         pageable = min(4 * workload.adam_params, 2 * 2**30)
         spread.update(copies_at(workload.copy_bytes, pageable))
@@ -744,7 +821,8 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
         spread = {"matmul_tflops": matmul_tflops(device, size["matmul"]),
                   "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores),
                   "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores),
-                  "fp16_check_elems_per_s": fp16_check_elems_per_s(size["adam"], cores)}  # fmt: skip
+                  "fp16_check_elems_per_s": fp16_check_elems_per_s(size["adam"], cores),
+                  **step_passes_at(size["adam"], cores, accelerator, until_stable=False)}  # fmt: skip
         if accelerator == "cuda":
             spread.update(copy_gb_s(size["copy"]))
     rates = {key: summary["median"] for key, summary in spread.items()}

@@ -174,17 +174,24 @@ RESERVED_FIT = {"cuda_context_gib": 1.916,
 #: DeepSpeed's fp16 overflow check on the host per CPU Adam's rate with the same cores, for a
 #: calibration without ``fp16_check_elems_per_s``: benchmarks/fp16_check.py (docs/benchmarks.md).
 FP16_CHECK_PER_ADAM = 0.24
+#: The host passes of DeepSpeed's ZeRO-3 step beside CPU Adam (calibrate.step_passes_at) per
+#: CPU Adam's rate with the same cores, for a calibration without them: measured together by
+#: calibrate over the sweep's 1.91e9-parameter partition in pinned 1e8-parameter sub-groups on
+#: an H200 lease's 16 cores (2026-12-02, docs/results/h200-1gpu/step-phases-2026-12-02/): Adam
+#: 4.53e9/s, the gradients' unscale 1.67e10/s, the master's copy into the bf16 partition 1.30e10/s.
+STEP_PASS_PER_ADAM = {"grad_unscale_params_per_s": 3.70, "master_copy_params_per_s": 2.87}
 FITS = {
-    # H200 records (docs/results): their matmuls reach ~58 % of the calibrated rate (fitted);
-    # the 134M-1.3B models take ~0.02 s per layer and micro-step whatever their size; FusedAdam
-    # updates ~3e10 parameters/s; start-up 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s
+    # H200 records (docs/results): their matmuls reach ~56 % of the calibrated rate (fitted:
+    # benchmarks/prediction_accuracy.py's "step fit over every GPU study"); the 134M-1.3B
+    # models take ~0.02 s per layer and micro-step whatever their size; FusedAdam updates
+    # ~3e10 parameters/s; start-up 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s
     # (offload) for the 7B. A rank's runtime, measured (not fitted): its resident memory
     # without offload once deepspeed.initialize returns, 1.44 GiB, and after the first step,
     # 2.04 GiB (benchmarks/raw_deepspeed.py's host_memory_gib_by_stage on an H200 lease,
     # 2026-12-02: 1.442 / 2.041 GiB for a 134M model, 1.446 / 2.033 for 1.35B; the results in
     # docs/results/h200-1gpu/host-runtime-2026-12-02/).
     "cuda": AcceleratorFit(
-        0.58, 0.020, 3e10, 2.04, 25.0, 7.0, **RESERVED_FIT, runtime_at_init_gib=1.44
+        0.56, 0.020, 3e10, 2.04, 25.0, 7.0, **RESERVED_FIT, runtime_at_init_gib=1.44
     ),  # fmt: skip
     # CPU: the calibrated matmul rate as measured (no efficiency fitted) and the host time
     # per layer from the calibration's probe (0.004 s per layer only for a calibration made before the
@@ -735,9 +742,9 @@ def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
 
     Optimizer offload: the gradients of every parameter go to the host every micro-step
     (DeepSpeed 0.19.8 stages all of them in one host buffer, whatever the ratio), and without
-    parameter offload the updated fp32 master of the offloaded sub-groups comes back from
-    unpinned memory once per step (with ZenFlow once per update interval; the optimizer writes
-    the dtype copy on the host when the parameters live there). Parameter offload: each fetch
+    parameter offload the updated fp32 master of the offloaded sub-groups is copied into the
+    GPU's partition once per step (:func:`master_upload_seconds`; with ZenFlow once per update
+    interval; the step copies it on the host when the parameters live there). Parameter offload: each fetch
     of a micro-step copies the rank's partition to the GPU. With ``pin_memory`` off the copies
     cannot overlap anything and go at the pageable rate (the calibration's host-to-device one;
     device-to-host from pageable memory is not measured apart): each micro-step's gradients to
@@ -756,7 +763,7 @@ def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
         else:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
             seconds += (gas * 2 * b * part + 4 * offloaded) / pageable
         if spec.offload_param == "none":
-            seconds += 4 * offloaded / pageable / zenflow_update_interval(k)
+            seconds += master_upload_seconds(offloaded, cal) / zenflow_update_interval(k)
     if spec.offload_param != "none":
         seconds += gas * PARAM_FETCHES * b * part / (cal.h2d_gb_s * GB)
     return seconds
@@ -798,12 +805,40 @@ def optimizer_seconds(
     check_s = overflow_check_seconds(spec, shape, cal)
     if device_rate is None:
         return check_s + partition(spec, shape) * spec.gpus_per_node / cal.cpu_adam_params_per_s
-    host_s = split.host_params * spec.gpus_per_node / cal.cpu_adam_params_per_s
+    per_param_s = host_step_seconds_per_param(spec, cal)
+    host_s = split.host_params * spec.gpus_per_node * per_param_s
     device_s = split.device_params / device_rate
     if k.zenflow is not None:  # the GPU also steps the top-k columns of every parameter
         device_s += zenflow_topk(k) * partition(spec, shape) / device_rate
-    largest = max(split.host, default=0) * spec.gpus_per_node / cal.cpu_adam_params_per_s
+    largest = max(split.host, default=0) * spec.gpus_per_node * per_param_s
     return check_s + device_s + host_optimizer_seconds(spec, k, host_s, largest, compute_s)
+
+
+def step_pass_rate(cal: Calibration, name: str) -> float:
+    """A host pass's rate (:data:`STEP_PASS_PER_ADAM`'s names) from the calibration, else as
+    the multiple of CPU Adam's rate measured on an H200 lease."""
+    return getattr(cal, name) or STEP_PASS_PER_ADAM[name] * cal.cpu_adam_params_per_s
+
+
+def host_step_seconds_per_param(spec: RunSpec, cal: Calibration) -> float:
+    """Host seconds per offloaded parameter of a GPU rank's ZeRO-3 step, one pass after another
+    over each sub-group (stage3.py ``step``): the unscale of its fp32 gradient, CPU Adam, and
+    with the parameters offloaded the copy of the fp32 master into the bf16 partition on the
+    host (without, that copy goes to the GPU: :func:`master_upload_seconds`)."""
+    passes = ["grad_unscale_params_per_s"]
+    if spec.offload_param != "none":
+        passes.append("master_copy_params_per_s")
+    return 1 / cal.cpu_adam_params_per_s + sum(1 / step_pass_rate(cal, p) for p in passes)
+
+
+def master_upload_seconds(offloaded: int, cal: Calibration) -> float:
+    """The updated fp32 master of ``offloaded`` parameters copied into their bf16 partition on
+    the GPU, at the calibrated rate of that copy (calibrate.step_passes_at: torch converts on
+    the host, then copies unpinned); a calibration without it: 4 B per parameter at the
+    unpinned host-to-device rate."""
+    if cal.master_upload_params_per_s:
+        return offloaded / cal.master_upload_params_per_s
+    return 4 * offloaded / ((cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB)
 
 
 def overflow_check_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
