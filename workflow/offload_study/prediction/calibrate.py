@@ -427,8 +427,8 @@ class Workload:
     copy_bytes: tuple[int, ...]
     # zero_optimization.sub_group_size of the run with that partition: DeepSpeed holds the
     # partition in sub-groups of about this many parameters, and each pass of its step loops
-    # over them (measured on an H200 lease: CPU Adam over 1e8-parameter sub-groups of a
-    # 1.91e9 partition is 21 % slower than over one flat tensor)
+    # over them (on two H200 leases CPU Adam over pinned 1e8-parameter sub-groups of a 1.91e9
+    # partition ran 21 % and 3 % slower than over one flat tensor: benchmarks/step_passes.py)
     sub_group_params: int | None = None
 
 
