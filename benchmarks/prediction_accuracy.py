@@ -129,6 +129,9 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "allocated_bytes": sum(memory.gpu.values()) if cuda else None,
         # reserved beyond the allocated peak by blocks of known size (not fitted)
         "known_reserved_bytes": predict.nvme_gradient_copies_bytes(spec, ds_config),
+        # DeepSpeed's step timer (ms per step in metrics.json) and its prediction, seconds
+        "step_timer": (predict.optimizer_step_seconds(spec, ds_config, cal),
+                       (raw.get("breakdown_ms") or {}).get("step") and raw["breakdown_ms"]["step"] / 1e3),
         # the verdict without force (the 40 GiB OOM run is forced on purpose)
         "feasible": predict.predict(replace(spec, force=False), ds_config, cal).feasible,
     }  # fmt: skip
@@ -468,6 +471,7 @@ def print_summaries(rows: list[dict]) -> None:
                   f"each study) ordered right ({right / total:.0%})")  # fmt: skip
         if kind == "GPU":
             print("\n".join(noise_floor_lines(of_kind)))
+            print(step_timer_line(of_kind))
     if any(r["kind"] == "GPU" for r in rows):
         ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
         slack, context = _reserved_fit(ok)  # each engine's causes fitted on its records
@@ -487,6 +491,19 @@ def print_summaries(rows: list[dict]) -> None:
             f"reserved fit over every GPU study: reserved_slack {tuple(f'{c:.4g}' for c in slack)}"
             f", CUDA context {units.bytes_to_gib(context):.3f} GiB (predict.RESERVED_FIT)"
         )
+
+
+def step_timer_line(rows: list[dict]) -> str:
+    """DeepSpeed's step timer of the CPU optimizer offload records against the optimizer step
+    the calibration alone predicts (predict.optimizer_step_seconds: no fitted constant)."""
+    pairs = [r["step_timer"] for r in rows if r["outcome"] == "ok" and all(r["step_timer"])]
+    errs = [accuracy.rel_error(pred, meas) for pred, meas in pairs]
+    if not errs:
+        return "GPU optimizer step: no CPU offload record with DeepSpeed's step timer"
+    within = sum(abs(e) <= TARGETS["step"] for e in errs)
+    return (f"GPU optimizer step (DeepSpeed's step timer, CPU offload, predicted from the "
+            f"calibration alone): {within}/{len(errs)} within 10%, worst "
+            f"{max(errs, key=abs):+.1%}")  # fmt: skip
 
 
 def print_lease_calibrations() -> None:

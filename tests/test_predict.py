@@ -242,6 +242,12 @@ def test_the_offloaded_step_makes_its_host_passes_at_their_calibrated_rates():
     t = predict.step_time(optimizer, ds(optimizer), cal)
     assert t.optimizer_s == pytest.approx(P * (1 / 1e9 + 1 / 4e9))
     assert t.pcie_s == pytest.approx(2 * P / 50e9 + P / 2e8)  # gradients out, master in
+    # DeepSpeed's step timer holds the optimizer and the upload; nothing to predict without
+    # CPU optimizer offload
+    timer = predict.optimizer_step_seconds(optimizer, ds(optimizer), cal)
+    assert timer == pytest.approx(P * (1 / 1e9 + 1 / 4e9) + P / 2e8)
+    for other in (gpu_spec(), gpu_spec({"offload_optimizer": "nvme"})):
+        assert predict.optimizer_step_seconds(other, ds(other), cal) is None
     # an older calibration: the passes at CPU Adam's rate x the measured multiples
     older = predict.host_step_seconds_per_param(both, CAL)
     ratios = predict.STEP_PASS_PER_ADAM.values()

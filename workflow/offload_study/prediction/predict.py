@@ -841,6 +841,21 @@ def master_upload_seconds(offloaded: int, cal: Calibration) -> float:
     return 4 * offloaded / ((cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB)
 
 
+def optimizer_step_seconds(spec: RunSpec, ds_config: dict, cal: Calibration) -> float | None:
+    """What DeepSpeed's step timer holds on a GPU rank with CPU optimizer offload, predicted
+    from the calibration alone (no fitted constant): the optimizer and, without parameter
+    offload, the fp32 master's upload (ZenFlow and SuperOffload, whose CPU step overlaps the
+    micro-steps, and other runs: None)."""
+    shape, k = model_shape(spec), knobs(ds_config)
+    plain = spec.engine == "deepspeed" and k.zenflow is None and not k.super_offload
+    if not (shape and plain and spec.accelerator == "cuda" and spec.offload_optimizer == "cpu"):
+        return None
+    seconds = optimizer_seconds(spec, shape, cal, k)
+    if spec.offload_param == "none":
+        seconds += master_upload_seconds(optimizer_split(spec, shape, k).host_params, cal)
+    return seconds
+
+
 def overflow_check_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
     """fp16's overflow check (:func:`overflow_check_bytes`) where the gradient buffer lives on
     the host (optimizer offload, or a CPU rank): every rank of the node checks its partition
