@@ -59,14 +59,29 @@ GPU_RECORDS = {
     # model D (2.3B, grouped-query attention, vocab 50304): measured after the reserved weights
     # were fitted, the held-out check of stop 36
     "docs/results/h200-1gpu/holdout-h200-model-d": "config/studies/holdout-h200-model-d.yaml",
+    # model E (1.59B, vocab 49,152, grouped-query attention), 20 GB cap: measured after the
+    # committed constants were fitted, over two leases, each calibrated (stop 38)
+    "docs/results/h200-1gpu/lease-h200-model-e": "config/studies/lease-h200-model-e.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
         "world_size", "seq_len", "dtype")  # fmt: skip
-#: record folder -> a calibration measured by the workflow's calibrate job on the lease that
-#: measured it (the "lease's own" calibration, compared with the shipped one)
+#: record folder -> {calibration measured on a lease that measured records of it: those
+#: records ("<config>/rep<N>"), or EVERY_RECORD}: the "lease's own" calibrations, compared
+#: with the shipped one on the same records
+EVERY_RECORD = ("*",)
+_MODEL_E = "docs/results/h200-1gpu/lease-h200-model-e"
 LEASE_CALIBRATIONS = {
-    "docs/results/h200-1gpu/sweep-h200-1gpu-24g":
-        "docs/results/h200-1gpu/sweep-h200-1gpu-24g/calibration.2026-12-01.json",
+    "docs/results/h200-1gpu/sweep-h200-1gpu-24g": {
+        "docs/results/h200-1gpu/sweep-h200-1gpu-24g/calibration.2026-12-01.json": EVERY_RECORD,
+    },
+    # the machine was given back between two device calls: lease 1 ran until 02:04 UTC, lease 2
+    # from 03:14 (the records' finished_at); each lease's calibration by the workflow's job
+    _MODEL_E: {
+        f"{_MODEL_E}/calibration.lease-1.json":
+            ("opt__mb-8/rep0", "opt__mb-4/rep0", "opt-r0.7__mb-4/rep0"),
+        f"{_MODEL_E}/calibration.lease-2.json":
+            ("opt__mb-8/rep1", "opt__mb-4/rep1", "optparam__mb-8/rep0", "optparam__mb-4/rep0"),
+    },
 }  # fmt: skip
 GIB = units.gib_to_bytes(1)
 
@@ -506,13 +521,33 @@ def step_timer_line(rows: list[dict]) -> str:
             f"{max(errs, key=abs):+.1%}")  # fmt: skip
 
 
+def _leased(rows: list[dict], records: tuple[str, ...]) -> list[dict]:
+    """The rows of ``records`` ("<config>/rep<N>", or EVERY_RECORD)."""
+    if records == EVERY_RECORD:
+        return rows
+    return [r for r in rows if r["record"].split("/", 1)[1] in records]
+
+
 def print_lease_calibrations() -> None:
-    """The same records predicted with the calibration measured on their own lease."""
-    for folder, path in LEASE_CALIBRATIONS.items():
-        rows = record_rows(REPO_ROOT / folder, REPO_ROOT / GPU_RECORDS[folder], REPO_ROOT / path)
-        for line in summary_lines(rows, f"{Path(folder).name} with {Path(path).name}"):
-            if "step time" in line or "ranking" in line or "Kendall" in line:
-                print(line)
+    """The records of LEASE_CALIBRATIONS predicted with the calibration measured on their own
+    lease and with the shipped one (the committed constants both): the whole step, and the part
+    the calibration alone predicts (DeepSpeed's step timer); the ranking where one lease
+    measured every record."""
+    for folder, leases in LEASE_CALIBRATIONS.items():
+        study = REPO_ROOT / GPU_RECORDS[folder]
+        cluster = Plan(str(study)).cluster["name"]
+        shipped = REPO_ROOT / "config" / "calibration" / f"{cluster}.json"
+        own, same = [], []
+        for path, records in leases.items():
+            own += _leased(record_rows(REPO_ROOT / folder, study, REPO_ROOT / path), records)
+            same += _leased(record_rows(REPO_ROOT / folder, study, shipped), records)
+        names = ", ".join(Path(path).name for path in leases)
+        # a ranking compares configs measured on one lease: not over records of several
+        wanted = ("step time", "ranking", "Kendall") if len(leases) == 1 else ("step time",)
+        for label, rows in ((f"with {names}", own), ("with the shipped calibration", same)):
+            label = f"{Path(folder).name} {label}"
+            print("\n".join(x for x in summary_lines(rows, label) if any(w in x for w in wanted)))
+            print(f"{label}: {step_timer_line(rows)}")
 
 
 def write_bands(path: Path, rows: list[dict], uncalibrated: list[dict], argv) -> None:

@@ -636,7 +636,7 @@ def _zero3_costs(torch, deepspeed, dist) -> dict:
         engine, *_ = deepspeed.initialize(model=model, config=_probe_config())
         for seq in PROBE_SEQS:
             tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, seq))
-            steps[seq, layers] = _micro_step(engine, tokens)
+            steps[seq, layers] = _micro_step(engine, tokens.to(engine.device))
     timings = _interleaved(steps)
     sized = [
         _slope_costs(*sorted((n, t) for (q, n), t in timings.items() if q == seq))
@@ -677,7 +677,10 @@ def probe_rank(out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    deepspeed.init_distributed(dist_backend="gloo")
+    # gloo for CPU ranks; a GPU's probe (benchmarks/device/run_step_phases.sh, PROBE=1) is
+    # a measurement of the GPU's host time per layer, over NCCL as its runs
+    cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
     # the one-rank probe is a fresh CPU process: the runtime there first (a process of its own,
     # calibrate.runtime_probe, would cost a CPU cluster's calibration ~35 s more on 2 cores)
     alone = dist.get_world_size() == 1
