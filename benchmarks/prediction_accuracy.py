@@ -34,7 +34,7 @@ from offload_study.analysis import collect
 from offload_study.core import units
 from offload_study.core.contracts import read_calibration, read_json, write_calibration
 from offload_study.planning.plan import Plan
-from offload_study.prediction import accuracy, catalog, fsdp2_model, predict
+from offload_study.prediction import accuracy, calibrate, catalog, fsdp2_model, predict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
@@ -82,6 +82,12 @@ LEASE_CALIBRATIONS = {
         f"{_MODEL_E}/calibration.lease-2.json":
             ("opt__mb-8/rep1", "opt__mb-4/rep1", "optparam__mb-8/rep0", "optparam__mb-4/rep0"),
     },
+}  # fmt: skip
+#: record folder -> (plain DeepSpeed loops of its configs on a later lease: raw_deepspeed.py
+#: --phase-times outputs, that lease's calibration): benchmarks/device/run_step_phases.sh
+RAW_LOOPS = {
+    _MODEL_E: (f"{_MODEL_E}/step-phases-lease-3/phases-*.json",
+               f"{_MODEL_E}/step-phases-lease-3/calibration.at-lease-h200-model-e.json"),
 }  # fmt: skip
 GIB = units.gib_to_bytes(1)
 
@@ -445,7 +451,9 @@ def main(argv=None) -> int:
     print_table(rows)
     print()
     print_summaries(rows)
-    print_lease_calibrations()
+    with tempfile.TemporaryDirectory() as tmp:
+        print_lease_calibrations(Path(tmp))
+        print_raw_loops(Path(tmp))
     if cal:
         print("\n".join(calibration_lines(cal)))
     if a.bands_out:
@@ -528,26 +536,76 @@ def _leased(rows: list[dict], records: tuple[str, ...]) -> list[dict]:
     return [r for r in rows if r["record"].split("/", 1)[1] in records]
 
 
-def print_lease_calibrations() -> None:
+def _shipped(study: Path) -> Path:
+    return REPO_ROOT / "config" / "calibration" / f"{Plan(str(study)).cluster['name']}.json"
+
+
+def at_reference_matmul(path: Path, shipped: Path, tmp: Path) -> Path:
+    """``path``, or a copy of it with the shipped matmul rate where ``path`` measured its GPU's
+    rate at another size than calibrate.GPU_MATMUL_SIDE (calibrations before stop 39: a layer's
+    shapes or a 14592 side), the side predict.FITS' efficiency is a share of. Substituted, not
+    measured: one H200's rate at a layer's shapes moved 1.2 % over three leases (663-671)."""
+    cal = read_calibration(path)
+    matmul = cal.provenance.get("spread", {}).get("matmul_tflops", {})
+    if cal.accelerator != "cuda" or matmul.get("side") == calibrate.GPU_MATMUL_SIDE:
+        return path
+    out = tmp / f"{path.stem}.at-{calibrate.GPU_MATMUL_SIDE}.json"
+    write_calibration(out, replace(cal, matmul_tflops=read_calibration(shipped).matmul_tflops))
+    return out
+
+
+#: how a lease's own calibration is applied: as it was measured; with the matmul rate at the
+#: side the fitted efficiency is a share of (at_reference_matmul); or the shipped one instead
+VARIANTS = ("as measured", "matmul at the reference side", "shipped")
+
+
+def _variant(variant: str, own: Path, shipped: Path, tmp: Path) -> Path:
+    if variant == "shipped":
+        return shipped
+    return own if variant == "as measured" else at_reference_matmul(own, shipped, tmp)
+
+
+def print_lease_calibrations(tmp: Path) -> None:
     """The records of LEASE_CALIBRATIONS predicted with the calibration measured on their own
-    lease and with the shipped one (the committed constants both): the whole step, and the part
-    the calibration alone predicts (DeepSpeed's step timer); the ranking where one lease
-    measured every record."""
+    lease (VARIANTS) and with the shipped one, the committed constants all: the whole step, and
+    the part the calibration alone predicts (DeepSpeed's step timer); the ranking where one
+    lease measured every record."""
     for folder, leases in LEASE_CALIBRATIONS.items():
         study = REPO_ROOT / GPU_RECORDS[folder]
-        cluster = Plan(str(study)).cluster["name"]
-        shipped = REPO_ROOT / "config" / "calibration" / f"{cluster}.json"
-        own, same = [], []
-        for path, records in leases.items():
-            own += _leased(record_rows(REPO_ROOT / folder, study, REPO_ROOT / path), records)
-            same += _leased(record_rows(REPO_ROOT / folder, study, shipped), records)
-        names = ", ".join(Path(path).name for path in leases)
+        shipped = _shipped(study)
         # a ranking compares configs measured on one lease: not over records of several
         wanted = ("step time", "ranking", "Kendall") if len(leases) == 1 else ("step time",)
-        for label, rows in ((f"with {names}", own), ("with the shipped calibration", same)):
-            label = f"{Path(folder).name} {label}"
+        names = ", ".join(Path(path).name for path in leases)
+        for variant in VARIANTS:
+            rows = []
+            for path, records in leases.items():
+                cal = _variant(variant, REPO_ROOT / path, shipped, tmp)
+                rows += _leased(record_rows(REPO_ROOT / folder, study, cal), records)
+            label = Path(folder).name + (", shipped calibration" if variant == "shipped"
+                                         else f", {names} ({variant})")  # fmt: skip
             print("\n".join(x for x in summary_lines(rows, label) if any(w in x for w in wanted)))
             print(f"{label}: {step_timer_line(rows)}")
+
+
+def print_raw_loops(tmp: Path) -> None:
+    """RAW_LOOPS: each plain DeepSpeed loop's step against the prediction of its config with
+    its lease's calibration (VARIANTS) and the shipped one, DeepSpeed's step timer beside."""
+    for folder, (pattern, lease) in RAW_LOOPS.items():
+        study = REPO_ROOT / GPU_RECORDS[folder]
+        plan, shipped = Plan(str(study)), _shipped(study)
+        cals = {v: read_calibration(_variant(v, REPO_ROOT / lease, shipped, tmp)) for v in VARIANTS}
+        for path in sorted(REPO_ROOT.glob(pattern)):
+            loop = read_json(path)
+            name, measured = loop["scenario"], loop["step_time_s_median"]
+            spec = plan.by_name[name]
+            ds_config = read_json(REPO_ROOT / folder / "configs" / f"{name}.json")
+            errs = [
+                f"{variant} {accuracy.rel_error(predict.step_time(spec, ds_config, cal).total, measured):+.1%} "
+                f"(step timer {accuracy.rel_error(predict.optimizer_step_seconds(spec, ds_config, cal), loop['phase_s_median']['step']):+.1%})"
+                for variant, cal in cals.items()
+            ]  # fmt: skip
+            print(f"{Path(folder).name} raw loop {name} ({Path(lease).name}): {measured:.3f} s; "
+                  + ", ".join(errs))  # fmt: skip
 
 
 def write_bands(path: Path, rows: list[dict], uncalibrated: list[dict], argv) -> None:

@@ -33,6 +33,31 @@ def test_working_sets_are_four_times_the_last_level_cache():
     assert size["adam"] * 16 >= 4 * 32 * MIB and size["copy"] == 0  # no copies without a GPU
     gpu = calibrate.sizes("cuda", 32 * MIB)
     assert gpu["matmul"] == 8192 and gpu["copy"] == 512 * MIB  # what reaches a GPU's peak
+    # an H200 host's 300 MiB cache would ask for a 14592 side: the GPU's rate stays at the
+    # side the fitted efficiency is a share of
+    assert calibrate.sizes("cuda", 300 * MIB)["matmul"] == calibrate.GPU_MATMUL_SIDE
+
+
+def test_a_gpu_workload_takes_the_reference_matmul_rate_and_records_the_layers(monkeypatch):
+    """calibrate --study on a GPU: the rate at GPU_MATMUL_SIDE (what predict.FITS' efficiency
+    is a share of), the layer's shapes beside it; a CPU takes the layer's shapes."""
+    asked = []
+
+    def square(device, n):
+        asked.append(("square", device, n))
+        return {"median": 790.0, "spread_pct": 1.0}
+
+    def layers(device, shapes):
+        asked.append(("layers", device, shapes))
+        return {"median": 668.0, "spread_pct": 2.0}
+
+    monkeypatch.setattr(calibrate, "matmul_tflops", square)
+    monkeypatch.setattr(calibrate, "matmul_tflops_at", layers)
+    shapes = ((8192, 2304, 2304),)
+    gpu = calibrate.workload_matmul("cuda", shapes)
+    assert gpu["median"] == 790.0 and gpu["layer_shapes"]["median"] == 668.0
+    assert ("square", "cuda", calibrate.GPU_MATMUL_SIDE) in asked
+    assert calibrate.workload_matmul("cpu", shapes)["median"] == 668.0
 
 
 def test_a_rate_is_the_median_after_a_warm_up_with_its_spread():

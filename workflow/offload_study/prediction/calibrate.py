@@ -57,6 +57,13 @@ from offload_study.training.provenance import pkg_version
 #: Every working set (matmul operands, Adam's four fp32 arrays, copy buffers) is at least this
 #: many times the last-level cache, so that the rate is the one of memory, not of the cache.
 SIZE_OVER_CACHE = 4
+#: A GPU's matmul rate is measured on squares of this side, bf16, random data: the size of the
+#: figure the step model's efficiency is fitted against (predict.FITS["cuda"]: ~790 TFLOP/s on
+#: an H200, /work/shared/notes/device-gpu.md). At a layer's shapes an H200 reaches 663-671
+#: (model E, three leases) and 672-680 (model C); at 14592 706-720: a rate at another size,
+#: multiplied by that efficiency, counted the shape twice (the sweep's step 7/15 within 10 %
+#: with a lease's own calibration, 10-11/15 with its rate at this side: docs/benchmarks.md).
+GPU_MATMUL_SIDE = 8192
 #: Timed samples per measurement (after one warm-up call); the median is the rate.
 REPEATS = 5
 #: Each sample repeats its op for at least this long (one call when a call takes longer).
@@ -110,7 +117,7 @@ def sizes(accelerator: str, cache_bytes: int) -> dict[str, int]:
     floor = SIZE_OVER_CACHE * cache_bytes
     side = 256 * math.ceil(math.sqrt(floor / (3 * 2)) / 256)  # three bf16 operands
     return {
-        "matmul": max(side, 8192) if accelerator == "cuda" else side,
+        "matmul": GPU_MATMUL_SIDE if accelerator == "cuda" else side,
         "adam": math.ceil(floor / 16),  # parameter, gradient, two moments: 16 B in fp32
         "copy": max(floor, 512 * 2**20) if accelerator == "cuda" else 0,
         "disk": DISK_BYTES[accelerator],
@@ -486,6 +493,16 @@ def matmul_tflops_at(device: str, shapes: tuple[tuple[int, int, int], ...]) -> d
             "settled": settled, "shapes": per_shape}  # fmt: skip
 
 
+def workload_matmul(device: str, shapes: tuple[tuple[int, int, int], ...]) -> dict:
+    """The matmul rate a prediction takes: on a CPU at the layer's shapes (its step model
+    fits no efficiency); on a GPU at GPU_MATMUL_SIDE, what the fitted efficiency is a share
+    of, with the layer's shapes measured beside it for the record (``layer_shapes``)."""
+    if device == "cpu":
+        return matmul_tflops_at(device, shapes)
+    return {**matmul_tflops(device, GPU_MATMUL_SIDE), "side": GPU_MATMUL_SIDE,
+            "layer_shapes": matmul_tflops_at(device, shapes)}  # fmt: skip
+
+
 def copies_at(sizes: tuple[int, ...], pageable_bytes: int) -> dict[str, dict]:
     """Pinned copies both ways at each bucket size (the rate is the smallest bucket's: every
     gradient crosses in buckets of that size at most), and host->device from unpinned memory
@@ -531,7 +548,7 @@ def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
     CPU Adam's partition capped at a quarter of the free host memory (16 B per parameter)."""
     device = "cuda" if accelerator == "cuda" else "cpu"
     adam = min(workload.adam_params, host_bytes_free() // (4 * 16))
-    spread = {"matmul_tflops": matmul_tflops_at(device, workload.matmul_shapes),
+    spread = {"matmul_tflops": workload_matmul(device, workload.matmul_shapes),
               "torch_adam_params_per_s": adam_rate("torch", adam, cores, until_stable=True),
               "fp16_check_elems_per_s": fp16_check_elems_per_s(adam, cores, until_stable=True)}  # fmt: skip
     # DeepSpeed's step over the partition as the run holds it: sub-groups, pinned on a GPU
@@ -901,8 +918,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="calibration.json to write")
     p.add_argument(
         "--study",
-        help="measure at this study's sizes: CPU Adam at its partition, "
-        "matmul at its layer shapes, copies at its reduce buckets, until stable",
+        help="measure at this study's sizes: CPU Adam at its partition, matmul at its layer "
+        "shapes (a GPU's recorded beside its rate at GPU_MATMUL_SIDE, which predictions use), "
+        "copies at its reduce buckets, until stable",
     )
     p.add_argument("--probe", help=argparse.SUPPRESS)  # one rank of zero3_probe (torchrun)
     p.add_argument("--runtime-probe", help=argparse.SUPPRESS)  # runtime_probe's rank
