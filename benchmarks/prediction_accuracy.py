@@ -34,7 +34,7 @@ from offload_study.analysis import collect
 from offload_study.core import units
 from offload_study.core.contracts import read_calibration, read_json, write_calibration
 from offload_study.planning.plan import Plan
-from offload_study.prediction import accuracy, calibrate, catalog, fsdp2_model, predict
+from offload_study.prediction import accuracy, catalog, fsdp2_model, predict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
@@ -83,11 +83,12 @@ LEASE_CALIBRATIONS = {
             ("opt__mb-8/rep1", "opt__mb-4/rep1", "optparam__mb-8/rep0", "optparam__mb-4/rep0"),
     },
 }  # fmt: skip
-#: record folder -> (plain DeepSpeed loops of its configs on a later lease: raw_deepspeed.py
-#: --phase-times outputs, that lease's calibration): benchmarks/device/run_step_phases.sh
+#: record folder -> [(plain DeepSpeed loops of its configs on a later lease: raw_deepspeed.py
+#: --phase-times outputs, that lease's calibration)]: benchmarks/device/run_step_phases.sh
 RAW_LOOPS = {
-    _MODEL_E: (f"{_MODEL_E}/step-phases-lease-3/phases-*.json",
-               f"{_MODEL_E}/step-phases-lease-3/calibration.at-lease-h200-model-e.json"),
+    _MODEL_E: [(f"{_MODEL_E}/step-phases-lease-{n}/phases-*.json",
+                f"{_MODEL_E}/step-phases-lease-{n}/calibration.at-lease-h200-model-e.json")
+               for n in (3, 4)],
 }  # fmt: skip
 GIB = units.gib_to_bytes(1)
 
@@ -540,29 +541,27 @@ def _shipped(study: Path) -> Path:
     return REPO_ROOT / "config" / "calibration" / f"{Plan(str(study)).cluster['name']}.json"
 
 
-def at_reference_matmul(path: Path, shipped: Path, tmp: Path) -> Path:
-    """``path``, or a copy of it with the shipped matmul rate where ``path`` measured its GPU's
-    rate at another size than calibrate.GPU_MATMUL_SIDE (calibrations before stop 39: a layer's
-    shapes or a 14592 side), the side predict.FITS' efficiency is a share of. Substituted, not
-    measured: one H200's rate at a layer's shapes moved 1.2 % over three leases (663-671)."""
+def shipped_matmul(path: Path, shipped: Path, tmp: Path) -> Path:
+    """A copy of ``path`` with the shipped calibration's matmul rate: isolates that one rate.
+    predict.FITS' efficiency is a share of the shipped H200 rate (790 TFLOP/s, a one-off
+    8192³ figure of /work/shared/notes/device-gpu.md); calibrate measures 646-680 at a layer's
+    shapes and 677 at 8192³ (lease 4 of model E), so a lease's own rate scales the FLOPs by
+    that ratio whatever the machine did."""
     cal = read_calibration(path)
-    matmul = cal.provenance.get("spread", {}).get("matmul_tflops", {})
-    if cal.accelerator != "cuda" or matmul.get("side") == calibrate.GPU_MATMUL_SIDE:
-        return path
-    out = tmp / f"{path.stem}.at-{calibrate.GPU_MATMUL_SIDE}.json"
+    out = tmp / f"{path.stem}.shipped-matmul.json"
     write_calibration(out, replace(cal, matmul_tflops=read_calibration(shipped).matmul_tflops))
     return out
 
 
-#: how a lease's own calibration is applied: as it was measured; with the matmul rate at the
-#: side the fitted efficiency is a share of (at_reference_matmul); or the shipped one instead
-VARIANTS = ("as measured", "matmul at the reference side", "shipped")
+#: how a lease's own calibration is applied: as it was measured; with the shipped matmul rate
+#: (shipped_matmul); or the shipped calibration instead
+VARIANTS = ("as measured", "with the shipped matmul rate", "shipped")
 
 
 def _variant(variant: str, own: Path, shipped: Path, tmp: Path) -> Path:
     if variant == "shipped":
         return shipped
-    return own if variant == "as measured" else at_reference_matmul(own, shipped, tmp)
+    return own if variant == "as measured" else shipped_matmul(own, shipped, tmp)
 
 
 def print_lease_calibrations(tmp: Path) -> None:
@@ -590,7 +589,9 @@ def print_lease_calibrations(tmp: Path) -> None:
 def print_raw_loops(tmp: Path) -> None:
     """RAW_LOOPS: each plain DeepSpeed loop's step against the prediction of its config with
     its lease's calibration (VARIANTS) and the shipped one, DeepSpeed's step timer beside."""
-    for folder, (pattern, lease) in RAW_LOOPS.items():
+    for folder, pattern, lease in [
+        (f, *loops) for f, leases in RAW_LOOPS.items() for loops in leases
+    ]:
         study = REPO_ROOT / GPU_RECORDS[folder]
         plan, shipped = Plan(str(study)), _shipped(study)
         cals = {v: read_calibration(_variant(v, REPO_ROOT / lease, shipped, tmp)) for v in VARIANTS}
@@ -604,7 +605,7 @@ def print_raw_loops(tmp: Path) -> None:
                 f"(step timer {accuracy.rel_error(predict.optimizer_step_seconds(spec, ds_config, cal), loop['phase_s_median']['step']):+.1%})"
                 for variant, cal in cals.items()
             ]  # fmt: skip
-            print(f"{Path(folder).name} raw loop {name} ({Path(lease).name}): {measured:.3f} s; "
+            print(f"{Path(folder).name} raw loop {name} ({Path(lease).parent.name}): {measured:.3f} s; "
                   + ", ".join(errs))  # fmt: skip
 
 

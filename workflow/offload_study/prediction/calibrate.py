@@ -57,12 +57,11 @@ from offload_study.training.provenance import pkg_version
 #: Every working set (matmul operands, Adam's four fp32 arrays, copy buffers) is at least this
 #: many times the last-level cache, so that the rate is the one of memory, not of the cache.
 SIZE_OVER_CACHE = 4
-#: A GPU's matmul rate is measured on squares of this side, bf16, random data: the size of the
-#: figure the step model's efficiency is fitted against (predict.FITS["cuda"]: ~790 TFLOP/s on
-#: an H200, /work/shared/notes/device-gpu.md). At a layer's shapes an H200 reaches 663-671
-#: (model E, three leases) and 672-680 (model C); at 14592 706-720: a rate at another size,
-#: multiplied by that efficiency, counted the shape twice (the sweep's step 7/15 within 10 %
-#: with a lease's own calibration, 10-11/15 with its rate at this side: docs/benchmarks.md).
+#: A GPU's matmul rate is measured on squares of this side, bf16, random data, whatever the
+#: study: the size of the shipped H200 figures the step model's efficiency is fitted against
+#: (config/calibration/h200-*.json; predict.FITS["cuda"]), so that a lease's own rate scales
+#: the FLOPs as the machine does, not as a model's shapes do (an H200 measured 646-680 at a
+#: layer's shapes, 706-720 at a 14592 side, 677-690 at this one: docs/benchmarks.md).
 GPU_MATMUL_SIDE = 8192
 #: Timed samples per measurement (after one warm-up call); the median is the rate.
 REPEATS = 5
