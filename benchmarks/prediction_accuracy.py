@@ -438,10 +438,9 @@ def main(argv=None) -> int:
     chosen = dict(item.split("=", 1) for item in a.gpu_calibration)
     rows = []
     for folder, study in GPU_RECORDS.items():
-        cluster = Plan(str(REPO_ROOT / study)).cluster["name"]
-        shipped = REPO_ROOT / "config" / "calibration" / f"{cluster}.json"
+        shipped = _shipped(REPO_ROOT / study)  # config/calibration/<cluster>.json
         rows += record_rows(REPO_ROOT / folder, REPO_ROOT / study,
-                            Path(chosen.get(cluster, shipped)))  # fmt: skip
+                            Path(chosen.get(shipped.stem, shipped)))  # fmt: skip
     for cluster, path in chosen.items():
         print("\n".join(calibration_lines(Path(path), label=cluster)))
     cal = None
