@@ -83,13 +83,13 @@ LEASE_CALIBRATIONS = {
             ("opt__mb-8/rep1", "opt__mb-4/rep1", "optparam__mb-8/rep0", "optparam__mb-4/rep0"),
     },
 }  # fmt: skip
-#: record folder -> [(plain DeepSpeed loops of its configs on a later lease: raw_deepspeed.py
-#: --phase-times outputs, that lease's calibration)]: benchmarks/device/run_step_phases.sh
-RAW_LOOPS = {
-    _MODEL_E: [(f"{_MODEL_E}/step-phases-lease-{n}/phases-*.json",
-                f"{_MODEL_E}/step-phases-lease-{n}/calibration.at-lease-h200-model-e.json")
-               for n in (3, 4)],
-}  # fmt: skip
+#: (record folder, plain DeepSpeed loops of its configs on a later lease: raw_deepspeed.py
+#: --phase-times outputs, that lease's calibration): benchmarks/device/run_step_phases.sh
+RAW_LOOPS = [
+    (_MODEL_E, f"{_MODEL_E}/step-phases-lease-{n}/phases-*.json",
+     f"{_MODEL_E}/step-phases-lease-{n}/calibration.at-lease-h200-model-e.json")
+    for n in (3, 4)
+]  # fmt: skip
 GIB = units.gib_to_bytes(1)
 
 
@@ -585,27 +585,30 @@ def print_lease_calibrations(tmp: Path) -> None:
             print(f"{label}: {step_timer_line(rows)}")
 
 
+def _loop_errors(loop: dict, spec, ds_config: dict, cal) -> str:
+    """A plain loop's step and DeepSpeed's step timer against their predictions with ``cal``."""
+    step = accuracy.rel_error(predict.step_time(spec, ds_config, cal).total,
+                              loop["step_time_s_median"])  # fmt: skip
+    timer = accuracy.rel_error(predict.optimizer_step_seconds(spec, ds_config, cal),
+                               loop["phase_s_median"]["step"])  # fmt: skip
+    return f"{step:+.1%} (step timer {timer:+.1%})"
+
+
 def print_raw_loops(tmp: Path) -> None:
     """RAW_LOOPS: each plain DeepSpeed loop's step against the prediction of its config with
     its lease's calibration (VARIANTS) and the shipped one, DeepSpeed's step timer beside."""
-    for folder, pattern, lease in [
-        (f, *loops) for f, leases in RAW_LOOPS.items() for loops in leases
-    ]:
+    for folder, pattern, lease in RAW_LOOPS:
         study = REPO_ROOT / GPU_RECORDS[folder]
         plan, shipped = Plan(str(study)), _shipped(study)
         cals = {v: read_calibration(_variant(v, REPO_ROOT / lease, shipped, tmp)) for v in VARIANTS}
         for path in sorted(REPO_ROOT.glob(pattern)):
             loop = read_json(path)
-            name, measured = loop["scenario"], loop["step_time_s_median"]
-            spec = plan.by_name[name]
+            name = loop["scenario"]
             ds_config = read_json(REPO_ROOT / folder / "configs" / f"{name}.json")
-            errs = [
-                f"{variant} {accuracy.rel_error(predict.step_time(spec, ds_config, cal).total, measured):+.1%} "
-                f"(step timer {accuracy.rel_error(predict.optimizer_step_seconds(spec, ds_config, cal), loop['phase_s_median']['step']):+.1%})"
-                for variant, cal in cals.items()
-            ]  # fmt: skip
-            print(f"{Path(folder).name} raw loop {name} ({Path(lease).parent.name}): {measured:.3f} s; "
-                  + ", ".join(errs))  # fmt: skip
+            errs = [f"{variant} {_loop_errors(loop, plan.by_name[name], ds_config, cal)}"
+                    for variant, cal in cals.items()]  # fmt: skip
+            print(f"{Path(folder).name} raw loop {name} ({Path(lease).parent.name}): "
+                  f"{loop['step_time_s_median']:.3f} s; " + ", ".join(errs))  # fmt: skip
 
 
 def write_bands(path: Path, rows: list[dict], uncalibrated: list[dict], argv) -> None:
