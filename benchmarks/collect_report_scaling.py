@@ -67,7 +67,7 @@ def write_plan(plan: Plan, results: Path) -> Path:
         ds_path = results / "configs" / f"{name}.json"
         write_scenario_files(spec, str(ds_path), str(results / "configs" / f"{name}.run.json"))
         shas[name] = contracts.sha256_file(ds_path)
-    summary = {**plan.summary(), "deepspeed_checked": True, "ds_config_sha256": shas}
+    summary = {**plan.summary(), "configs_checked": True, "ds_config_sha256": shas}
     for scenario in summary["scenarios"]:  # plan.json paths relative to the repo; here absolute
         scenario["ds_config"] = str(results / "configs" / f"{scenario['name']}.json")
         scenario["run_spec"] = str(results / "configs" / f"{scenario['name']}.run.json")

@@ -5,7 +5,7 @@ every step (DeepSpeed 0.19.8 stage3.py ``has_overflow``); a bf16 run does not. O
 half-7B's fp16 offload steps spent 3.2-3.4 s more in the optimizer than its bf16 twin
 (docs/results/h200-1gpu/host-h200-half7b-*). This prints, at each size, the check's rate
 (offload_study.prediction.calibrate.fp16_check_elems_per_s) and DeepSpeedCPUAdam's with the same
-cores, sampled until stable, one JSON line each, and their ratio (predict.FP16_CHECK_PER_ADAM,
+cores, sampled until stable, one JSON line each, and their ratio (offload_study.engines.deepspeed.model.FP16_CHECK_PER_ADAM,
 the fallback of a calibration without the check's rate).
 
     DS_ACCELERATOR=cpu python benchmarks/fp16_check.py --threads 16 --sizes 1e8 1e9 3.5e9
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     for n in (int(x) for x in a.sizes):
         check = calibrate.fp16_check_elems_per_s(n, a.threads, until_stable=True)
-        adam = calibrate.adam_rate("deepspeed", n, a.threads, until_stable=True)
+        adam = calibrate.adam_rate("DeepSpeedCPUAdam", n, a.threads, until_stable=True)
         ratio = check["median"] / adam["median"]
         print(json.dumps({"elements": n, "threads": a.threads, "fp16_check": check,
                           "cpu_adam": adam, "check_per_adam": round(ratio, 4)}))  # fmt: skip

@@ -3,7 +3,7 @@
     python benchmarks/overlap_trial.py P       # P > 0; P = inf is the committed model
 
 Runs benchmarks/prediction_accuracy.py with the micro-steps' time as the p-norm of FLOPs,
-dispatch and collectives (p = 1: their sum, p = inf: the longest, as `predict.micro_steps_s`
+dispatch and collectives (p = 1: their sum, p = inf: the longest, as `offload_study.prediction.shared.micro_steps_s`
 takes it), in the prediction and in the leave-one-study-out fit alike. A trial, not a model:
 docs/benchmarks.md ("Partial overlap ...") says what it found and why it was left out.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "workflow"))
 
-from offload_study.prediction import predict  # noqa: E402
+from offload_study.prediction import shared  # noqa: E402
 
 
 def p_norm(parts: tuple[float, ...], p: float) -> float:
@@ -32,7 +32,7 @@ def with_overlap(p: float) -> None:
         parts = (flops_s, dispatch_s, comm_s)
         return sum(parts) if serial else p_norm(parts, p)
 
-    predict.micro_steps_s = micro_steps_s
+    shared.micro_steps_s = micro_steps_s
 
 
 if __name__ == "__main__":

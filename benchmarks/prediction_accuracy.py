@@ -33,8 +33,15 @@ from pathlib import Path
 from offload_study.analysis import collect
 from offload_study.core import units
 from offload_study.core.contracts import read_calibration, read_json, write_calibration
+from offload_study.engines.deepspeed import model as ds_model  # noqa: E402
+from offload_study.engines.fsdp2 import model as fsdp2_model  # noqa: E402
 from offload_study.planning.plan import Plan
-from offload_study.prediction import accuracy, catalog, fsdp2_model, predict
+from offload_study.prediction import (
+    accuracy,
+    catalog,
+    predict,
+    shared,  # noqa: E402
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
@@ -122,7 +129,7 @@ def record_rows(
 def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
     memory = predict.predict_memory(spec, ds_config, cal)
     times = predict.step_time(spec, ds_config, cal)
-    ds = predict.deepspeed_estimate(spec)
+    ds = ds_model.own_estimate(spec)
     cuda = spec.accelerator == "cuda"
     low, high = _speed_ci(m) if m.get("step_time_s") else (None, None)
     return {
@@ -150,9 +157,9 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "ranks": spec.gpus_per_node,
         "allocated_bytes": sum(memory.gpu.values()) if cuda else None,
         # reserved beyond the allocated peak by blocks of known size (not fitted)
-        "known_reserved_bytes": predict.nvme_gradient_copies_bytes(spec, ds_config),
+        "known_reserved_bytes": ds_model.known_reserved_bytes(spec, ds_config),
         # DeepSpeed's step timer (ms per step in metrics.json) and its prediction, seconds
-        "step_timer": (predict.optimizer_step_seconds(spec, ds_config, cal),
+        "step_timer": (ds_model.optimizer_step_seconds(spec, ds_config, cal),
                        (raw.get("breakdown_ms") or {}).get("step") and raw["breakdown_ms"]["step"] / 1e3),
         # the verdict without force (the 40 GiB OOM run is forced on purpose)
         "feasible": predict.predict(replace(spec, force=False), ds_config, cal).feasible,
@@ -269,7 +276,7 @@ def _reserved_error(row: dict, fit) -> float | None:
     if not (row["reserved_measured"] and row["features"]):
         return None
     slack, _ = fit
-    slack_bytes = predict.allocator_slack_bytes(slack, row["features"])
+    slack_bytes = shared.allocator_slack_bytes(slack, row["features"])
     predicted = row["allocated_bytes"] + row["known_reserved_bytes"] + slack_bytes
     return accuracy.rel_error(predicted, row["reserved_measured"])
 
@@ -512,13 +519,13 @@ def print_summaries(rows: list[dict]) -> None:
               f"{fsdp2_model.RUNTIME_GIB['cuda']})")  # fmt: skip
         print(
             f"reserved fit over every GPU study: reserved_slack {tuple(f'{c:.4g}' for c in slack)}"
-            f", CUDA context {units.bytes_to_gib(context):.3f} GiB (predict.RESERVED_FIT)"
+            f", CUDA context {units.bytes_to_gib(context):.3f} GiB (shared.RESERVED_FIT)"
         )
 
 
 def step_timer_line(rows: list[dict]) -> str:
     """DeepSpeed's step timer of the CPU optimizer offload records against the optimizer step
-    the calibration alone predicts (predict.optimizer_step_seconds: no fitted constant)."""
+    the calibration alone predicts (ds_model.optimizer_step_seconds: no fitted constant)."""
     pairs = [r["step_timer"] for r in rows if r["outcome"] == "ok" and all(r["step_timer"])]
     errs = [accuracy.rel_error(pred, meas) for pred, meas in pairs]
     if not errs:
@@ -589,7 +596,7 @@ def _loop_errors(loop: dict, spec, ds_config: dict, cal) -> str:
     """A plain loop's step and DeepSpeed's step timer against their predictions with ``cal``."""
     step = accuracy.rel_error(predict.step_time(spec, ds_config, cal).total,
                               loop["step_time_s_median"])  # fmt: skip
-    timer = accuracy.rel_error(predict.optimizer_step_seconds(spec, ds_config, cal),
+    timer = accuracy.rel_error(ds_model.optimizer_step_seconds(spec, ds_config, cal),
                                loop["phase_s_median"]["step"])  # fmt: skip
     return f"{step:+.1%} (step timer {timer:+.1%})"
 

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     for name, (sub_group, pinned) in layouts.items():
         groups = calibrate.partition_layout(a.params, sub_group, pinned)
         rates = {"cpu_adam_params_per_s": calibrate.adam_rate(
-            "deepspeed", a.params, threads, True, groups)}  # fmt: skip
+            "DeepSpeedCPUAdam", a.params, threads, True, groups)}  # fmt: skip
         rates.update(calibrate.step_passes_at(a.params, threads, accelerator, groups=groups))
         del groups
         result[name] = rates

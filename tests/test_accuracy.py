@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from offload_study.prediction import accuracy, predict
+from offload_study.engines.deepspeed import model as ds_model
+from offload_study.prediction import accuracy, predict, shared
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +85,7 @@ def test_reserved_prediction_adds_the_allocator_slack_and_the_context(gpu_spec):
     spec, ds = gpu_spec
     memory = predict.predict_memory(spec, ds)
     reserved = predict.gpu_reserved_bytes(spec, memory, ds)
-    context = 2**30 * predict.FITS["cuda"].cuda_context_gib
+    context = 2**30 * shared.ACCELERATOR_FITS["cuda"].cuda_context_gib
     assert reserved > sum(memory.gpu.values()) + context * 0.99
     row = predict.predict(spec, ds, None)
     assert row.gpu_reserved_bytes == reserved
@@ -98,12 +99,12 @@ def test_reserved_prediction_adds_the_allocator_slack_and_the_context(gpu_spec):
 
 
 def causes(features):
-    return dict(zip(predict.RESERVED_CAUSES, features, strict=True))
+    return dict(zip(shared.RESERVED_CAUSES, features, strict=True))
 
 
 def test_reserved_slack_sizes_each_cause_from_the_config(gpu_spec):
     spec, ds = gpu_spec  # 1.91B, bf16, one GPU, CPU optimizer offload, 5e8-element buckets
-    shape = predict.model_shape(spec)
+    shape = shared.model_shape(spec)
     got = causes(predict.reserved_features(spec, ds))
     assert got["the reduction stream's buckets"] == 2 * 5e8
     assert got["one layer's parameters"] == pytest.approx(2 * shape.params / shape.layers)
@@ -117,7 +118,7 @@ def test_reserved_slack_sizes_each_cause_from_the_config(gpu_spec):
     fetched = dataclasses.replace(spec, offload_param="cpu")
     assert causes(predict.reserved_features(fetched, ds))["gathered parameters"] == 2 * 1e9
     fp16 = dataclasses.replace(spec, dtype="fp16", offload_optimizer="none")
-    part = predict.partition(fp16, shape)
+    part = ds_model.partition(fp16, shape)
     assert causes(predict.reserved_features(fp16, ds))["the fp16 overflow check on the GPU"] == (
         3 * part
     )
@@ -127,11 +128,11 @@ def test_nvme_optimizer_offload_reserves_a_buckets_fp32_gradient_copies(gpu_spec
     """Counted at their size, beside the fitted causes: 4 bytes x the rank's share of a bucket
     (model-b's NVMe traces); nothing without NVMe optimizer offload."""
     spec, ds = gpu_spec  # CPU optimizer offload, 5e8-element buckets, one GPU
-    assert predict.nvme_gradient_copies_bytes(spec, ds) == 0.0
+    assert ds_model.known_reserved_bytes(spec, ds) == 0.0
     nvme = dataclasses.replace(spec, offload_optimizer="nvme", nvme_path="/tmp/nvme")
-    assert predict.nvme_gradient_copies_bytes(nvme, ds) == 4 * 5e8
+    assert ds_model.known_reserved_bytes(nvme, ds) == 4 * 5e8
     two_ranks = dataclasses.replace(nvme, gpus_per_node=2, world_size=2)
-    assert predict.nvme_gradient_copies_bytes(two_ranks, ds) == 4 * 5e8 / 2
+    assert ds_model.known_reserved_bytes(two_ranks, ds) == 4 * 5e8 / 2
     memory = predict.predict_memory(nvme, ds)
     cpu_reserved = predict.gpu_reserved_bytes(nvme, memory, ds) - 4 * 5e8
     assert cpu_reserved == pytest.approx(
@@ -141,12 +142,12 @@ def test_nvme_optimizer_offload_reserves_a_buckets_fp32_gradient_copies(gpu_spec
 
 def test_fsdp2_reserved_slack_is_the_loss_blocks_by_offload(gpu_spec):
     spec, _ = gpu_spec
-    shape = predict.model_shape(spec)
+    shape = shared.model_shape(spec)
     loss = spec.micro_batch * spec.seq_len * shape.vocab * (2 + 12)
     plain = dataclasses.replace(spec, engine="fsdp2", offload_optimizer="none")
     offloaded = dataclasses.replace(spec, engine="fsdp2", offload_param="cpu")
     assert causes(predict.reserved_features(plain, {})) == {
-        **causes(predict.reserved_vector({})),
+        **causes(shared.reserved_vector({})),
         "the loss's blocks, FSDP2 without offload": loss,
     }
     assert (
@@ -157,7 +158,7 @@ def test_fsdp2_reserved_slack_is_the_loss_blocks_by_offload(gpu_spec):
 
 def test_reserved_vector_refuses_a_cause_it_does_not_know():
     with pytest.raises(ValueError, match="not in RESERVED_CAUSES: \\['fragmentation'\\]"):
-        predict.reserved_vector({"fragmentation": 1.0})
+        shared.reserved_vector({"fragmentation": 1.0})
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_working_sets_are_four_times_the_last_level_cache():
 
 
 def test_a_gpu_workload_takes_the_reference_matmul_rate_and_records_the_layers(monkeypatch):
-    """calibrate --study on a GPU: the rate at GPU_MATMUL_SIDE (what predict.FITS' efficiency
+    """calibrate --study on a GPU: the rate at GPU_MATMUL_SIDE (what the engines' fitted efficiency
     is a share of), the layer's shapes beside it; a CPU takes the layer's shapes."""
     asked = []
 
@@ -101,7 +101,7 @@ def test_the_steps_host_passes_are_measured_over_the_sub_groups():
     over the same sub-groups CPU Adam steps one at a time; no upload without a GPU."""
     cores = len(os.sched_getaffinity(0))
     groups = calibrate.partition_layout(300_000, sub_group=100_000)
-    adam = calibrate.adam_rate("deepspeed", 300_000, cores, until_stable=True, groups=groups)
+    adam = calibrate.adam_rate("DeepSpeedCPUAdam", 300_000, cores, until_stable=True, groups=groups)
     passes = calibrate.step_passes_at(300_000, cores, "cpu", groups=groups)
     assert set(passes) == {"grad_unscale_params_per_s", "master_copy_params_per_s"}
     for rate in (adam, *passes.values()):

@@ -15,7 +15,7 @@ from offload_study.admission.admit import admitted_plan
 from offload_study.core import contracts
 from offload_study.core.contracts import RunSpec, StepRow, choose_baseline
 from offload_study.core.study import StudyError
-from offload_study.planning import dsconfig
+from offload_study.engines.deepspeed import config as dsconfig
 from offload_study.planning.plan import Plan, write_scenario_files
 
 # run.json as the plan wrote it before contracts.py, plus what the cluster now adds

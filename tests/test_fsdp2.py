@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import make_spec
@@ -12,7 +13,7 @@ from runs import load_record, make_run, run_runner
 
 from offload_study.admission import preflight
 from offload_study.core import contracts, units
-from offload_study.core.contracts import RunSpec, read_steps
+from offload_study.core.contracts import RunSpec, read_steps, sha256_file
 
 
 @pytest.mark.parametrize("offload", ["none", "cpu"])
@@ -32,7 +33,10 @@ def test_fsdp2_trains_over_two_gloo_ranks(tmp_path, offload):
     import torch
 
     assert (m["engine"], m["engine_version"]) == ("fsdp2", torch.__version__)
-    assert m["deepspeed_version"] is None and m["ds_config_sha256"] is None
+    # the record names the settings FSDP2 trained with (configs/<scenario>.json), as DeepSpeed's
+    settings = json.loads(Path(spec.ds_config).read_text())
+    assert settings["offload"]["path"] == ("cpu-offload-policy" if offload == "cpu" else "none")
+    assert m["deepspeed_version"] is None and m["ds_config_sha256"] == sha256_file(spec.ds_config)
     rows = read_steps(outdir / "steps.csv")
     assert [r.phase for r in rows] == ["warmup"] + ["measured"] * 3
     for r in rows:  # the parts add up to the step (each ended by a synchronization)
@@ -53,7 +57,8 @@ def test_fsdp2_trains_over_two_gloo_ranks(tmp_path, offload):
         torch.__version__,
         None,
     )
-    assert prov["ds_config"] is None and "offload_study.training.harness" in prov["launch_command"]
+    assert prov["ds_config"] == str(spec.ds_config)
+    assert "offload_study.training.harness" in prov["launch_command"]
     stats = json.loads((outdir / "rank1.stats.json").read_text())
     assert stats["finished"] and stats["engine"] == "fsdp2"
 
@@ -74,9 +79,10 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
     step priced at torch AdamW's rate; no DeepSpeed estimate for an FSDP2 run."""
     import dataclasses
 
+    from offload_study import engines
     from offload_study.core.contracts import Calibration
-    from offload_study.planning import dsconfig
-    from offload_study.prediction import fsdp2_model, predict
+    from offload_study.engines.fsdp2 import model as fsdp2_model
+    from offload_study.prediction import predict
 
     model = {"config": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5504,
                         "num_hidden_layers": 24, "num_attention_heads": 16, "vocab_size": 32000,
@@ -91,7 +97,8 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
                                        "gpus_per_node": 1, "offload_optimizer": off,
                                        "offload_param": off, "gradient_accumulation_steps": 1},
                          **study)  # fmt: skip
-        rows[engine, off] = predict.predict(spec, dsconfig.build_ds_config(spec), cal, 1, True)
+        config = engines.of(spec).build_config(spec)
+        rows[engine, off] = predict.predict(spec, config, cal, 1, True)
     none, offload, zero3 = rows["fsdp2", "none"], rows["fsdp2", "cpu"], rows["deepspeed", "cpu"]
     assert none.gpu_gib > 16 * 1.3e9 / 2**30 > offload.gpu_gib  # 16 bytes a parameter on the GPU
     assert offload.host_gib > 16 * 1.3e9 / 2**30 > none.host_gib
@@ -102,7 +109,7 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
     fsdp_spec = make_spec("h200-1gpu", {"name": "f", "engine": "fsdp2", "gpus_per_node": 1,
                                         "offload_optimizer": "cpu", "offload_param": "cpu",
                                         "gradient_accumulation_steps": 1}, **study)  # fmt: skip
-    assert fsdp2_model.step_time(fsdp_spec, older).optimizer_s == pytest.approx(params / 2e9, 1e-3)
+    assert fsdp2_model.step_time(fsdp_spec, {}, older).optimizer_s == pytest.approx(params / 2e9, 1e-3)
 
 
 def test_the_report_puts_engines_side_by_side(tmp_path):
@@ -139,13 +146,14 @@ def test_foreach_adams_temporary_is_held_where_foreach_steps(cluster):
     steps: on the host under CPUOffloadPolicy, in the device parts of a CPU rank without offload
     (a moment of its step), nowhere on a GPU (the fused kernel makes none). FSDP2's
     runtime memory is its own."""
-    from offload_study.prediction import fsdp2_model, predict
+    from offload_study.engines.fsdp2 import model as fsdp2_model
+    from offload_study.prediction import shared
 
     temp = "foreach AdamW's temporary (fp32, in the step)"
     spec = {off: make_spec(cluster, {"name": off, "engine": "fsdp2", "gpus_per_node": 2,
                                      "offload_optimizer": off, "offload_param": off})
             for off in ("none", "cpu")}  # fmt: skip
-    shape = predict.model_shape(spec["none"])
+    shape = shared.model_shape(spec["none"])
     shard = 4.0 * math.ceil(shape.params / 2)
     host = fsdp2_model.rank_host_parts(spec["cpu"], shape)
     assert host[temp] == shard
@@ -155,5 +163,4 @@ def test_foreach_adams_temporary_is_held_where_foreach_steps(cluster):
     assert peak >= sum(step.values()) and peak > 0
     assert temp not in fsdp2_model.rank_host_parts(spec["none"], shape)
     runtime = units.bytes_to_gib(fsdp2_model.rank_host_parts(spec["none"], shape)["runtime"])
-    expected = fsdp2_model.RUNTIME_GIB.get(spec["none"].accelerator)
-    assert runtime == pytest.approx(expected or predict.FITS["cpu"].runtime_gib)
+    assert runtime == pytest.approx(fsdp2_model.FITS[spec["none"].accelerator].runtime_gib)

@@ -16,7 +16,8 @@ from conftest import make_spec
 from offload_study.analysis import sanity
 from offload_study.core.contracts import read_json
 from offload_study.core.study import StudyError, load_schema
-from offload_study.planning import dsconfig, modes
+from offload_study.engines.deepspeed import config as dsconfig
+from offload_study.planning import modes
 from offload_study.planning.plan import write_scenario_files
 
 CPU_OPT = {"offload_optimizer": "cpu"}

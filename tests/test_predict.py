@@ -23,9 +23,11 @@ from offload_study.analysis.report.predicted import predicted_view
 from offload_study.core import contracts, units
 from offload_study.core.contracts import Calibration, read_calibration, read_json
 from offload_study.core.study import load_study
-from offload_study.planning import dsconfig, presets
+from offload_study.engines.deepspeed import config as dsconfig
+from offload_study.engines.deepspeed import model as ds_model
+from offload_study.planning import presets
 from offload_study.planning.plan import Plan, write_scenario_files
-from offload_study.prediction import predict
+from offload_study.prediction import predict, shared
 
 GIB = 2**30
 H200 = {"name": "g", "accelerator": "cuda", "gpus_per_node": 8, "gpu_mem_gb": 141,
@@ -53,7 +55,7 @@ def gpu_spec(scenario=None, **study):
 
 
 def parts(spec):
-    return predict.gpu_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+    return ds_model.gpu_parts(spec, shared.model_shape(spec), ds_model.knobs(ds(spec)))
 
 
 def ds(spec):
@@ -110,7 +112,7 @@ def test_fp16s_overflow_check_holds_an_abs_copy_and_a_mask_where_the_buffer_live
     offload = {"gpus_per_node": 2, "offload_optimizer": "cpu"}
     for dtype, expected in (("fp16", 3 * math.ceil(P / 2)), ("bf16", 0)):
         spec = gpu_spec(offload, dtype=dtype)
-        rank = predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+        rank = ds_model.rank_host_parts(spec, shared.model_shape(spec), ds_model.knobs(ds(spec)))
         assert rank[check] == expected
 
 
@@ -121,14 +123,14 @@ def test_the_partition_as_built_counts_at_initialization_only_where_that_moment_
     runtime of that moment; the steps hold the offloaded states beside the runtime the first
     step grew to. The partition counts by what the first exceeds the second."""
     built = "model as built (partition) at initialization, beyond the steps"
-    fit = predict.FITS["cuda"]
+    fit = ds_model.FITS["cuda"]
     assert fit.runtime_at_init < fit.runtime_gib  # measured: 1.44 and 2.04 GiB
 
     def rank(offload, runtime_at_init_gib):
-        monkeypatch.setitem(predict.FITS, "cuda", dataclasses.replace(
+        monkeypatch.setitem(ds_model.FITS, "cuda", dataclasses.replace(
             fit, runtime_at_init_gib=runtime_at_init_gib))  # fmt: skip
         spec = gpu_spec(offload)
-        return predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+        return ds_model.rank_host_parts(spec, shared.model_shape(spec), ds_model.knobs(ds(spec)))
 
     same = rank({}, fit.runtime_gib)  # the same runtime at both moments: the whole partition
     assert same[built] == 2 * P
@@ -145,18 +147,18 @@ def test_fp16s_overflow_check_takes_host_time_where_the_buffer_lives():
     cal = dataclasses.replace(CAL, fp16_check_elems_per_s=2e8)
     offload = {"gpus_per_node": 2, "offload_optimizer": "cpu"}
     spec = gpu_spec(offload, dtype="fp16")
-    shape = predict.model_shape(spec)
-    assert predict.overflow_check_seconds(spec, shape, cal) == pytest.approx(
+    shape = shared.model_shape(spec)
+    assert ds_model.overflow_check_seconds(spec, shape, cal) == pytest.approx(
         2 * math.ceil(P / 2) / 2e8
     )
-    older = predict.overflow_check_seconds(spec, shape, CAL)  # no fp16_check_elems_per_s
-    assert older == pytest.approx(2 * math.ceil(P / 2) / (predict.FP16_CHECK_PER_ADAM * 1e9))
+    older = ds_model.overflow_check_seconds(spec, shape, CAL)  # no fp16_check_elems_per_s
+    assert older == pytest.approx(2 * math.ceil(P / 2) / (ds_model.FP16_CHECK_PER_ADAM * 1e9))
     for other in (gpu_spec(offload, dtype="bf16"), gpu_spec(dtype="fp16")):
-        assert predict.overflow_check_seconds(other, predict.model_shape(other), cal) == 0
-    k = predict.knobs(ds(spec))
+        assert ds_model.overflow_check_seconds(other, shared.model_shape(other), cal) == 0
+    k = ds_model.knobs(ds(spec))
     bf16 = gpu_spec(offload, dtype="bf16")
-    assert predict.optimizer_seconds(spec, shape, cal, k) == pytest.approx(
-        predict.optimizer_seconds(bf16, predict.model_shape(bf16), cal, k)
+    assert ds_model.optimizer_seconds(spec, shape, cal, k) == pytest.approx(
+        ds_model.optimizer_seconds(bf16, shared.model_shape(bf16), cal, k)
         + 2 * math.ceil(P / 2) / 2e8
     )
 
@@ -178,7 +180,7 @@ def test_activations_without_checkpointing_keep_every_layer():
 def test_knobs_are_read_from_the_deepspeed_config():
     spec = gpu_spec({"zero": {"reduce_bucket_size": 1000, "stage3_max_live_parameters": 77},
                      "offload_param": "nvme"})  # fmt: skip
-    k = predict.knobs(ds(spec))
+    k = ds_model.knobs(ds(spec))
     assert (k.reduce_bucket, k.max_live) == (1000, 77)
     assert k.param_buffers == 5 * 100_000_000  # DeepSpeed's offload_param defaults
     assert parts(spec)["gathered parameters"] == 2 * 77
@@ -187,9 +189,9 @@ def test_knobs_are_read_from_the_deepspeed_config():
 def test_host_and_nvme_memory_by_hand():
     spec = gpu_spec({"gpus_per_node": 2, "offload_optimizer": "nvme", "offload_param": "nvme"})
     part = math.ceil(P / 2)
-    nvme = predict.nvme_parts(spec, predict.model_shape(spec))
+    nvme = ds_model.nvme_parts(spec, shared.model_shape(spec))
     assert nvme == {"optimizer states + fp32 gradients": 16 * part * 2, "parameters": 2 * part * 2}
-    rank = predict.rank_host_parts(spec, predict.model_shape(spec), predict.knobs(ds(spec)))
+    rank = ds_model.rank_host_parts(spec, shared.model_shape(spec), ds_model.knobs(ds(spec)))
     assert rank["gradients (pinned)"] == 2**18  # 2 x 105,120 B rounded up to a power of two
     memory = predict.predict_memory(spec, ds(spec))
     assert memory.host_gib == pytest.approx(2 * sum(rank.values()) / GIB)
@@ -213,14 +215,14 @@ def test_step_time_parts_by_hand():
     spec = gpu_spec({"offload_optimizer": "cpu", "gradient_accumulation_steps": 2})
     t = predict.step_time(spec, ds(spec), CAL)
     flops = (8 * P + 12 * 2 * 64 * 64 * 4 / 3) * 128  # checkpointing: 8N + attention
-    fit = predict.FITS["cuda"]
+    fit = ds_model.FITS["cuda"]
     assert t.flops_s == pytest.approx(2 * flops / (100e12 * fit.efficiency))
     assert t.dispatch_s == pytest.approx(2 * 2 * fit.dispatch_s_per_layer)
     # gradients to the host each micro-step; the fp32 master into the GPU's bf16 partition once
     # (a calibration without the upload's rate: 4 B per parameter from unpinned memory)
     assert t.pcie_s == pytest.approx(2 * 2 * P / 50e9 + 4 * P / 10e9)
     # CPU Adam and the unscale of its gradients (at CPU Adam's rate x STEP_PASS_PER_ADAM)
-    unscale = predict.STEP_PASS_PER_ADAM["grad_unscale_params_per_s"] * 1e9
+    unscale = ds_model.STEP_PASS_PER_ADAM["grad_unscale_params_per_s"] * 1e9
     assert t.optimizer_s == pytest.approx(P / 1e9 + P / unscale)
     assert t.nvme_s == t.comm_s == 0
     assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.pcie_s + t.optimizer_s)
@@ -234,23 +236,23 @@ def test_the_offloaded_step_makes_its_host_passes_at_their_calibrated_rates():
     cal = dataclasses.replace(CAL, grad_unscale_params_per_s=4e9, master_copy_params_per_s=5e9,
                               master_upload_params_per_s=2e8)  # fmt: skip
     both = gpu_spec({"offload_optimizer": "cpu", "offload_param": "cpu"})
-    assert predict.host_step_seconds_per_param(both, cal) == pytest.approx(
+    assert ds_model.host_step_seconds_per_param(both, cal) == pytest.approx(
         1 / 1e9 + 1 / 4e9 + 1 / 5e9
     )
     optimizer = gpu_spec({"offload_optimizer": "cpu"})
-    assert predict.host_step_seconds_per_param(optimizer, cal) == pytest.approx(1 / 1e9 + 1 / 4e9)
+    assert ds_model.host_step_seconds_per_param(optimizer, cal) == pytest.approx(1 / 1e9 + 1 / 4e9)
     t = predict.step_time(optimizer, ds(optimizer), cal)
     assert t.optimizer_s == pytest.approx(P * (1 / 1e9 + 1 / 4e9))
     assert t.pcie_s == pytest.approx(2 * P / 50e9 + P / 2e8)  # gradients out, master in
     # DeepSpeed's step timer holds the optimizer and the upload; nothing to predict without
     # CPU optimizer offload
-    timer = predict.optimizer_step_seconds(optimizer, ds(optimizer), cal)
+    timer = ds_model.optimizer_step_seconds(optimizer, ds(optimizer), cal)
     assert timer == pytest.approx(P * (1 / 1e9 + 1 / 4e9) + P / 2e8)
     for other in (gpu_spec(), gpu_spec({"offload_optimizer": "nvme"})):
-        assert predict.optimizer_step_seconds(other, ds(other), cal) is None
+        assert ds_model.optimizer_step_seconds(other, ds(other), cal) is None
     # an older calibration: the passes at CPU Adam's rate x the measured multiples
-    older = predict.host_step_seconds_per_param(both, CAL)
-    ratios = predict.STEP_PASS_PER_ADAM.values()
+    older = ds_model.host_step_seconds_per_param(both, CAL)
+    ratios = ds_model.STEP_PASS_PER_ADAM.values()
     assert older == pytest.approx((1 + sum(1 / r for r in ratios)) / 1e9)
 
 
@@ -268,8 +270,8 @@ def test_each_partitioned_tensor_is_gathered_per_fetch_at_its_latency():
     spec = gpu_spec({"gpus_per_node": 2, "zero": {"stage3_param_persistence_threshold": 0}})
     cal = dataclasses.replace(CAL, collective_latency_s=1e-4)
     tensors = 2 * 9 + 3  # per layer 7 projections and 2 norms; embeddings, norm, LM head
-    assert len(predict.model_shape(spec).tensors) == tensors
-    assert sum(predict.model_shape(spec).tensors) == P
+    assert len(shared.model_shape(spec).tensors) == tensors
+    assert sum(shared.model_shape(spec).tensors) == P
     calls = 2 * tensors + 1  # gathered for the forward and the backward; one reduce bucket
     moved = 2 * (2 * P + P) * 0.5  # bf16, half of it from the other rank
     assert predict.step_time(spec, ds(spec), cal).comm_s == pytest.approx(
@@ -294,9 +296,9 @@ def cpu_spec(ranks: int):
 def test_cpu_ranks_add_compute_layers_and_collectives_by_hand():
     spec = cpu_spec(2)
     t = predict.step_time(spec, ds(spec), CPU_CAL)
-    gas, shape = spec.gradient_accumulation_steps, predict.model_shape(spec)
+    gas, shape = spec.gradient_accumulation_steps, shared.model_shape(spec)
     # the two ranks share the node's measured matmul rate (no efficiency factor on a CPU)
-    assert t.flops_s == pytest.approx(gas * 2 * predict.flops_per_micro_step(spec, shape) / 1e12)
+    assert t.flops_s == pytest.approx(gas * 2 * shared.flops_per_micro_step(spec, shape) / 1e12)
     # each of 2 layers: its forward twice (checkpointing recomputes it) and its backward
     assert t.dispatch_s == pytest.approx(gas * (2 * (2 * 0.001 + 0.002) + 0.01))
     assert t.comm_s == pytest.approx(gas * (1e-4 + 2 * P * 0.5 / 1e9))  # one reduce, no gather
@@ -313,7 +315,7 @@ def test_a_lone_cpu_rank_uses_the_one_rank_probe_and_older_calibrations_the_fit(
     assert t.comm_s == 0  # one rank: no collective
     old = dataclasses.replace(CPU_CAL, zero3_layer_s=None, collective_latency_s=None)
     t = predict.step_time(alone, ds(alone), old)
-    assert t.dispatch_s == pytest.approx(gas * 2 * predict.FITS["cpu"].dispatch_s_per_layer)
+    assert t.dispatch_s == pytest.approx(gas * 2 * ds_model.FITS["cpu"].dispatch_s_per_layer)
     assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.optimizer_s)
 
 
@@ -326,7 +328,7 @@ GROUPS = [64_000, 53_376, 92_864]
 
 def small_groups(spec):
     """The run's knobs with sub-groups of 50,000 elements (dsconfig sets 1e8)."""
-    return dataclasses.replace(predict.knobs(ds(spec)), sub_group=50_000)
+    return dataclasses.replace(ds_model.knobs(ds(spec)), sub_group=50_000)
 
 
 def ratio_spec(ratio: float):
@@ -335,24 +337,24 @@ def ratio_spec(ratio: float):
 
 def test_sub_groups_are_formed_as_deepspeed_forms_them():
     spec = ratio_spec(0.4)
-    shape, k = predict.model_shape(spec), small_groups(spec)
-    assert predict.sub_groups(spec, shape, k) == GROUPS and sum(GROUPS) == P
+    shape, k = shared.model_shape(spec), small_groups(spec)
+    assert ds_model.sub_groups(spec, shape, k) == GROUPS and sum(GROUPS) == P
     # ratio 0.4 of 3 sub-groups: i >= int(0.6 x 3) = 1 go to the CPU, the embeddings stay
-    split = predict.optimizer_split(spec, shape, k)
+    split = ds_model.optimizer_split(spec, shape, k)
     assert split.device == (64_000,) and split.host == (53_376, 92_864)
     assert k.ratio == 0.4 and k.clipping == 1.0  # read from the run's DeepSpeed config
-    whole = predict.optimizer_split(ratio_spec(1.0), shape, small_groups(ratio_spec(1.0)))
+    whole = ds_model.optimizer_split(ratio_spec(1.0), shape, small_groups(ratio_spec(1.0)))
     assert whole.device == () and whole.host_params == P
 
 
 def test_partial_offload_memory_by_hand():
     spec = ratio_spec(0.4)
-    shape, k = predict.model_shape(spec), small_groups(spec)
-    gpu = predict.gpu_parts(spec, shape, k)
+    shape, k = shared.model_shape(spec), small_groups(spec)
+    gpu = ds_model.gpu_parts(spec, shape, k)
     assert gpu["fp32 master + Adam moments"] == 12 * 64_000
     assert gpu["fp32 gradients of the GPU sub-groups"] == 4 * 64_000
     assert gpu["gradients (partition)"] == 0  # staged in the pinned host buffer
-    host = predict.rank_host_parts(spec, shape, k)
+    host = ds_model.rank_host_parts(spec, shape, k)
     assert host["fp32 master + Adam moments"] == 12 * (53_376 + 92_864)
     # pinned blocks rounded up to a power of two: 213,504 -> 2^18, 371,456 -> 2^19
     assert host["fp32 gradients (pinned, per sub-group)"] == 2**18 + 2**19
@@ -366,28 +368,28 @@ def test_a_staging_block_stays_cached_when_no_host_sub_group_takes_its_size():
     """torch's caching host allocator hands out a freed pinned block only for a request of its
     own power-of-two size: one block per size of the GPU sub-groups stays, less those the host
     sub-groups take."""
-    split = predict.OptimizerSplit
-    assert predict.cached_staging_bytes(split((64_000,), (53_376, 92_864))) == 0
-    assert predict.cached_staging_bytes(split((92_864,), (53_376,))) == 2**19
-    assert predict.cached_staging_bytes(split((64_000, 92_864, 92_000), (53_376,))) == 2**19
-    assert predict.cached_staging_bytes(split((), (53_376,))) == 0
+    split = ds_model.OptimizerSplit
+    assert ds_model.cached_staging_bytes(split((64_000,), (53_376, 92_864))) == 0
+    assert ds_model.cached_staging_bytes(split((92_864,), (53_376,))) == 2**19
+    assert ds_model.cached_staging_bytes(split((64_000, 92_864, 92_000), (53_376,))) == 2**19
+    assert ds_model.cached_staging_bytes(split((), (53_376,))) == 0
 
 
 def test_partial_offload_step_time_by_hand():
     spec = ratio_spec(0.4)
-    shape, k = predict.model_shape(spec), small_groups(spec)
+    shape, k = shared.model_shape(spec), small_groups(spec)
     host = 53_376 + 92_864
     # CPU Adam and its host passes on the offloaded share only, the GPU's AdamW on the rest at
     # the device rate
-    assert predict.optimizer_seconds(spec, shape, CAL, k) == pytest.approx(
-        host * predict.host_step_seconds_per_param(spec, CAL)
-        + 64_000 / predict.FITS["cuda"].optimizer_params_per_s
+    assert ds_model.optimizer_seconds(spec, shape, CAL, k) == pytest.approx(
+        host * ds_model.host_step_seconds_per_param(spec, CAL)
+        + 64_000 / ds_model.FITS["cuda"].optimizer_params_per_s
     )
     # every gradient to the host (bf16), the offloaded share's fp32 master back (unpinned)
-    assert predict.pcie_seconds(spec, shape, CAL, k) == pytest.approx(
+    assert ds_model.pcie_seconds(spec, shape, CAL, k) == pytest.approx(
         2 * P / 50e9 + 4 * host / 10e9
     )
-    note = predict.mode_note(spec, shape, k)
+    note = ds_model.mode_note(spec, shape, k)
     assert "1 of 3 sub-groups (30% of the partition) on the GPU" in note
 
 
@@ -395,38 +397,38 @@ def test_unpinned_offload_copies_go_at_the_pageable_rate_by_hand():
     spec = gpu_spec(
         {"offload_optimizer": "cpu", "pin_memory": False, "gradient_accumulation_steps": 2}
     )
-    shape, k = predict.model_shape(spec), predict.knobs(ds(spec))
+    shape, k = shared.model_shape(spec), ds_model.knobs(ds(spec))
     assert not k.pin_memory
     # each micro-step's bf16 gradients to the host and back, the fp32 gradients to the host,
     # the fp32 master back: all at 10 GB/s
     expected = (2 * 2 * 2 * P + 4 * P + 4 * P) / 10e9
-    assert predict.pcie_seconds(spec, shape, CAL, k) == pytest.approx(expected)
+    assert ds_model.pcie_seconds(spec, shape, CAL, k) == pytest.approx(expected)
 
 
 def test_superoffload_and_zenflow_cpu_adam_by_hand():
-    k = predict.knobs({"zero_optimization": {"offload_optimizer": {"super_offload": True}},
+    k = ds_model.knobs({"zero_optimization": {"offload_optimizer": {"super_offload": True}},
                        "gradient_clipping": 1.0})  # fmt: skip
     # a worker on 80 % of the cores; clipping waits for the global norm: all at the step
-    assert predict.host_optimizer_seconds(None, k, 1.0, 0.25, 0.9) == pytest.approx(1.25)
+    assert ds_model.host_optimizer_seconds(None, k, 1.0, 0.25, 0.9) == pytest.approx(1.25)
     free = dataclasses.replace(k, clipping=0.0)  # overlaps 2/3 of 0.9 s, never below the last
-    assert predict.host_optimizer_seconds(None, free, 1.0, 0.25, 0.9) == pytest.approx(0.65)
-    assert predict.host_optimizer_seconds(None, free, 1.0, 0.25, 3.0) == pytest.approx(0.3125)
-    zen = predict.knobs({"zero_optimization": {"zenflow": {"update_interval": 4}}})
-    assert predict.host_optimizer_seconds(None, zen, 1.0, 0.25, 0.1) == pytest.approx(0.25)
+    assert ds_model.host_optimizer_seconds(None, free, 1.0, 0.25, 0.9) == pytest.approx(0.65)
+    assert ds_model.host_optimizer_seconds(None, free, 1.0, 0.25, 3.0) == pytest.approx(0.3125)
+    zen = ds_model.knobs({"zero_optimization": {"zenflow": {"update_interval": 4}}})
+    assert ds_model.host_optimizer_seconds(None, zen, 1.0, 0.25, 0.1) == pytest.approx(0.25)
     # overlap_step: a worker on half the cores (2 s) behind 4 steps of 0.3 s: 0.8 s shows
     over = dataclasses.replace(zen, zenflow={"update_interval": 4, "overlap_step": True})
-    assert predict.host_optimizer_seconds(None, over, 1.0, 0.25, 0.3) == pytest.approx(0.2)
+    assert ds_model.host_optimizer_seconds(None, over, 1.0, 0.25, 0.3) == pytest.approx(0.2)
 
 
 def test_zenflow_memory_and_its_auto_interval_is_a_stated_bound():
     spec = gpu_spec(
         {"offload_optimizer": "cpu", "zenflow": {"topk_ratio": 0.2, "overlap_step": True}}
     )
-    shape, k = predict.model_shape(spec), predict.knobs(ds(spec))
-    gpu = predict.gpu_parts(spec, shape, k)
+    shape, k = shared.model_shape(spec), ds_model.knobs(ds(spec))
+    gpu = ds_model.gpu_parts(spec, shape, k)
     assert gpu["ZenFlow selected columns: Adam moments"] == pytest.approx(2 * 2 * 0.2 * P)
     assert gpu["ZenFlow selected columns: gradient + parameter copy"] == pytest.approx(0.8 * P)
-    host = predict.rank_host_parts(spec, shape, k)
+    host = ds_model.rank_host_parts(spec, shape, k)
     assert host["ZenFlow second fp32 gradient buffer"] == 4 * P
     assert host["ZenFlow stale fp32 parameters (shared)"] == 4 * P
     assert "update_interval auto" in predict.predict(spec, ds(spec), CAL).note
@@ -452,7 +454,7 @@ def test_cpu_host_time_grows_with_the_layer_as_the_one_rank_probe_measured():
     # the 2-rank costs, grown by the one-rank probe's rates (never the group's own)
     forward, backward = 0.001 + 1e-7 * more, 0.002 + 2e-7 * more
     rest = 0.01 + 1e-5 * (128 - 64)
-    assert predict.dispatch_seconds(spec, predict.model_shape(spec), cal) == pytest.approx(
+    assert ds_model.dispatch_seconds(spec, shared.model_shape(spec), cal) == pytest.approx(
         2 * (2 * forward + backward) + rest
     )
 
@@ -483,7 +485,7 @@ def test_prediction_is_within_the_targets_on_h200_records(record, study):
     assert memory.gpu_gib == pytest.approx(m["peak_gpu_allocated_gib"], rel=0.10)
     assert predict.step_time(spec, config, cal).total == pytest.approx(m["step_time_s"], rel=0.25)
     # DeepSpeed's estimator counts model states only: it is low, the more so with offload
-    ds_gpu, _ = predict.deepspeed_estimate(spec)
+    ds_gpu, _ = ds_model.own_estimate(spec)
     assert ds_gpu < memory.gpu_gib
 
 
@@ -651,21 +653,21 @@ def test_report_partial_renders_predictions_and_labels_predict_only(tmp_path):
 
 
 def test_the_host_runtime_is_the_calibrations_where_its_machine_measured_it():
-    """calibrate.runtime_probe's two values replace predict.FITS's on their accelerator; a
+    """calibrate.runtime_probe's two values replace ds_model.FITS's on their accelerator; a
     calibration without them, or of another accelerator, leaves FITS's."""
     spec = gpu_spec()
-    fit = predict.FITS["cuda"]
+    fit = ds_model.FITS["cuda"]
     as_fit = tuple(units.gib_to_bytes(v) for v in (fit.runtime_at_init, fit.runtime_gib))
-    assert predict.runtime_bytes(spec) == predict.runtime_bytes(spec, CAL) == as_fit
+    assert ds_model.runtime_bytes(spec) == ds_model.runtime_bytes(spec, CAL) == as_fit
     measured = dataclasses.replace(CAL, runtime_at_init_gib=1.0, runtime_gib=3.0)
-    assert predict.runtime_bytes(spec, measured) == (
+    assert ds_model.runtime_bytes(spec, measured) == (
         units.gib_to_bytes(1.0),
         units.gib_to_bytes(3.0),
     )
     other = dataclasses.replace(measured, accelerator="cpu")
-    assert predict.runtime_bytes(spec, other) == as_fit
-    shape, k = predict.model_shape(spec), predict.knobs(ds(spec))
-    host = predict.rank_host_parts(spec, shape, k, measured)
+    assert ds_model.runtime_bytes(spec, other) == as_fit
+    shape, k = shared.model_shape(spec), ds_model.knobs(ds(spec))
+    host = ds_model.rank_host_parts(spec, shape, k, measured)
     assert host["runtime"] == units.gib_to_bytes(3.0)
     memory = predict.predict_memory(spec, ds(spec), measured)
     assert memory.host["runtime"] == units.gib_to_bytes(3.0) * spec.gpus_per_node

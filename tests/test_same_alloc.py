@@ -240,7 +240,7 @@ def test_the_pair_run_is_made_inside_the_run_s_slurm_job(cluster, tmp_path):
 
 def test_the_plan_prices_the_pair_run_into_the_jobs_gpu_hours(tmp_path):
     """GPU-hours count what the job runs: the run and, with the option on, its pair run."""
-    from offload_study.planning.dsconfig import build_ds_config
+    from offload_study.engines.deepspeed.config import build_ds_config
     from offload_study.prediction import predict
 
     cal = contracts.read_calibration(

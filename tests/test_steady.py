@@ -23,7 +23,7 @@ from offload_study.admission.admit import admitted_runs
 from offload_study.core import contracts
 from offload_study.core.contracts import STOP_REASONS, RankStats, StepRow
 from offload_study.core.study import StudyError, load_study
-from offload_study.planning import dsconfig
+from offload_study.engines.deepspeed import config as dsconfig
 from offload_study.training import logparse, metrics, steady
 from offload_study.training.supervise import Supervision
 

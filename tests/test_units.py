@@ -9,9 +9,10 @@ from conftest import make_spec
 
 from offload_study.core import units
 from offload_study.core.contracts import RankStats, StepRow, read_predictions
-from offload_study.planning import dsconfig
+from offload_study.engines.deepspeed import config as dsconfig
+from offload_study.engines.deepspeed import model as ds_model
 from offload_study.planning.resources import MEM_HEADROOM_MIB, fit_problems, train_resources
-from offload_study.prediction import predict
+from offload_study.prediction import predict, shared
 from offload_study.training import metrics, probes, supervise
 from offload_study.training.supervise import Supervision
 
@@ -74,7 +75,7 @@ def test_nvme_need_is_one_number_for_the_fit_check_and_the_prediction():
                      model={"preset": "llama2-7b"}, timeout_min=30)  # fmt: skip
     per_param = units.bytes_per_param("nvme", "bf16", "nvme", "nvme")
     assert per_param == 4 + 8 + 4 + 2  # fp32 master, Adam moments, fp32 gradients; bf16 params
-    need = sum(predict.nvme_parts(spec, predict.model_shape(spec)).values())
+    need = sum(ds_model.nvme_parts(spec, shared.model_shape(spec)).values())
     assert need == spec.model_params * per_param  # one GPU: its partition is the model
 
     def nvme_refused(capacity_gib):

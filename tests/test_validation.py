@@ -23,7 +23,8 @@ from conftest import REPO as REPO_ROOT
 
 from offload_study.admission.admit import admitted_plan, first_problem
 from offload_study.core.study import SHOWN_CHARS, StudyError
-from offload_study.planning import dsconfig, presets
+from offload_study.engines.deepspeed import config as dsconfig
+from offload_study.planning import presets
 from offload_study.planning.plan import Plan, write_scenario_files
 
 #: Words that say what is allowed instead (every refusal has one).

@@ -31,7 +31,7 @@ def test_dry_run_plans_one_train_job_per_scenario_and_repeat(args, expected_trai
     assert result.returncode == 0, result.stderr
     counts = job_counts(result.stdout)
     assert counts["train"] == expected_train
-    assert counts["deepspeed_config"] == expected_train
+    assert counts["engine_config"] == expected_train
     assert counts["report"] == 1 and counts["collect"] == 1
 
 

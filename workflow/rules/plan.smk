@@ -1,17 +1,17 @@
 localrules:
-    deepspeed_config,
+    engine_config,
     catalog_calibration,
     plan_summary,
     plan,
 
 
-rule deepspeed_config:
-    """One DeepSpeed config and run spec per (expanded) scenario."""
+rule engine_config:
+    """One engine config (DeepSpeed's JSON, FSDP2's settings) and run spec per (expanded) scenario."""
     output:
         ds_config=layout.ds_config_path(RESULTS, "{scenario}"),
         spec=layout.run_spec_path(RESULTS, "{scenario}"),
     log:
-        f"{RESULTS}/logs/deepspeed_config/{{scenario}}.log",
+        f"{RESULTS}/logs/engine_config/{{scenario}}.log",
     params:
         # A changed scenario re-plans (and re-runs) that scenario alone.
         spec=lambda wc: PLAN.run_spec(scenario_of(wc)),

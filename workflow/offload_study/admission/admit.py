@@ -4,16 +4,16 @@
 with the key (or file) that causes it:
 
 - :data:`STUDY` when the workflow is parsed (the Snakefile, before any job): input that passes
-  the schema but makes no sense, DeepSpeed keys, modes, the cluster fit, the host
+  the schema but makes no sense, what each engine says of its keys, the cluster fit, the host
   (offload_study.admission.study_checks). Any problem refuses the study (:func:`admitted_plan`).
 - :data:`CONFIGS` in rule ``plan`` (``python -m offload_study.admission.admit``), once the
-  DeepSpeed configs are written: DeepSpeed's own parser, the op preflight, the prediction.
+  engines' configs are written: each engine's own parser, the op preflight, the prediction.
 - :data:`LAUNCH` in the runner, just before it launches one run: its NVMe folder on the node
   that trains, the prediction, the op preflight. A problem there is recorded as the run's
   outcome (``Problem.outcome``), the run is not launched.
 
 The walk is top-down: the planning stage expands (offload_study.planning.plan, pure), this
-module admits, then the configs are written (rule deepspeed_config).
+module admits, then the configs are written (rule engine_config).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.admission import preflight, study_checks
 from offload_study.core.contracts import (
     Calibration,
@@ -37,8 +38,7 @@ from offload_study.core.contracts import (
     write_json,
     write_predictions,
 )
-from offload_study.core.study import StudyError
-from offload_study.planning import dsconfig
+from offload_study.core.study import StudyError, nvme_dir_problem
 from offload_study.planning.plan import Plan, expand_plan
 from offload_study.prediction import error_bands, predict
 
@@ -71,8 +71,8 @@ class Case:
     runs: Sequence[RunSpec]
     study: dict | None = None  # None at launch: the runner has its run spec only
     cluster: dict | None = None
-    #: scenario -> its DeepSpeed config (rule plan: the written configs, predict-only built)
-    ds_configs: Mapping[str, dict] = field(default_factory=dict)
+    #: scenario -> its engine's config (rule plan: the written configs, predict-only built)
+    configs: Mapping[str, dict] = field(default_factory=dict)
     #: scenario -> its prediction (rule plan: plan.csv's rows; at launch: the plan's row)
     predictions: Mapping[str, Prediction] = field(default_factory=dict)
 
@@ -88,17 +88,15 @@ def study_host(case: Case) -> list[Problem]:
     return [problem(t) for t in study_checks.host_problems(case.study, case.cluster, case.runs)]
 
 
-def deepspeed_parser(case: Case) -> list[Problem]:
-    """Every DeepSpeed config through DeepSpeed's own parser (batch arithmetic, pydantic keys);
-    an fsdp2 run trains without one."""
+def engine_parser(case: Case) -> list[Problem]:
+    """Every run's config through its engine's own parser (DeepSpeed's: batch arithmetic,
+    pydantic keys)."""
     problems = []
-    for spec in (s for s in case.runs if s.engine == "deepspeed"):
-        try:
-            dsconfig.parse_with_deepspeed(case.ds_configs[spec.scenario], spec.world_size)
-        except Exception as exc:  # DeepSpeed raises AssertionError, ValueError, ValidationError
+    for spec in case.runs:
+        refused = engines.of(spec).config_problem(spec, case.configs[spec.scenario])
+        if refused:
             where = spec.ds_config or "predict-only config"
-            problems.append(Problem(f"{where} (scenario {spec.scenario!r})",
-                                    f"DeepSpeed refused it: {exc}"))  # fmt: skip
+            problems.append(Problem(f"{where} (scenario {spec.scenario!r})", refused))
     return problems
 
 
@@ -125,12 +123,12 @@ def node_path(case: Case) -> list[Problem]:
     return [
         Problem(f"nvme_path (scenario {s.scenario})", problem_text, "config_error")
         for s in case.runs
-        if s.nvme_path and (problem_text := dsconfig.nvme_dir_problem(s.nvme_path))
+        if s.nvme_path and (problem_text := nvme_dir_problem(s.nvme_path))
     ]
 
 
 STUDY: tuple[Check, ...] = (study_expansion, study_host)
-CONFIGS: tuple[Check, ...] = (deepspeed_parser, op_preflight, prediction)
+CONFIGS: tuple[Check, ...] = (engine_parser, op_preflight, prediction)
 LAUNCH: tuple[Check, ...] = (node_path, prediction, op_preflight)
 
 
@@ -193,7 +191,7 @@ def predict_plan(plan: dict, pairs, calibration: str | None, plan_csv: str) -> d
     """plan.csv (one prediction per scenario, predict-only ones too) and what plan.json says of
     it (predicted GPU-hours, the calibration used)."""
     cal = read_calibration(calibration) if calibration else None
-    rows = [predict.predict(s, c, cal, plan["repeats"], with_deepspeed=True) for s, c in pairs]
+    rows = [predict.predict(s, c, cal, plan["repeats"], with_own_estimate=True) for s, c in pairs]
     labelled = cal is not None and any(s.accelerator == "cuda" for s, _ in pairs)
     band = error_bands.bands(cal.calibrated) if labelled else {}
     if labelled:  # every row says how its step time was predicted, with its error band
@@ -222,16 +220,16 @@ def uncalibrated_line(cal: Calibration, band: dict) -> str:
 
 
 def predict_only_configs(plan: dict) -> list[tuple[RunSpec, dict]]:
-    """(run spec, DeepSpeed config) of each predict-only scenario of a plan summary."""
+    """(run spec, engine config) of each predict-only scenario of a plan summary."""
     specs = [
         RunSpec.from_dict(s["spec"], "plan: predict_only") for s in plan.get("predict_only", [])
     ]
-    return [(spec, dsconfig.build_ds_config(spec)) for spec in specs]
+    return [(spec, engines.of(spec).build_config(spec)) for spec in specs]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        description="Admit the written DeepSpeed configs (DeepSpeed's parser, the op preflight, "
+        description="Admit the written engine configs (each engine's parser, the op preflight, "
         "the prediction) and write plan.json"
     )
     parser.add_argument("--plan-json", required=True, help="plan summary written by the workflow")
@@ -243,8 +241,8 @@ def main(argv=None) -> int:
     plan = read_json(args.plan_json)
     specs = [read_run_spec(path) for path in args.specs]
     pairs = [(spec, read_json(spec.ds_config)) for spec in specs] + predict_only_configs(plan)
-    case = Case([s for s, _ in pairs], ds_configs={s.scenario: c for s, c in pairs})
-    refused = admit(case, (deepspeed_parser,))
+    case = Case([s for s, _ in pairs], configs={s.scenario: c for s, c in pairs})
+    refused = admit(case, (engine_parser,))
     if refused:
         print("\n".join(map(str, refused)), file=sys.stderr)
         return 1
@@ -253,7 +251,7 @@ def main(argv=None) -> int:
         print("\n".join(lines), file=sys.stderr)
     if stops:  # an op DeepSpeed cannot build here: nothing trains (study key preflight)
         return 1
-    plan["deepspeed_checked"] = True
+    plan["configs_checked"] = True
     plan["ds_config_sha256"] = {spec.scenario: sha256_file(spec.ds_config) for spec in specs}
     if args.plan_csv:  # plan.csv's feasible/reason: predict.refusal, the check LAUNCH repeats
         plan["prediction"] = predict_plan(plan, pairs, args.calibration, args.plan_csv)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.admission import ops
 from offload_study.core.contracts import RunSpec, read_run_spec
 
@@ -43,15 +44,8 @@ ARCH_ENTRY = re.compile(r"\d+\.\d+(?:\+PTX)?")
 
 
 def ops_needed(spec: RunSpec) -> list[str]:
-    """The DeepSpeed ops ``spec`` loads, in the order it loads them (none for an fsdp2 run:
-    it imports no DeepSpeed)."""
-    if spec.engine == "fsdp2":
-        return []
-    needed = ["shm_comm"] if spec.accelerator == "cpu" else []
-    needed.append("fused_adam" if spec.offload_optimizer == "none" else "cpu_adam")
-    if spec.uses_nvme:
-        needed += ["pin_memory", "async_io"]
-    return needed
+    """The compiled ops ``spec`` loads, in the order it loads them (its engine says which)."""
+    return engines.of(spec).ops_needed(spec)
 
 
 @dataclass(frozen=True)

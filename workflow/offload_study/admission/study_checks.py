@@ -1,5 +1,5 @@
 """What admission asks of a study's expansion before anything runs: input that passes the schema
-but makes no sense, DeepSpeed keys, modes, the cluster fit, and the host. Each check returns
+but makes no sense, what each scenario's engine says of its keys, the cluster fit, and the host. Each check returns
 every problem it finds as "key path: message" text (offload_study.admission.admit makes them
 Problems), in the order a reader fixes them: the study's keys, then each scenario's.
 """
@@ -9,22 +9,22 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.core import units
 from offload_study.core.contracts import RunSpec
-from offload_study.core.study import StudyError, shown
-from offload_study.planning import dsconfig, modes, presets
+from offload_study.core.study import StudyError, nvme_dir_problem, shown
+from offload_study.planning import presets
 from offload_study.planning.plan import (
     BATCH_KNOBS,
     measure_fields,
     nvme_folders,
-    nvme_path_key,
     positive_count,
     sweep_sizes,
 )
 from offload_study.planning.resources import fit_problems
 
 #: Memory sizes (GiB) are converted to bytes (caps, SLURM, NVML): above this they overflow 64 bits.
-MAX_MEMORY_GIB = units.bytes_to_gib(dsconfig.MAX_INT)
+MAX_MEMORY_GIB = units.bytes_to_gib(units.MAX_INT64)
 
 
 def _raised(check, *args) -> list[str]:
@@ -107,8 +107,9 @@ def memory_problems(study: dict, cluster: dict) -> list[str]:
     return problems
 
 
-def deepspeed_key_problems(study: dict) -> list[str]:
-    return dsconfig.check_zero_keys(study["zero"], "zero") + dsconfig.check_aio_keys(study["aio"])
+def engine_study_problems(study: dict) -> list[str]:
+    """The study-wide keys each engine owns (DeepSpeed's zero and aio blocks)."""
+    return [problem for engine in engines.engines() for problem in engine.study_problems(study)]
 
 
 def _count_errors(values: list, where: str) -> list[str]:
@@ -120,66 +121,16 @@ def _count_errors(values: list, where: str) -> list[str]:
     ]
 
 
-#: FSDP2's one offload policy (CPUOffloadPolicy) moves parameters, gradients and optimizer states
-#: to the CPU together: the offload keys it can take, (offload_optimizer, offload_param).
-FSDP2_OFFLOADS = {("none", "none"): "no offload", ("cpu", "cpu"): "CPUOffloadPolicy"}
-
-
-def fsdp2_problems(scenario: dict, where: str) -> list[str]:
-    """Keys of an fsdp2 scenario that only DeepSpeed has, or that FSDP2's one offload policy
-    cannot map (each refusal names the key, and what fsdp2 takes instead)."""
-    why = "a DeepSpeed key: engine fsdp2 has no such setting; remove it or use engine deepspeed"
-    errors = [f"{where}.zero: {why}"] if scenario.get("zero") else []
-    swept = scenario.get("sweep", {})
-    errors += [
-        f"{where}.sweep.{knob}: {why}"
-        for knob in swept
-        if knob not in BATCH_KNOBS + ("pin_memory", "bind_cores")
-    ]
-    errors += [
-        f"{where}.{key}: {why}"
-        for key in modes.DEEPSPEED_KEYS
-        if modes.is_set(key, scenario.get(key))
-    ]
-    devices = (scenario["offload_optimizer"], scenario["offload_param"])
-    if "nvme" in devices:
-        key = "offload_optimizer" if devices[0] == "nvme" else "offload_param"
-        errors.append(f"{where}.{key}: nvme offload is DeepSpeed's; engine fsdp2 offloads to "
-                      "the CPU only (offload_optimizer: cpu with offload_param: cpu)")  # fmt: skip
-    elif devices not in FSDP2_OFFLOADS:
-        key = "offload_param" if devices[0] == "cpu" else "offload_optimizer"
-        errors.append(
-            f"{where}.{key}: engine fsdp2 offloads parameters, gradients and optimizer states "
-            "together (one CPUOffloadPolicy): set offload_optimizer: cpu with offload_param: cpu, "
-            "or both none"
-        )
-    return errors
-
-
 def scenario_key_problems(scenario: dict, cluster: dict, where: str) -> list[str]:
-    """ZeRO knobs the installed DeepSpeed knows, modes it has, a folder for NVMe offload; an
-    fsdp2 scenario: no key of DeepSpeed's, offload keys its one policy maps."""
-    if scenario["engine"] == "fsdp2":
-        return fsdp2_problems(scenario, where)
-    errors = dsconfig.check_zero_keys(scenario.get("zero", {}), f"{where}.zero")
-    for knob, values in scenario.get("sweep", {}).items():
-        if knob in BATCH_KNOBS:
-            errors += _count_errors(values, f"{where}.sweep.{knob}")
-        elif knob not in modes.SWEEPABLE:
-            errors += dsconfig.check_sweep_values(knob, values, f"{where}.sweep")
-    errors += dsconfig.check_modes(scenario, where)
-    devices = (scenario["offload_optimizer"], scenario["offload_param"])
-    path, key = nvme_path_key(scenario, cluster, where)
-    problem = dsconfig.nvme_path_problem(path) if path is not None else None
-    if problem and (key.startswith(where) or "nvme" in devices):
-        errors.append(f"{key}: {problem}")
-    if "nvme" in devices and not path:
-        key = "offload_optimizer" if devices[0] == "nvme" else "offload_param"
-        errors.append(
-            f"{where}.{key}: nvme offload needs a directory: set {where}.nvme_path or "
-            f"nvme_path in config/clusters/{cluster['name']}.yaml"
-        )
-    return errors
+    """Sweep values of the batch knobs that are not counts, then what the scenario's engine
+    says of its keys (offload_study.engines: its knobs, modes, offload path, folders)."""
+    errors = [
+        problem
+        for knob, values in scenario.get("sweep", {}).items()
+        if knob in BATCH_KNOBS
+        for problem in _count_errors(values, f"{where}.sweep.{knob}")
+    ]
+    return errors + engines.get(scenario["engine"]).scenario_problems(scenario, cluster, where)
 
 
 def measure_problems(study: dict, scenario: dict, where: str) -> list[str]:
@@ -224,11 +175,11 @@ def batch_problems(study: dict, scenario: dict, run: RunSpec, where: str) -> lis
             f"world_size {world} (= {micro * world}); gradient_accumulation_steps would not "
             "be an integer. Change global_batch, micro_batch or the GPU count"
         ]
-    if max(global_batch, gas) > dsconfig.MAX_INT:
+    if max(global_batch, gas) > units.MAX_INT64:
         key = "global_batch" if not fixed_gas else f"{where}.gradient_accumulation_steps"
         return [
             f"{key}: a global batch of {global_batch} samples ({gas} micro-steps of {micro} on "
-            f"{world} GPUs) is past DeepSpeed's 64-bit integers: no cluster can run it"
+            f"{world} GPUs) is past 64-bit integers: no cluster can run it"
         ]
     return []
 
@@ -293,7 +244,7 @@ def host_problems(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
             problems.append(str(err))
     if cluster["scheduler"] == "local":
         for path, key in nvme_folders(study, cluster, runs).items():
-            problem = dsconfig.nvme_dir_problem(path)
+            problem = nvme_dir_problem(path)
             problems += [f"{key}: {problem}"] if problem else []
     return problems
 
@@ -304,7 +255,7 @@ def study_problems(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]
     if problems:  # another cluster's study, or a sweep past max_runs: nothing more to judge
         return problems
     return (
-        deepspeed_key_problems(study)
+        engine_study_problems(study)
         + model_problems(study)
         + memory_problems(study, cluster)
         + scenario_problems(study, cluster, runs)

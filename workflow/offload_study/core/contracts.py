@@ -277,8 +277,8 @@ def _from_mapping(cls, data: Mapping, source: str):
 # --------------------------------------------------------------------------- run spec
 RUN_SPEC_VERSION = 1
 _ENGINE_KEY = load_schema("study")["properties"]["scenarios"]["items"]["properties"]["engine"]
-#: The training engines (scenario key ``engine``) and the default one, from the study schema.
-ENGINES: tuple[str, ...] = tuple(_ENGINE_KEY["enum"])
+#: The default training engine (scenario key ``engine``), from the study schema (whose list
+#: of engines offload_study.engines.schema_sync writes from the engine registry).
 DEFAULT_ENGINE: str = _ENGINE_KEY["default"]
 
 
@@ -380,8 +380,8 @@ class RunSpec:
     # study key same_allocation_baseline: the run spec (dict) of the short no-offload run made
     # right after this one in the same job, into <record>/pair/ (None: no such run)
     same_allocation_pair: dict | None = None
-    # the training engine (scenario key engine): deepspeed (ZeRO-3) | fsdp2 (PyTorch fully_shard)
-    engine: str = "deepspeed"
+    # the training engine (scenario key engine; offload_study.engines has one folder each)
+    engine: str = DEFAULT_ENGINE
 
     @property
     def uses_nvme(self) -> bool:
@@ -489,7 +489,7 @@ class RankStats:
     modes: dict | None = None  # what the engine used (offload_study.planning.modes.effective)
     bound_cores: list | None = None  # cores this rank was bound to (bind_cores), None: not bound
     engine: str | None = None  # the engine that trained (RunSpec.engine)
-    engine_version: str | None = None  # its version: DeepSpeed's, or torch's for fsdp2
+    engine_version: str | None = None  # its version, as the engine reports it
 
 
 def write_rank_stats(record: RecordDir, stats: RankStats) -> None:
@@ -666,12 +666,12 @@ class Calibration:
     torch_adam_params_per_s: float | None = None
     # DeepSpeed's fp16 overflow check (isinf, isnan) over a host gradient buffer with the same
     # cores, elements/s (None: a file from before it; the prediction then scales CPU Adam's
-    # rate by predict.FP16_CHECK_PER_ADAM)
+    # rate by offload_study.engines.deepspeed.model.FP16_CHECK_PER_ADAM)
     fp16_check_elems_per_s: float | None = None
     # the passes of DeepSpeed's ZeRO-3 step over an offloaded sub-group beside CPU Adam, with the
     # same cores, parameters/s (calibrate.step_passes_at): the fp32 gradients' unscale, the fp32
     # master's copy into the bf16 partition on the host, and into one on the GPU (None: a file
-    # from before them; the prediction then scales CPU Adam's rate, predict.STEP_PASS_PER_ADAM)
+    # from before them; the prediction then scales CPU Adam's rate, offload_study.engines.deepspeed.model.STEP_PASS_PER_ADAM)
     grad_unscale_params_per_s: float | None = None
     master_copy_params_per_s: float | None = None
     master_upload_params_per_s: float | None = None

@@ -12,7 +12,9 @@ import copy
 import functools
 import json
 import math
+import os
 import re
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -267,3 +269,40 @@ def load_study(config: dict | str | Path, source: str | None = None) -> dict:
         source = source or str(config)
         config = read_yaml(config)
     return validate(config, "study", source or "study config")
+
+
+def nvme_path_problem(path) -> str | None:
+    """Why ``path`` cannot be an NVMe offload folder, from its text alone (None if it can):
+    empty, relative (it would depend on each job's working folder) or with '..' in it."""
+    if not isinstance(path, str) or not path.strip():
+        return f"{shown(path)} is empty; allowed: an absolute folder (or null for the default)"
+    if not os.path.isabs(path):
+        return f"{shown(path)} is relative; allowed: an absolute folder such as /local/nvme/x"
+    if ".." in Path(path).parts:
+        return f"{shown(path)} contains '..'; allowed: an absolute folder without '..'"
+    return None
+
+
+_WRITABLE = "allowed: a folder this machine can write (or one it can make)"
+
+
+def nvme_dir_problem(path: str) -> str | None:
+    """Why NVMe swap files cannot be written under ``path`` on this machine (None if they can):
+    the folder, or the nearest existing folder above it (the harness makes the rest), must be
+    a writable folder. The runner asks this first on the node that trains."""
+    problem = nvme_path_problem(path)
+    if problem:
+        return problem
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{shown(path)}: {existing} is not a folder on {os.uname().nodename}; {_WRITABLE}"
+    try:  # os.access says yes to root everywhere, even in /proc: make a folder and remove it
+        os.rmdir(tempfile.mkdtemp(prefix=".offload-study-check-", dir=existing))
+    except OSError as exc:
+        return (
+            f"{shown(path)}: cannot write in {existing} on {os.uname().nodename} "
+            f"({exc.strerror}); {_WRITABLE}"
+        )
+    return None

@@ -20,6 +20,8 @@ GIB = 2**30
 MIB = 2**20
 #: bytes in a decimal GB: transfer rates (``h2d_gb_s``, ``disk_read_gb_s``, ...) only
 GB = 10**9
+#: The largest signed 64-bit integer: sizes and counts past it overflow (torch, DeepSpeed, SLURM).
+MAX_INT64 = 2**63 - 1
 
 
 def gib_to_bytes(gib: float) -> int:

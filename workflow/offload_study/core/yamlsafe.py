@@ -17,6 +17,7 @@ Error text is capped (:func:`cap_text`), so no input can print megabytes.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -159,3 +160,16 @@ def load_mapping(path: str | Path) -> dict:
             "(key: value lines)"
         )
     return data
+
+
+#: A number as YAML 1.1 leaves it a string (5e8, 1.5E+9).
+NUMBER_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def normalize_number(value):
+    """YAML 1.1 reads 5e8 as the string '5e8'; DeepSpeed wants integers for sizes."""
+    if isinstance(value, str) and NUMBER_TEXT.match(value.strip()):
+        value = float(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from offload_study.core.study import StudyError, load_schema, load_study
-from offload_study.planning.dsconfig import normalize_number
+from offload_study.core.yamlsafe import normalize_number
 from offload_study.planning.names import expanded_name
 
 _GRID = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]

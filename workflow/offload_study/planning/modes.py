@@ -11,7 +11,7 @@ Scenario keys (``schemas/study.schema.yaml``; the schema marks which a sweep may
   harness binds each rank to its share of the granted cores).
 
 Admission checks them against the installed DeepSpeed's own config classes
-(:func:`offload_study.planning.dsconfig.check_modes`, read where every DeepSpeed class is read):
+(:func:`offload_study.engines.deepspeed.config.check_modes`, read where every DeepSpeed class is read):
 a DeepSpeed without a mode refuses the study naming the key and the version. The harness records
 what the engine used (:func:`effective`), metrics.json carries it as ``modes``.
 """

@@ -3,7 +3,7 @@ and distinct for every distinct value."""
 
 from __future__ import annotations
 
-from offload_study.planning.dsconfig import normalize_number
+from offload_study.core.yamlsafe import normalize_number
 
 # Short names for common sweep knobs, so generated scenario names stay readable.
 KNOB_ABBREV = {

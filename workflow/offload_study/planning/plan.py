@@ -13,8 +13,10 @@ import itertools
 import math
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.core import layout
 from offload_study.core.contracts import (
+    DEFAULT_ENGINE,
     DataSpec,
     MeasureSpec,
     ModelSpec,
@@ -25,7 +27,8 @@ from offload_study.core.contracts import (
     write_run_spec,
 )
 from offload_study.core.study import StudyError, load_cluster, load_study
-from offload_study.planning import dsconfig, modes, presets, samealloc
+from offload_study.core.yamlsafe import normalize_number
+from offload_study.planning import modes, presets, samealloc
 from offload_study.planning.candidates import with_candidates
 from offload_study.planning.names import expanded_name
 
@@ -73,7 +76,7 @@ def batch(study: dict, scenario: dict, combo: dict, world: int) -> tuple[int, in
     """(micro_batch, gas, global_batch): the global batch stays the study's unless gas is fixed.
     Where it does not divide (or a count is no count) the spec still gets numbers, gas rounded
     down to at least 1, so that admission can name the key (offload_study.admission.admit)."""
-    micro = dsconfig.normalize_number(
+    micro = normalize_number(
         combo.get("micro_batch", scenario.get("micro_batch", study["micro_batch"]))
     )
     gas = combo.get("gradient_accumulation_steps", scenario.get("gradient_accumulation_steps"))
@@ -103,7 +106,7 @@ def _run_spec(
         base_scenario=scenario["name"],
         label=label(study, scenario),
         engine=scenario["engine"],
-        sweep={k: dsconfig.normalize_number(v) for k, v in combo.items()},
+        sweep={k: normalize_number(v) for k, v in combo.items()},
         model=model,
         model_params=_param_count(model),
         seq_len=study["seq_len"],
@@ -145,18 +148,14 @@ def _run_spec(
     )
 
 
-#: How a label names each engine where a study has more than one.
-ENGINE_NAMES = {"deepspeed": "ZeRO-3", "fsdp2": "FSDP2"}
-
-
 def label(study: dict, scenario: dict) -> str:
     """The scenario's label (default its name); where the study uses more than one engine, the
     engine is added unless the label names it, so two scenarios that differ only by engine
     are told apart in every table and figure."""
     text = scenario.get("label") or scenario["name"]
-    engines = {s.get("engine", "deepspeed") for s in study["scenarios"]}
-    name = ENGINE_NAMES.get(scenario["engine"], scenario["engine"])
-    if len(engines) < 2 or name.lower() in text.lower() or scenario["engine"] in text.lower():
+    used = {s.get("engine", DEFAULT_ENGINE) for s in study["scenarios"]}
+    name = engines.label(scenario["engine"])
+    if len(used) < 2 or name.lower() in text.lower() or scenario["engine"] in text.lower():
         return text
     return f"{text} ({name})"
 
@@ -354,12 +353,13 @@ def _keys_of(run: dict, keys: list[str]) -> dict:
 
 
 def write_scenario_files(run_spec: RunSpec | dict, ds_config_path: str, spec_path: str) -> None:
-    """configs/<scenario>.json (DeepSpeed config) and configs/<scenario>.run.json (run spec).
+    """configs/<scenario>.json (the engine's config: DeepSpeed's JSON, FSDP2's settings) and
+    configs/<scenario>.run.json (run spec).
 
     ``run_spec`` may be the plain dict of :meth:`Plan.run_spec` (what a rule's params carry).
     """
     if not isinstance(run_spec, RunSpec):
         run_spec = RunSpec.from_dict(run_spec)
     run_spec = run_spec.with_ds_config(ds_config_path)
-    write_json(ds_config_path, dsconfig.build_ds_config(run_spec))
+    write_json(ds_config_path, engines.of(run_spec).build_config(run_spec))
     write_run_spec(spec_path, run_spec)

@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from offload_study.prediction import predict
+from offload_study.prediction import shared
 
 
 def rel_error(predicted: float | None, measured: float | None) -> float | None:
@@ -205,7 +205,7 @@ def fit_context(samples: Iterable[tuple[float, float]]) -> float:
 
 @dataclass(frozen=True)
 class StepParts:
-    """A GPU step prediction by part, seconds (predict.StepTime), made with ``efficiency`` and
+    """A GPU step prediction by part, seconds (offload_study.prediction.shared.StepTime), made with ``efficiency`` and
     ``dispatch_s_per_layer``: the micro-steps are the longest of FLOPs, dispatch and
     collectives, the rest (PCIe, optimizer, NVMe) adds."""
 
@@ -221,7 +221,7 @@ class StepParts:
         its time per layer."""
         flops = self.flops_s * self.efficiency / efficiency
         dispatch = self.dispatch_s * dispatch_s_per_layer / self.dispatch_s_per_layer
-        return predict.micro_steps_s(flops, dispatch, self.comm_s) + self.rest_s
+        return shared.micro_steps_s(flops, dispatch, self.comm_s) + self.rest_s
 
 
 #: The grids :func:`fit_compute` searches: efficiency of the matmul rate, seconds per layer.

@@ -52,7 +52,6 @@ from pathlib import Path
 from offload_study.core import units
 from offload_study.core.contracts import Calibration, write_calibration
 from offload_study.core.study import CLUSTER_DIR, load_cluster
-from offload_study.training.provenance import pkg_version
 
 #: Every working set (matmul operands, Adam's four fp32 arrays, copy buffers) is at least this
 #: many times the last-level cache, so that the rate is the one of memory, not of the cache.
@@ -234,12 +233,12 @@ def matmul_tflops(device: str, n: int) -> dict:
 
 
 #: the CPU optimizers whose rates a calibration holds: DeepSpeedCPUAdam (ZeRO-3's CPU offload)
-#: and torch's AdamW with foreach (the CPU step of an fsdp2 run with CPUOffloadPolicy)
-CPU_OPTIMIZERS = ("deepspeed", "torch")
+#: and torch's AdamW with foreach (the CPU step of FSDP2's offload)
+CPU_OPTIMIZERS = ("DeepSpeedCPUAdam", "torch AdamW")
 
 
 def _cpu_optimizer(kind: str, param):
-    if kind == "deepspeed":
+    if kind == "DeepSpeedCPUAdam":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam([param], lr=1e-4)
@@ -297,12 +296,12 @@ def adam_rate(
 
 def cpu_adam_params_per_s(n_params: int, threads: int) -> dict:
     """DeepSpeedCPUAdam (the optimizer of CPU offload) on one flat fp32 tensor."""
-    return adam_rate("deepspeed", n_params, threads)
+    return adam_rate("DeepSpeedCPUAdam", n_params, threads)
 
 
 def torch_adam_params_per_s(n_params: int, threads: int) -> dict:
     """torch AdamW with foreach, on the same flat fp32 tensor as DeepSpeedCPUAdam."""
-    return adam_rate("torch", n_params, threads)
+    return adam_rate("torch AdamW", n_params, threads)
 
 
 def fp16_check_elems_per_s(n_elems: int, threads: int, until_stable: bool = False) -> dict:
@@ -445,25 +444,35 @@ def layer_matmuls(tokens: int, hidden: int, ffn: int, kv: int) -> list[tuple[int
         [(tokens, hidden, ffn)] * 2 + [(tokens, ffn, hidden)]  # fmt: skip
 
 
+def engine_versions() -> dict[str, str | None]:
+    """The installed version of every engine, by name (what the rates were measured with)."""
+    from offload_study import engines
+
+    return {e.name: e.versions(lambda _: None)["engine_version"] for e in engines.engines()}
+
+
 def workload_of(study: str, cluster_dir: str) -> Workload | None:
     """The shapes of ``study``'s planned runs (None when no run has a known Llama shape)."""
-    from offload_study.planning import dsconfig
+    from offload_study import engines
     from offload_study.planning.plan import Plan
-    from offload_study.prediction import predict
+    from offload_study.prediction.shared import model_shape
 
     plan = Plan(study, cluster_dir=cluster_dir)
     adam, sub_group, shapes, copies = 0, None, set(), set()
     for spec in plan.runs:
-        shape = predict.model_shape(spec)
+        shape = model_shape(spec)
         if shape is None:
             continue
-        k = predict.knobs(dsconfig.build_ds_config(spec))
-        if predict.partition(spec, shape) > adam:
-            adam, sub_group = predict.partition(spec, shape), k.sub_group
+        engine = engines.of(spec)
+        layout = engine.model.calibration_layout(spec, engine.build_config(spec))
+        if layout is None:
+            continue
+        if layout.optimizer_params > adam:
+            adam, sub_group = layout.optimizer_params, layout.sub_group_params
         kv = shape.hidden * shape.kv_heads // shape.heads
         tokens = spec.micro_batch * spec.seq_len
         shapes.update(layer_matmuls(tokens, shape.hidden, shape.ffn, kv))
-        copies.add(int(min(k.reduce_bucket, shape.params) * units.DTYPE_BYTES[spec.dtype]))
+        copies.add(layout.copy_bytes)
     if not adam:
         return None
     return Workload(adam, tuple(sorted(shapes)), tuple(sorted(copies)), sub_group)
@@ -548,11 +557,11 @@ def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
     device = "cuda" if accelerator == "cuda" else "cpu"
     adam = min(workload.adam_params, host_bytes_free() // (4 * 16))
     spread = {"matmul_tflops": workload_matmul(device, workload.matmul_shapes),
-              "torch_adam_params_per_s": adam_rate("torch", adam, cores, until_stable=True),
+              "torch_adam_params_per_s": adam_rate("torch AdamW", adam, cores, until_stable=True),
               "fp16_check_elems_per_s": fp16_check_elems_per_s(adam, cores, until_stable=True)}  # fmt: skip
     # DeepSpeed's step over the partition as the run holds it: sub-groups, pinned on a GPU
     groups = partition_layout(adam, workload.sub_group_params, pinned=accelerator == "cuda")
-    spread["cpu_adam_params_per_s"] = adam_rate("deepspeed", adam, cores, True, groups)
+    spread["cpu_adam_params_per_s"] = adam_rate("DeepSpeedCPUAdam", adam, cores, True, groups)
     spread.update(step_passes_at(adam, cores, accelerator, groups=groups))
     del groups
     if accelerator == "cuda":
@@ -722,7 +731,7 @@ def resident_bytes() -> int:
 
 def _runtime_gib(torch, deepspeed) -> dict[str, float]:
     """What a training rank holds on the host beside its model, at the two moments
-    predict.rank_host_parts compares: when ``deepspeed.initialize`` returns (ZeRO-3, a tiny
+    offload_study.engines.deepspeed.model.rank_host_parts compares: when ``deepspeed.initialize`` returns (ZeRO-3, a tiny
     Llama built under ``zero.Init`` on the accelerator, as the harness builds its model) and
     after its first optimizer step (the kernels and libraries a step loads on first use), GiB.
     Measured first thing in a fresh process (its distributed group up), before anything else
@@ -868,7 +877,7 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "torch_version": torch.__version__,
-        "deepspeed_version": pkg_version("deepspeed"),
+        "engine_versions": engine_versions(),
         "cores": cores,
         "last_level_cache_bytes": cache,
         "sizes": size if workload is None else dataclasses.asdict(workload),

@@ -1,65 +1,12 @@
-"""Predict before you spend: memory and step time of a ZeRO-3 run before anything runs.
+"""Predict before you spend: memory and step time of every run before anything runs.
 
-Pure functions over a :class:`~offload_study.core.contracts.RunSpec`, its DeepSpeed config (the knobs
-are read from it) and the cluster's :class:`~offload_study.core.contracts.Calibration`. Names:
-P parameters, dp = world_size data-parallel ranks, P_r = ceil(P / dp) the partition a rank owns,
-b the bytes of the training dtype, B micro-batch, S sequence, H hidden, F FFN width, L layers,
-V vocabulary.
-
-**Memory per GPU** (:func:`gpu_parts`): ZeRO-3 keeps on each GPU its partition of the parameters
-(b·P_r, unless offload_param), of the gradients (b·P_r) and of the fp32 master weights and Adam
-moments (12·P_r, plus one sub-group's fp32 gradients, unless offload_optimizer); the gathered
-(all-gathered or fetched) parameters, up to ``stage3_max_live_parameters`` (only when parameters
-must be gathered: dp > 1 or offloaded; what ``stage3_prefetch_bucket_size`` prefetches is part of
-them: the records show ~max_live x b, not more); the reduce bucket (``reduce_bucket_size`` elements, b
-each); parameters under ``stage3_param_persistence_threshold`` whole on every GPU; and the
-activations: with gradient checkpointing each layer's input (L·B·S·H·b) plus the larger of one
-recomputed layer (B·S·(8H + 2H·kv/heads + 4F)·b) and the loss (B·S·V·(2b + 8): the logits in
-the dtype, the fp32 log-softmax that cross-entropy saves and its fp32 gradient, the gradient in
-the dtype), which dominates at large vocabulary and micro-batch; without checkpointing every
-layer plus the loss.
-
-**Host memory per node** (:func:`host_parts`): each rank's runtime (Python, torch, DeepSpeed; the
-CUDA context), measured at two moments: when ``deepspeed.initialize`` returns, holding the
-partition as it built the model (b·P_r), and in the steps, beside what is offloaded; the larger
-moment counts. With optimizer offload the fp32
-master and Adam moments (12·P_r), the fp32 gradients of each sub-group and the gradients in the
-dtype (pinned); with parameter offload the parameters (pinned) and the partitions they were
-copied from; NVMe offload's pinned swap buffers (``buffer_count`` x ``buffer_size``). On CUDA,
-torch's caching host allocator rounds every pinned block up to a power of two. On a CPU
-cluster the "GPU" memory of each rank is host memory too. **NVMe per node**: 16 B per parameter
-of the optimizer (fp32 master, two moments, fp32 gradient) and b per offloaded parameter
-(:data:`offload_study.core.units.PLACEMENT`, which says why 16). Sizes are bytes inside; the
-plan.csv row and the budgets it compares are GiB (``cpu_mem_gb`` and the other ``_gb`` keys are
-GiB, :mod:`offload_study.core.units`).
-
-**Step time** (:func:`step_time`) adds, per optimizer step of ``gas`` micro-steps::
-
-    gas · (max(FLOPs / (matmul rate · efficiency), dispatch, collectives) + PCIe per micro-step)
-    + PCIe per step + optimizer (CPU Adam: parameters per node / calibrated rate) + NVMe
-
-FLOPs are ``devices.flops_per_token`` (6N, 8N with recompute, plus attention) x tokens; on a GPU
-the efficiency and the per-layer dispatch time (Python hooks of ZeRO-3 that bound small models)
-are fitted once (:data:`FITS`). Collectives: one all-gather per partitioned tensor (above
-``stage3_param_persistence_threshold``) and fetch, one reduce-scatter per reduce bucket, each
-its latency plus its bytes over the bandwidth. On a CPU cluster one thread per rank runs the
-hooks, the blocking gloo collectives and the matmuls in turn, so they add instead of
-overlapping, and every term is measured by ``offload_study.prediction.calibrate``, none fitted: dispatch is
-the host time of a decoder layer under ZeRO-3 at sizes where FLOPs do not count (eager ops,
-autograd, hooks; its forward again when checkpointing recomputes it) and of the rest of a
-micro-step, from its probe, grown to the run's size at the rate the probe measured;
-collectives its gloo latency and bandwidth; compute the calibrated matmul rate shared by the
-node's ranks. Transfers are not overlapped with compute,
-which is the form of the ZeRO-Infinity paper's efficiency (Rajbhandari et al., "ZeRO-Infinity:
-Breaking the GPU Memory Wall for Extreme Scale Deep Learning", SC'21, sec. 4.1):
-``efficiency = ait·bw / (ait·bw + peak)`` with ``ait`` the FLOPs per byte moved, i.e.
-compute time / (compute time + transfer time).
-
-**Newer modes** (offload_study.planning.modes), from DeepSpeed 0.19.8's source: partial offload
-(``offload_optimizer.ratio``) keeps whole sub-groups on the GPU (:func:`optimizer_split`);
-SuperOffload and ZenFlow change where and when CPU Adam runs (:func:`host_optimizer_seconds`)
-and ZenFlow adds its selected columns and double buffers; what the model cannot know is said
-in plan.csv's ``note`` (:func:`mode_note`).
+The front door of the prediction: each run is predicted by its engine's model
+(``engines/<name>/model.py``, asked through the engine registry), over its run spec, its
+engine's config and the cluster's calibration; what the engines share (the model's shape, the
+activations, the allocator's slack, the constants per accelerator kind) is
+:mod:`offload_study.prediction.shared`. This module makes the plan.csv row of a run (memory,
+the engine's own estimate, step time, GPU-hours), judges it against the run's budgets
+(:func:`refusal`, the one feasibility gate) and prices the run's job.
 
 **Feasibility** (:func:`refusal`): a run is refused only when a prediction passes its budget by
 more than the model's own measured error (:data:`MARGINS`, docs/benchmarks.md "prediction
@@ -69,11 +16,10 @@ accuracy"), so a run that would just fit still runs.
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from offload_study.core import devices, units
+from offload_study import engines
+from offload_study.core import units
 from offload_study.core.contracts import (
     Calibration,
     Prediction,
@@ -82,31 +28,14 @@ from offload_study.core.contracts import (
     read_json,
     read_predictions,
 )
-from offload_study.planning import dsconfig
+from offload_study.prediction.shared import (
+    ACCELERATOR_FITS,
+    AcceleratorFit,
+    Memory,
+    StepTime,
+    allocator_slack_bytes,
+)
 
-GB, DTYPE_BYTES = units.GB, units.DTYPE_BYTES  # GB: transfer rates (GB/s) only
-#: Bytes per parameter of the fp32 master weights and both Adam moments, and of fp32 gradients
-#: (wherever they are: the table is core.units's).
-ADAM_BYTES = float(units.state_bytes("fp32", "fp32 master weights", "Adam moments"))
-FP32_GRAD_BYTES = float(units.state_bytes("fp32", "fp32 gradients"))
-#: Defaults of DeepSpeed 0.19's ZeRO-3 config for knobs a config leaves out.
-DEEPSPEED_DEFAULTS = {
-    "reduce_bucket_size": 5e8, "stage3_max_live_parameters": 1e9,
-    "stage3_param_persistence_threshold": 1e5, "sub_group_size": 1e9,
-    "contiguous_gradients": True,
-}  # fmt: skip
-ALIASES = {
-    "stage3_max_live_parameters": "max_live_parameters",
-    "stage3_param_persistence_threshold": "param_persistence_threshold",
-}
-#: offload block key -> DeepSpeed's default (offload_param: 5 x 1e8, offload_optimizer: 4).
-OFFLOAD_DEFAULTS = {
-    "buffer_count": {"param": 5, "optimizer": 4}, "buffer_size": 1e8, "max_in_cpu": 1e9,
-}  # fmt: skip
-#: ZenFlowConfig's defaults in DeepSpeed 0.19.8 (runtime/zenflow/zenflow_config.py) for the keys
-#: the model reads.
-ZENFLOW_DEFAULTS = {"topk_ratio": 0.1, "update_interval": "auto", "overlap_step": False,
-                    "pt_reserved_cores_perc": 0.5}  # fmt: skip
 #: How far a prediction may pass its budget before the run is refused: the largest error the
 #: model showed against measured runs (benchmarks/prediction_accuracy.py), rounded up.
 #: The GPU check is on the reserved prediction: its out-of-sample errors reach -10 % and +12 %
@@ -114,531 +43,20 @@ ZENFLOW_DEFAULTS = {"topk_ratio": 0.1, "update_interval": "auto", "overlap_step"
 MARGINS = {"gpu": 0.20, "host": 0.20, "nvme": 0.10}
 
 
-#: What torch's caching allocator keeps reserved beyond the allocated peak, by cause: what the
-#: replay of traced runs found cached at their reserved peaks (offload_study.prediction.allocator;
-#: docs/results/h200-1gpu/allocator-traces-*/; docs/benchmarks.md, "Reserved memory: the allocator
-#: replayed"). Each is sized by :func:`reserved_features`, in bytes, and weighed by the fitted
-#: ``reserved_slack``; blocks whose size is known are counted whole apart
-#: (:func:`nvme_gradient_copies_bytes`).
-RESERVED_CAUSES = (
-    # DeepSpeed: its reduction stream's buckets (2 segments of a bucket, which holds at most
-    # the model's gradients), cached on that stream, where nothing else reuses them
-    "the reduction stream's buckets",
-    # DeepSpeed, fp16 with the optimizer on the GPU: the overflow check's |gradients| and mask,
-    # made once per step and cached through the next backward
-    "the fp16 overflow check on the GPU",
-    # DeepSpeed, with parameters gathered (several ranks, or fetched from the host): split
-    # blocks of the gathers, freed and re-made at every fetch
-    "gathered parameters",
-    # DeepSpeed: one layer's parameters: its gathers, gradients and recomputation make blocks
-    # of its size that the next layer's do not fit exactly
-    "one layer's parameters",
-    # FSDP2: the loss's blocks (logits, their fp32 upcast, the log-softmax and its gradient)
-    # are made at the loss and stay cached; with CPUOffloadPolicy the backward reuses some
-    "the loss's blocks, FSDP2 without offload",
-    "the loss's blocks, FSDP2 with offload",
-)
-
-
-@dataclass(frozen=True)
-class AcceleratorFit:
-    """Constants fitted once per accelerator kind against the committed records
-    (benchmarks/prediction_accuracy.py prints how well they do)."""
-
-    efficiency: float  # share of the calibrated matmul rate a training layer reaches
-    dispatch_s_per_layer: float  # host time per layer and micro-step (ZeRO-3 hooks, launches)
-    optimizer_params_per_s: float | None  # optimizer on the device (None: the CPU Adam rate)
-    runtime_gib: float  # host memory of one rank beside its model in the steps (Python, torch, ...)
-    startup_s: float  # launch, imports, zero.Init and deepspeed.initialize of a small model
-    startup_s_per_billion: float  # more per 1e9 parameters with offload (a quarter without)
-    # GPU memory reserved (:func:`gpu_reserved_bytes`): the CUDA context beside torch's
-    # allocator, and the weights of the allocator's slack over the allocated peak, one per
-    # RESERVED_CAUSES (:func:`reserved_features` sizes them)
-    cuda_context_gib: float = 0.0
-    reserved_slack: tuple[float, ...] = (0.0,) * len(RESERVED_CAUSES)
-    # the runtime when deepspeed.initialize returns, before the first step loads the rest
-    # (CUDA kernels, cuBLAS); None: runtime_gib
-    runtime_at_init_gib: float | None = None
-
-    @property
-    def runtime_at_init(self) -> float:
-        return self.runtime_gib if self.runtime_at_init_gib is None else self.runtime_at_init_gib
-
-
-#: The reserved-memory constants, fitted by offload_study.prediction.accuracy.fit_reserved over
-#: every committed H200 record (benchmarks/prediction_accuracy.py prints the fit and evaluates
-#: it leaving each study out): nvml's used memory less torch's reserved peak is 1.89-1.94 GiB
-#: on one GPU (2.7 with NCCL's buffers on two).
-RESERVED_FIT = {"cuda_context_gib": 1.916,
-                "reserved_slack": (2.518, 0.5436, 0.6252, 7.796, 1.172, 0.5201)}  # fmt: skip
-#: DeepSpeed's fp16 overflow check on the host per CPU Adam's rate with the same cores, for a
-#: calibration without ``fp16_check_elems_per_s``: benchmarks/fp16_check.py (docs/benchmarks.md).
-FP16_CHECK_PER_ADAM = 0.24
-#: The host passes of DeepSpeed's ZeRO-3 step beside CPU Adam (calibrate.step_passes_at) per
-#: CPU Adam's rate with the same cores, for a calibration without them: measured together by
-#: calibrate over the sweep's 1.91e9-parameter partition in pinned 1e8-parameter sub-groups on
-#: an H200 lease's 16 cores (2026-12-02, docs/results/h200-1gpu/step-phases-2026-12-02/): Adam
-#: 4.53e9/s, the gradients' unscale 1.67e10/s, the master's copy into the bf16 partition 1.30e10/s.
-STEP_PASS_PER_ADAM = {"grad_unscale_params_per_s": 3.70, "master_copy_params_per_s": 2.87}
-FITS = {
-    # H200 records (docs/results): their matmuls reach ~56 % of the calibrated rate (fitted:
-    # benchmarks/prediction_accuracy.py's "step fit over every GPU study"); the 134M-1.3B
-    # models take ~0.02 s per layer and micro-step whatever their size; FusedAdam updates
-    # ~3e10 parameters/s; start-up 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s
-    # (offload) for the 7B. A rank's runtime, measured (not fitted): its resident memory
-    # without offload once deepspeed.initialize returns, 1.44 GiB, and after the first step,
-    # 2.04 GiB (benchmarks/raw_deepspeed.py's host_memory_gib_by_stage on an H200 lease,
-    # 2026-12-02: 1.442 / 2.041 GiB for a 134M model, 1.446 / 2.033 for 1.35B; the results in
-    # docs/results/h200-1gpu/host-runtime-2026-12-02/).
-    "cuda": AcceleratorFit(
-        0.56, 0.020, 3e10, 2.04, 25.0, 7.0, **RESERVED_FIT, runtime_at_init_gib=1.44
-    ),  # fmt: skip
-    # CPU: the calibrated matmul rate as measured (no efficiency fitted) and the host time
-    # per layer from the calibration's probe (0.004 s per layer only for a calibration made before the
-    # probe existed); ~0.55 GiB per rank before the model and start-up 20-70 s, read from the
-    # default study's records on the 2-core development machine (docs/benchmarks.md).
-    "cpu": AcceleratorFit(1.0, 0.004, None, 0.55, 30.0, 7.0),
-}
-
-
-# --------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class ModelShape:
-    params: int
-    layers: int
-    hidden: int
-    ffn: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    tied_embeddings: bool = False
-
-    @property
-    def largest_layer_params(self) -> int:
-        """The largest single module (DeepSpeed's estimator's ``largest_layer_params``)."""
-        return max(self.vocab * self.hidden, self.hidden * self.ffn)
-
-    @property
-    def tensors(self) -> list[int]:
-        """Elements of each parameter tensor in ``model.parameters()`` order (DeepSpeed forms its
-        sub-groups in that order): the embeddings, per layer 4 attention and 3 MLP projections
-        and 2 norms, the final norm and (untied) the LM head."""
-        h, kv = self.hidden, self.hidden * self.kv_heads // self.heads
-        layer = [h * h, h * kv, h * kv, h * h, h * self.ffn, h * self.ffn, self.ffn * h, h, h]
-        head = [] if self.tied_embeddings else [self.vocab * h]
-        return [self.vocab * h] + layer * self.layers + [h] + head
-
-
-def model_shape(spec: RunSpec) -> ModelShape | None:
-    """The shape of a Llama-style decoder given by its config; None when unknown (pretrained
-    weights without a config, another architecture)."""
-    cfg = spec.model.config
-    needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    if spec.model_params is None or not all(k in cfg for k in needed):
-        return None
-    heads = cfg["num_attention_heads"]
-    return ModelShape(
-        params=spec.model_params,
-        layers=cfg["num_hidden_layers"],
-        hidden=cfg["hidden_size"],
-        ffn=cfg["intermediate_size"],
-        vocab=cfg.get("vocab_size", 32000),
-        heads=heads,
-        kv_heads=cfg.get("num_key_value_heads") or heads,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-    )
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """The ZeRO-3 knobs memory depends on, as the generated DeepSpeed config sets them."""
-
-    reduce_bucket: int
-    max_live: int
-    persistence: int
-    sub_group: int
-    contiguous_gradients: bool
-    param_buffers: int  # offload_param: buffer_count x buffer_size (elements)
-    max_in_cpu: int  # offload_param (NVMe): parameters kept in host memory
-    optimizer_buffer_count: int
-    pin_memory: bool
-    # the newer modes (offload_study.planning.modes), as the offload_optimizer block and zenflow set them
-    ratio: float = 1.0  # offload_optimizer.ratio: the share of sub-groups on the CPU
-    super_offload: bool = False
-    cpuadam_cores_perc: float = 0.8  # SuperOffload's CPU Adam worker: its share of the cores
-    zenflow: dict | None = None  # zero_optimization.zenflow (None: off)
-    clipping: float = 0.0  # gradient_clipping (SuperOffload steps synchronously when set)
-
-
-def knobs(ds_config: dict) -> Knobs:
-    zero = ds_config.get("zero_optimization", {})
-
-    def value(key):
-        short = ALIASES.get(key, key)
-        return zero.get(key, zero.get(short, DEEPSPEED_DEFAULTS[key]))
-
-    param = zero.get("offload_param") or {}
-    optimizer = zero.get("offload_optimizer") or {}
-    pinned = (param or optimizer).get("pin_memory", True)
-    counts = OFFLOAD_DEFAULTS["buffer_count"]
-    return Knobs(
-        reduce_bucket=int(value("reduce_bucket_size")),
-        max_live=int(value("stage3_max_live_parameters")),
-        persistence=int(value("stage3_param_persistence_threshold")),
-        sub_group=int(value("sub_group_size")),
-        contiguous_gradients=bool(value("contiguous_gradients")),
-        param_buffers=int(param.get("buffer_count", counts["param"]))
-        * int(param.get("buffer_size", OFFLOAD_DEFAULTS["buffer_size"])),
-        max_in_cpu=int(param.get("max_in_cpu", OFFLOAD_DEFAULTS["max_in_cpu"])),
-        optimizer_buffer_count=int(optimizer.get("buffer_count", counts["optimizer"])),
-        pin_memory=bool(pinned),
-        ratio=float(optimizer.get("ratio", 1.0)),
-        super_offload=bool(optimizer.get("super_offload", False)),
-        cpuadam_cores_perc=float(optimizer.get("cpuadam_cores_perc", 0.8)),
-        zenflow=dict(zero["zenflow"]) if zero.get("zenflow") is not None else None,
-        clipping=float(ds_config.get("gradient_clipping") or 0.0),
-    )
-
-
-def partition(spec: RunSpec, shape: ModelShape) -> int:
-    return math.ceil(shape.params / spec.world_size)
-
-
-def overflow_check_bytes(spec: RunSpec, part: int) -> float:
-    """fp16's overflow check at the start of the optimizer step (DeepSpeed 0.19.8 stage3.py
-    ``has_overflow``): ``torch.isinf(self.grad_partitions_flat_buffer).any()``, then the same
-    with ``isnan``, one after the other, over the rank's whole gradient partition where that
-    buffer lives (the host under optimizer offload, else the GPU). ATen's ``isinf`` of a
-    floating tensor is ``self.abs() == inf``: a copy of the buffer in its dtype (the model's:
-    no ``grad_accum_dtype`` is set) and a bool mask, 1 byte per element, held together.
-    bf16 and fp32 steps check nothing."""
-    return float(part * (DTYPE_BYTES[spec.dtype] + 1)) if spec.dtype == "fp16" else 0.0
-
-
-def _pow2(nbytes: float) -> float:
-    return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 1 else nbytes
-
-
-# --------------------------------------------------------------------------- memory
-def layer_activation_bytes(spec: RunSpec, shape: ModelShape) -> float:
-    """What one decoder layer's forward saves for its backward (a recomputed layer's too)."""
-    b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden
-    return tokens * ((8 + 2 * shape.kv_heads / shape.heads) * h + 4 * shape.ffn) * b
-
-
-def activation_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
-    """Activation bytes at the peak of one micro-step on one GPU."""
-    b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden
-    layer = layer_activation_bytes(spec, shape)
-    # the loss: the logits (dtype), their fp32 upcast and its gradient; and what the final
-    # norm and the head saved for the backward: the last layer's output, the norm's fp32 upcast
-    # of it (HF's RMSNorm computes in fp32) and the normed input of the head (dtype)
-    loss = tokens * shape.vocab * (2 * b + 8) + tokens * h * (2 * b + 4)
-    if spec.gradient_checkpointing:
-        return {
-            "checkpointed layer inputs": shape.layers * tokens * h * b,
-            "loss or one recomputed layer": max(loss, layer),
-        }
-    return {"activations of every layer": shape.layers * layer, "logits and loss": loss}
-
-
-def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
-    """Bytes per GPU at the peak, by what holds them."""
-    b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
-    opt_here, params_here = spec.offload_optimizer == "none", spec.offload_param == "none"
-    gathered = spec.world_size > 1 or not params_here
-    small = 2 * shape.layers + 1 if shape.hidden <= k.persistence else 0  # RMSNorm weights
-    # a CPU rank's bucket is host memory: only the pages the gradients fill become resident
-    bucket = k.reduce_bucket if spec.accelerator == "cuda" else min(k.reduce_bucket, shape.params)
-    kept = optimizer_split(spec, shape, k).device_params  # sub-groups whose optimizer is here
-    activations = activation_parts(spec, shape)
-    # the optimizer step makes one sub-group's fp32 gradients at a time (and, in fp16, checks
-    # the gradient buffer for overflow first), after the backward freed the activations and
-    # the loss: only what it needs beyond those adds to the peak
-    one_group = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
-    in_the_step = max(one_group, overflow_check_bytes(spec, part) if opt_here else 0.0)
-    step_beyond_freed = max(0.0, in_the_step - sum(activations.values()))
-    return {
-        "parameters (partition)": b * part if params_here else 0.0,
-        "gradients (partition)": b * part if opt_here else 0.0,
-        "fp32 master + Adam moments": ADAM_BYTES * kept,
-        "optimizer step: one sub-group's fp32 gradients or the overflow check": step_beyond_freed,
-        # partial offload: each GPU sub-group keeps its own fp32 gradient tensor
-        "fp32 gradients of the GPU sub-groups": 0.0 if opt_here else FP32_GRAD_BYTES * kept,
-        "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
-        "persistent small parameters": float(b * small * shape.hidden),
-        "reduce bucket": float(b * bucket) if k.contiguous_gradients else 0.0,
-        **zenflow_gpu_parts(spec, part, k),
-        **activations,
-    }
-
-
-def zenflow_gpu_parts(spec: RunSpec, part: int, k: Knobs) -> dict[str, float]:
-    """ZenFlow's selective optimizer on the GPU: for the top-k share of the partition its Adam
-    moments (the dtype, ``zenflow_torch_adam``: zeros_like of the selected columns; on the host
-    with ``zenflow.offload``), the selected gradient and the copy of the selected parameters."""
-    if k.zenflow is None:
-        return {}
-    b, selected = DTYPE_BYTES[spec.dtype], zenflow_topk(k) * part
-    moments = 0.0 if k.zenflow.get("offload") else 2.0 * b * selected
-    return {"ZenFlow selected columns: Adam moments": moments,
-            "ZenFlow selected columns: gradient + parameter copy": 2.0 * b * selected}  # fmt: skip
-
-
-def zenflow_topk(k: Knobs) -> float:
-    return float((k.zenflow or {}).get("topk_ratio", ZENFLOW_DEFAULTS["topk_ratio"]))
-
-
-def sub_groups(spec: RunSpec, shape: ModelShape, k: Knobs) -> list[int]:
-    """Elements of each optimizer sub-group of a rank, as DeepSpeed 0.19.8's
-    ``_create_fp16_sub_groups`` forms them: parameter partitions (ceil(n / dp) each) in module
-    order, a group closed once it reaches ``sub_group_size`` (so groups overshoot it)."""
-    dp, groups, current = spec.world_size, [], 0
-    for numel in shape.tensors:
-        current += math.ceil(numel / dp)
-        if current >= k.sub_group:
-            groups.append(current)
-            current = 0
-    return groups + ([current] if current else [])
-
-
-@dataclass(frozen=True)
-class OptimizerSplit:
-    """A rank's sub-groups by where their optimizer runs: ``device`` keeps fp32 master, Adam
-    moments and fp32 gradients on the GPU (torch AdamW there), ``host`` is offloaded."""
-
-    device: tuple[int, ...]
-    host: tuple[int, ...]
-
-    @property
-    def device_params(self) -> int:
-        return sum(self.device)
-
-    @property
-    def host_params(self) -> int:
-        return sum(self.host)
-
-
-def optimizer_split(spec: RunSpec, shape: ModelShape, k: Knobs) -> OptimizerSplit:
-    """Partial offload (``offload_optimizer.ratio``) assigns whole sub-groups by count:
-    DeepSpeed 0.19.8 (stage3.py ``_create_fp32_partitions``) sends sub-group i of n to the
-    CPU when i >= int((1 - ratio) x n); the first ones stay on the GPU."""
-    groups = sub_groups(spec, shape, k)
-    if spec.offload_optimizer == "none":
-        return OptimizerSplit(tuple(groups), ())
-    if spec.offload_optimizer == "nvme":
-        return OptimizerSplit((), tuple(groups))
-    first_host = int((1 - k.ratio) * len(groups))
-    return OptimizerSplit(tuple(groups[:first_host]), tuple(groups[first_host:]))
-
-
-def pinned_host(spec: RunSpec, k: Knobs) -> bool:
-    """Offloaded buffers are pinned (torch's caching host allocator, power-of-two blocks)."""
-    return spec.accelerator == "cuda" and bool(k.pin_memory)
-
-
-def runtime_bytes(spec: RunSpec, cal: Calibration | None = None) -> tuple[int, int]:
-    """A rank's host memory beside its model, (when deepspeed.initialize returns, in the
-    steps): as the cluster's calibration measured it on its machine, else :data:`FITS`'s."""
-    fit = FITS[spec.accelerator]
-    at_init, steps = fit.runtime_at_init, fit.runtime_gib
-    if cal is not None and cal.runtime_gib is not None and cal.accelerator == spec.accelerator:
-        steps = cal.runtime_gib
-        at_init = steps if cal.runtime_at_init_gib is None else cal.runtime_at_init_gib
-    return units.gib_to_bytes(at_init), units.gib_to_bytes(steps)
-
-
-def rank_host_parts(
-    spec: RunSpec, shape: ModelShape, k: Knobs, cal: Calibration | None = None
-) -> dict[str, float]:
-    """Host bytes of one rank by what holds them (device memory of a CPU rank not included)."""
-    b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
-    buf = _pow2 if pinned_host(spec, k) else float
-    runtime_at_init, runtime = runtime_bytes(spec, cal)
-    parts = {"runtime": float(runtime)}
-    if spec.offload_optimizer == "cpu":
-        parts.update(offloaded_optimizer_host_parts(spec, shape, k, buf))
-    if spec.offload_optimizer == "nvme":
-        largest = max(sub_groups(spec, shape, k))
-        parts["fp32 gradient buffer"] = FP32_GRAD_BYTES * largest
-        # each swap buffer holds one fp32 tensor of the largest sub-group
-        parts["optimizer swap buffers (locked)"] = 4.0 * largest * k.optimizer_buffer_count
-    if spec.offload_optimizer != "none":
-        parts["gradients (pinned)"] = buf(float(b * part))
-        # the gradient buffer lives on the host: so do the overflow check's copy and mask
-        parts["fp16 overflow check (|gradients| and a bool mask, in the step)"] = (
-            overflow_check_bytes(spec, part)
-        )  # fmt: skip
-    if spec.offload_param != "none":
-        # the flat buffer the partitions are copied into (for NVMe up to max_in_cpu), while the
-        # memory they were built in stays with the process
-        in_cpu = part if spec.offload_param == "cpu" else min(part, k.max_in_cpu)
-        parts["parameters (pinned flat buffer)"] = buf(float(b * in_cpu))
-        parts["parameters as first placed"] = float(b * part)
-    if spec.offload_param == "nvme":
-        parts["parameter swap buffers (pinned)"] = float(b * k.param_buffers)
-    # Two moments: deepspeed.initialize holds the partition as zero.Init built it (it moves
-    # the partitions to the host to defragment the GPU) beside the runtime of that moment;
-    # the steps hold the offloaded states beside the runtime the first step grew to. The
-    # first counts only where it is the larger.
-    beyond = max(0.0, runtime_at_init + b * part - sum(parts.values()))
-    parts["model as built (partition) at initialization, beyond the steps"] = beyond
-    return parts
-
-
-def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, buf) -> dict:
-    """Host bytes of a CPU-offloaded optimizer: its sub-groups' fp32 master and Adam moments and
-    their pinned fp32 gradients; with partial offload the GPU sub-groups' fp32 gradients are
-    made in a pinned host buffer first and moved (:func:`cached_staging_bytes`); ZenFlow's
-    extra buffers."""
-    split, b = optimizer_split(spec, shape, k), DTYPE_BYTES[spec.dtype]
-    parts = {
-        "fp32 master + Adam moments": ADAM_BYTES * split.host_params,
-        "fp32 gradients (pinned, per sub-group)": sum(buf(FP32_GRAD_BYTES * g) for g in split.host),
-        "fp32 gradient staging of the GPU sub-groups (pinned, cached)":
-            cached_staging_bytes(split) if pinned_host(spec, k) else 0.0,
-    }  # fmt: skip
-    zf = k.zenflow
-    if zf is not None and zf.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
-        # engine_stage3.initialize_optimizer_states: two fp32 gradient buffers per sub-group
-        # (the step of one overlaps the next); zenflow_utils: a stale fp32 copy in shared memory
-        parts["ZenFlow second fp32 gradient buffer"] = 4.0 * split.host_params
-        parts["ZenFlow stale fp32 parameters (shared)"] = 4.0 * split.host_params
-    if zf is not None and zf.get("offload"):
-        parts["ZenFlow selected Adam moments (pinned)"] = buf(
-            2.0 * b * zenflow_topk(k) * partition(spec, shape)
-        )  # fmt: skip
-    return parts
-
-
-def cached_staging_bytes(split: OptimizerSplit) -> float:
-    """Pinned staging that torch's caching host allocator still holds at the step. Each GPU
-    sub-group's fp32 gradients are made in a pinned host buffer and moved (DeepSpeed 0.19.8
-    stage3.py ``_create_fp32_partitions``); the freed block stays cached in the free list of
-    its power-of-two size (ATen ``CachingHostAllocator``: one list per log2 size, a request
-    takes a block of its own size only). The host sub-groups' pinned fp32 gradients, made after
-    the GPU ones, take those blocks first: what is left is one block per size of the GPU
-    sub-groups that no host sub-group takes. Pageable staging is freed to the OS (0 here)."""
-    cached = {_pow2(FP32_GRAD_BYTES * g) for g in split.device}
-    taken = {_pow2(FP32_GRAD_BYTES * g) for g in split.host}
-    return sum(cached - taken)
-
-
-def nvme_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
-    """Swap-file bytes per node (every rank of the node swaps its partition), per parameter as
-    :func:`offload_study.core.units.bytes_per_param` counts them on NVMe."""
-    ranks, part = spec.gpus_per_node, partition(spec, shape)
-    optimizer = units.bytes_per_param("nvme", spec.dtype, offload_optimizer=spec.offload_optimizer)
-    params = units.bytes_per_param("nvme", spec.dtype, offload_param=spec.offload_param)
-    parts = {}
-    if optimizer:
-        parts["optimizer states + fp32 gradients"] = float(optimizer * part * ranks)
-    if params:
-        parts["parameters"] = float(params * part * ranks)
-    return parts
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Predicted peaks: part -> bytes (per GPU, per node on the host, per node on NVMe)."""
-
-    gpu: dict[str, float]
-    host: dict[str, float]
-    nvme: dict[str, float]
-
-    @property
-    def gpu_gib(self) -> float:
-        return units.bytes_to_gib(sum(self.gpu.values()))
-
-    @property
-    def host_gib(self) -> float:
-        return units.bytes_to_gib(sum(self.host.values()))
-
-    @property
-    def nvme_gib(self) -> float:
-        return units.bytes_to_gib(sum(self.nvme.values()))
-
-
-def predict_memory(spec: RunSpec, ds_config: dict, cal: Calibration | None = None) -> Memory | None:
-    """The memory prediction of a run (None when the model's shape is unknown); ``cal`` gives
-    the host runtime its machine measured (:func:`runtime_bytes`)."""
-    if spec.engine in ENGINE_MODELS:  # its own model (FSDP2 keeps other things where)
-        return ENGINE_MODELS[spec.engine].predict_memory(spec)
-    shape = model_shape(spec)
-    if shape is None:
-        return None
-    k = knobs(ds_config)
-    gpu = gpu_parts(spec, shape, k)
-    rank = rank_host_parts(spec, shape, k, cal)
-    if spec.accelerator == "cpu":  # a CPU rank's "GPU" memory is host memory too
-        rank = {**rank, **{f"device: {name}": v for name, v in gpu.items()}}
-    host = {name: v * spec.gpus_per_node for name, v in rank.items()}
-    return Memory(gpu=gpu, host=host, nvme=nvme_parts(spec, shape))
-
-
-def reserved_features(spec: RunSpec, ds_config: dict) -> tuple[float, ...]:
-    """The size of each of :data:`RESERVED_CAUSES` for a run, bytes (0 for a cause that is not
-    its engine's or mode's; all 0 when the model's shape is unknown)."""
-    if spec.engine in ENGINE_MODELS:
-        return ENGINE_MODELS[spec.engine].reserved_features(spec)
-    shape = model_shape(spec)
-    if shape is None:
-        return reserved_vector({})
-    b, k, part = DTYPE_BYTES[spec.dtype], knobs(ds_config), partition(spec, shape)
-    gathered = spec.world_size > 1 or spec.offload_param != "none"
-    bucket = b * min(k.reduce_bucket, shape.params) if k.contiguous_gradients else 0.0
-    return reserved_vector({
-        "the reduction stream's buckets": bucket,
-        "the fp16 overflow check on the GPU":
-            overflow_check_bytes(spec, part) if spec.offload_optimizer == "none" else 0.0,
-        "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
-        "one layer's parameters": b * shape.params / shape.layers,
-    })  # fmt: skip
-
-
-def nvme_gradient_copies_bytes(spec: RunSpec, ds_config: dict) -> float:
-    """Reserved beyond the allocated peak by blocks whose size is known, counted whole (not
-    weighed by a fitted weight): under NVMe optimizer offload DeepSpeed 0.19.8 makes an fp32 copy
-    of each gradient of a reduce bucket (stage3.py ``partition_grads`` ->
-    ``_offload_grad_partition_at_boundary``: ``grad_buffer.to(master dtype)``) and holds them
-    all until the bucket is swapped out: 4 bytes x the rank's share of a bucket. They live in
-    the backward, where the reserved peak falls, not at the allocated peak (the traces of
-    model-b's NVMe and CPU optimizer offload: docs/benchmarks.md, "the NVMe rows")."""
-    shape = model_shape(spec)
-    if spec.engine in ENGINE_MODELS or spec.offload_optimizer != "nvme" or shape is None:
-        return 0.0
-    bucket = min(knobs(ds_config).reduce_bucket, shape.params)
-    return FP32_GRAD_BYTES * bucket / spec.world_size
-
-
-def reserved_vector(sizes: dict[str, float]) -> tuple[float, ...]:
-    """``sizes`` (cause -> bytes) in the order of :data:`RESERVED_CAUSES`, 0 for the others."""
-    unknown = set(sizes) - set(RESERVED_CAUSES)
-    if unknown:
-        raise ValueError(f"reserved_vector: not in RESERVED_CAUSES: {sorted(unknown)}")
-    return tuple(float(sizes.get(cause, 0.0)) for cause in RESERVED_CAUSES)
-
-
 def gpu_reserved_bytes(
     spec: RunSpec, memory: Memory | None, ds_config: dict, fit: AcceleratorFit | None = None
 ) -> int | None:
     """Peak GPU memory a run holds, per GPU: torch's reserved peak (the allocated peak, the
-    blocks of known size beyond it (:func:`nvme_gradient_copies_bytes`) and the allocator's
+    blocks of known size beyond it (the engine model's ``known_reserved_bytes``) and the allocator's
     slack, :func:`reserved_features` weighted by the fitted ``reserved_slack``), which is what a
     per-process cap limits, plus the CUDA context. None off a GPU."""
     if memory is None or spec.accelerator != "cuda":
         return None
-    fit = fit or FITS["cuda"]
+    fit = fit or ACCELERATOR_FITS["cuda"]
     slack = allocator_slack_bytes(fit.reserved_slack, reserved_features(spec, ds_config))
     context = units.gib_to_bytes(fit.cuda_context_gib)
-    known = nvme_gradient_copies_bytes(spec, ds_config)
+    known = engines.of(spec).model.known_reserved_bytes(spec, ds_config)
     return int(sum(memory.gpu.values()) + known + slack + context)
-
-
-def allocator_slack_bytes(weights: tuple[float, ...], features: tuple[float, ...]) -> float:
-    """The allocator's slack: each cause's size (:func:`reserved_features`) by its weight, never
-    below 0."""
-    return max(0.0, sum(c * f for c, f in zip(weights, features, strict=True)))
 
 
 def capped(spec: RunSpec) -> bool:
@@ -654,381 +72,26 @@ def gpu_need_gib(spec: RunSpec, row: Prediction) -> float | None:
     stands for the card: the cap does not count it), else the allocated one (an older plan)."""
     if row.gpu_reserved_bytes is None:
         return row.gpu_gib
-    context = units.gib_to_bytes(FITS["cuda"].cuda_context_gib) if capped(spec) else 0
+    context = units.gib_to_bytes(ACCELERATOR_FITS["cuda"].cuda_context_gib) if capped(spec) else 0
     return units.bytes_to_gib(row.gpu_reserved_bytes - context)
 
 
-def deepspeed_estimate(spec: RunSpec) -> tuple[float, float] | None:
-    """(GiB per GPU, GiB per node) from DeepSpeed's own estimator for this offload (model states
-    only; NVMe counted as CPU offload): ``estimate_zero3_model_states_mem_needs``, the function
-    ``estimate_zero3_model_states_mem_needs_all_cold`` prints its table from."""
-    shape = model_shape(spec)
-    if shape is None or spec.engine != "deepspeed":
-        return None
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-
-    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-        total_params=shape.params,
-        largest_layer_params=shape.largest_layer_params,
-        num_gpus_per_node=spec.gpus_per_node,
-        num_nodes=spec.nodes,
-        cpu_offload=spec.offload_optimizer != "none",
-        cpu_offload_params=spec.offload_param != "none",
-        zero_init=True,
-    )
-    return units.bytes_to_gib(gpu), units.bytes_to_gib(cpu)
+def predict_memory(spec: RunSpec, config: dict, cal: Calibration | None = None) -> Memory | None:
+    """The memory prediction of a run by its engine's model (None when the model's shape is
+    unknown); ``cal`` gives the host runtime its machine measured."""
+    return engines.of(spec).model.predict_memory(spec, config, cal)
 
 
-#: The models of the engines other than DeepSpeed: engine -> a module with predict_memory(spec)
-#: and step_time(spec, cal). Each registers itself (it builds on this module, so this module
-#: cannot import it): offload_study.prediction.fsdp2_model, imported with the package.
-ENGINE_MODELS: dict[str, object] = {}
+def reserved_features(spec: RunSpec, config: dict) -> tuple[float, ...]:
+    """The size of each of :data:`~offload_study.prediction.shared.RESERVED_CAUSES` for a run, bytes, by its engine's model (0
+    for a cause that is not its engine's or mode's)."""
+    return engines.of(spec).model.reserved_features(spec, config)
 
 
-# --------------------------------------------------------------------------- step time
-#: Host <-> device copies per micro-step of offloaded parameters: fetched for the forward and
-#: again for the backward (a recomputed layer reuses what its backward fetches).
-PARAM_FETCHES = 2
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """Seconds per optimizer step by part; ``total`` adds them as :mod:`predict` explains."""
-
-    flops_s: float  # gas x model FLOPs / (calibrated rate x efficiency)
-    dispatch_s: float  # gas x host time per micro-step beyond FLOPs (ZeRO-3 hooks, eager ops)
-    comm_s: float  # gas x collectives between the ranks
-    pcie_s: float
-    optimizer_s: float  # CPU Adam when offloaded, else the optimizer on the device
-    nvme_s: float
-    serial: bool = False  # one thread runs compute, hooks and collectives in turn (CPU ranks)
-
-    @property
-    def compute_s(self) -> float:
-        return micro_steps_s(self.flops_s, self.dispatch_s, self.comm_s, self.serial)
-
-    @property
-    def total(self) -> float:
-        return self.compute_s + self.pcie_s + self.optimizer_s + self.nvme_s
-
-    @property
-    def bound(self) -> str:
-        """What takes longest: compute, dispatch, interconnect, pcie, optimizer or nvme."""
-        parts = [
-            ("compute", self.flops_s), ("dispatch", self.dispatch_s),
-            ("interconnect", self.comm_s), ("pcie", self.pcie_s),
-            ("optimizer", self.optimizer_s), ("nvme", self.nvme_s),
-        ]  # fmt: skip
-        return max(parts, key=lambda part: part[1])[0]
-
-
-def micro_steps_s(flops_s: float, dispatch_s: float, comm_s: float, serial: bool = False) -> float:
-    """The micro-steps of a step: on a GPU the longest of FLOPs, dispatch and collectives (the
-    others overlap it), on a CPU rank (``serial``: one thread runs them in turn) their sum."""
-    parts = (flops_s, dispatch_s, comm_s)
-    return sum(parts) if serial else max(parts)
-
-
-def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
-    per_token = devices.flops_per_token(
-        shape.params, spec.gradient_checkpointing, attention=True,
-        layers=shape.layers, hidden=shape.hidden, seq_len=spec.seq_len,
-    )  # fmt: skip
-    return per_token * spec.micro_batch * spec.seq_len
-
-
-def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
-    """Host <-> device copies of one optimizer step on one GPU (none on a CPU cluster).
-
-    Optimizer offload: the gradients of every parameter go to the host every micro-step
-    (DeepSpeed 0.19.8 stages all of them in one host buffer, whatever the ratio), and without
-    parameter offload the updated fp32 master of the offloaded sub-groups is copied into the
-    GPU's partition once per step (:func:`master_upload_seconds`; with ZenFlow once per update
-    interval; the step copies it on the host when the parameters live there). Parameter offload: each fetch
-    of a micro-step copies the rank's partition to the GPU. With ``pin_memory`` off the copies
-    cannot overlap anything and go at the pageable rate (the calibration's host-to-device one;
-    device-to-host from pageable memory is not measured apart): each micro-step's gradients to
-    the host buffer and back to the GPU to be added, and the fp32 gradients of the offloaded
-    sub-groups to the host at the boundary.
-    """
-    if spec.accelerator != "cuda" or not cal.h2d_gb_s:
-        return 0.0
-    b, part, gas = DTYPE_BYTES[spec.dtype], partition(spec, shape), spec.gradient_accumulation_steps
-    seconds = 0.0
-    pageable = (cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
-    if spec.offload_optimizer != "none":
-        offloaded = optimizer_split(spec, shape, k).host_params
-        if k.pin_memory:
-            seconds += gas * b * part / (cal.d2h_gb_s * GB)
-        else:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
-            seconds += (gas * 2 * b * part + 4 * offloaded) / pageable
-        if spec.offload_param == "none":
-            seconds += master_upload_seconds(offloaded, cal) / zenflow_update_interval(k)
-    if spec.offload_param != "none":
-        seconds += gas * PARAM_FETCHES * b * part / (cal.h2d_gb_s * GB)
-    return seconds
-
-
-def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
-    """Swap traffic of one step per node (the node's ranks share its disk).
-
-    Optimizer: the fp32 master and both moments (12 B per parameter) read and written. Parameters:
-    written once after the step, read once per fetch; read once per step when the swap buffers
-    hold the whole partition.
-    """
-    if not (spec.uses_nvme and cal.disk_read_gb_s and cal.disk_write_gb_s):
-        return 0.0
-    ranks, part, b = spec.gpus_per_node, partition(spec, shape), DTYPE_BYTES[spec.dtype]
-    read = write = 0.0
-    if spec.offload_optimizer == "nvme":
-        read += ADAM_BYTES * part
-        write += ADAM_BYTES * part
-    if spec.offload_param == "nvme":
-        fetches = 1 if part <= k.param_buffers else PARAM_FETCHES * spec.gradient_accumulation_steps
-        read += fetches * b * part
-        write += b * part
-    return ranks * (read / (cal.disk_read_gb_s * GB) + write / (cal.disk_write_gb_s * GB))
-
-
-def optimizer_seconds(
-    spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs, compute_s: float = 0.0
-) -> float:
-    """The optimizer of one step. On a CPU cluster every sub-group runs on the node's cores at
-    the CPU Adam rate (all ranks share them). On a GPU: the sub-groups kept on the GPU at the
-    device rate (:data:`FITS`; partial offload steps them with torch's AdamW, not calibrated
-    apart), plus CPU Adam over the offloaded sub-groups of every rank of the node (they share
-    its cores and memory bandwidth); ZenFlow and SuperOffload change the CPU part
-    (:func:`host_optimizer_seconds`). ``compute_s`` is the step's micro-steps, which ZenFlow's
-    overlap_step hides CPU Adam behind."""
-    split = optimizer_split(spec, shape, k)
-    device_rate = FITS[spec.accelerator].optimizer_params_per_s
-    check_s = overflow_check_seconds(spec, shape, cal)
-    if device_rate is None:
-        return check_s + partition(spec, shape) * spec.gpus_per_node / cal.cpu_adam_params_per_s
-    per_param_s = host_step_seconds_per_param(spec, cal)
-    host_s = split.host_params * spec.gpus_per_node * per_param_s
-    device_s = split.device_params / device_rate
-    if k.zenflow is not None:  # the GPU also steps the top-k columns of every parameter
-        device_s += zenflow_topk(k) * partition(spec, shape) / device_rate
-    largest = max(split.host, default=0) * spec.gpus_per_node * per_param_s
-    return check_s + device_s + host_optimizer_seconds(spec, k, host_s, largest, compute_s)
-
-
-def step_pass_rate(cal: Calibration, name: str) -> float:
-    """A host pass's rate (:data:`STEP_PASS_PER_ADAM`'s names) from the calibration, else as
-    the multiple of CPU Adam's rate measured on an H200 lease."""
-    return getattr(cal, name) or STEP_PASS_PER_ADAM[name] * cal.cpu_adam_params_per_s
-
-
-def host_step_seconds_per_param(spec: RunSpec, cal: Calibration) -> float:
-    """Host seconds per offloaded parameter of a GPU rank's ZeRO-3 step, one pass after another
-    over each sub-group (stage3.py ``step``): the unscale of its fp32 gradient, CPU Adam, and
-    with the parameters offloaded the copy of the fp32 master into the bf16 partition on the
-    host (without, that copy goes to the GPU: :func:`master_upload_seconds`)."""
-    passes = ["grad_unscale_params_per_s"]
-    if spec.offload_param != "none":
-        passes.append("master_copy_params_per_s")
-    return 1 / cal.cpu_adam_params_per_s + sum(1 / step_pass_rate(cal, p) for p in passes)
-
-
-def master_upload_seconds(offloaded: int, cal: Calibration) -> float:
-    """The updated fp32 master of ``offloaded`` parameters copied into their bf16 partition on
-    the GPU, at the calibrated rate of that copy (calibrate.step_passes_at: torch converts on
-    the host, then copies unpinned); a calibration without it: 4 B per parameter at the
-    unpinned host-to-device rate."""
-    if cal.master_upload_params_per_s:
-        return offloaded / cal.master_upload_params_per_s
-    return 4 * offloaded / ((cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB)
-
-
-def optimizer_step_seconds(spec: RunSpec, ds_config: dict, cal: Calibration) -> float | None:
-    """What DeepSpeed's step timer holds on a GPU rank with CPU optimizer offload, predicted
-    from the calibration alone (no fitted constant): the optimizer and, without parameter
-    offload, the fp32 master's upload (ZenFlow and SuperOffload, whose CPU step overlaps the
-    micro-steps, and other runs: None)."""
-    shape, k = model_shape(spec), knobs(ds_config)
-    plain = spec.engine == "deepspeed" and k.zenflow is None and not k.super_offload
-    if not (shape and plain and spec.accelerator == "cuda" and spec.offload_optimizer == "cpu"):
-        return None
-    seconds = optimizer_seconds(spec, shape, cal, k)
-    if spec.offload_param == "none":
-        seconds += master_upload_seconds(optimizer_split(spec, shape, k).host_params, cal)
-    return seconds
-
-
-def overflow_check_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-    """fp16's overflow check (:func:`overflow_check_bytes`) where the gradient buffer lives on
-    the host (optimizer offload, or a CPU rank): every rank of the node checks its partition
-    on the cores they share, at the calibrated rate (a calibration from before it: CPU Adam's
-    rate x :data:`FP16_CHECK_PER_ADAM`). On a GPU it runs at memory speed: left out."""
-    on_host = spec.offload_optimizer != "none" or spec.accelerator == "cpu"
-    if spec.dtype != "fp16" or not on_host:
-        return 0.0
-    rate = cal.fp16_check_elems_per_s or FP16_CHECK_PER_ADAM * cal.cpu_adam_params_per_s
-    return partition(spec, shape) * spec.gpus_per_node / rate
-
-
-def zenflow_update_interval(k: Knobs) -> int:
-    """Steps between ZenFlow's CPU updates; "auto" adapts at run time (a loss-curve test), so
-    the model takes its bound, 1 (the note says so); 1 without ZenFlow."""
-    interval = (k.zenflow or {}).get("update_interval", ZENFLOW_DEFAULTS["update_interval"])
-    return interval if isinstance(interval, int) else 1
-
-
-def host_optimizer_seconds(
-    spec: RunSpec, k: Knobs, host_s: float, largest_s: float, compute_s: float
-) -> float:
-    """CPU Adam per step of ``host_s`` seconds at the calibrated rate (``largest_s`` for the
-    largest offloaded sub-group), by mode:
-
-    - ZenFlow: once per ``update_interval`` steps; with ``overlap_step`` in a worker process on
-      the cores pytorch does not keep (1 - ``pt_reserved_cores_perc``), behind the next
-      interval's micro-steps: only what outlasts them shows.
-    - SuperOffload: a worker on ``cpuadam_cores_perc`` of the cores; with ``gradient_clipping``
-      (our dsconfig sets 1.0) every sub-group waits for the global norm and steps at the step
-      (superoffload_stage3 ``_step_with_clipping``); without, each starts when the backward
-      completes its gradients, so all but the last overlap the backward (2/3 of the compute).
-    Core shares scale the rate in proportion (CPU Adam was calibrated on all the cores).
-    """
-    if k.zenflow is not None:
-        interval = zenflow_update_interval(k)
-        if not k.zenflow.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
-            return host_s / interval
-        kept = k.zenflow.get("pt_reserved_cores_perc", ZENFLOW_DEFAULTS["pt_reserved_cores_perc"])
-        worker_s = host_s / max(1 - kept, 1e-3)
-        return max(0.0, worker_s - interval * compute_s) / interval
-    if k.super_offload:
-        worker_s, last_s = host_s / k.cpuadam_cores_perc, largest_s / k.cpuadam_cores_perc
-        return worker_s if k.clipping else max(last_s, worker_s - 2 / 3 * compute_s)
-    return host_s
-
-
-def mode_note(spec: RunSpec, shape: ModelShape, k: Knobs) -> str | None:
-    """What the prediction of a newer mode assumes or leaves out (plan.csv's ``note``)."""
-    notes = []
-    if spec.offload_optimizer == "cpu" and k.ratio < 1:
-        split = optimizer_split(spec, shape, k)
-        notes.append(
-            f"partial offload: {len(split.device)} of {len(split.device) + len(split.host)} "
-            f"sub-groups ({split.device_params / max(1, partition(spec, shape)):.0%} of the "
-            "partition) on the GPU, stepped by torch AdamW at the fitted device rate (not "
-            "calibrated apart); every gradient still crosses PCIe"
-        )
-    if k.super_offload:
-        notes.append(
-            "SuperOffload: CPU Adam in a worker on "
-            f"{k.cpuadam_cores_perc:.0%} of the cores, "
-            + ("synchronous at the step (gradient_clipping)" if k.clipping else
-               "overlapping the backward") + "; the worker's IPC is not modelled"
-        )  # fmt: skip
-    if k.zenflow is not None:
-        auto = not isinstance(k.zenflow.get("update_interval", "auto"), int)
-        notes.append(
-            "ZenFlow: "
-            + ("update_interval auto adapts at run time: predicted at its bound 1 (CPU Adam "
-               "every step); " if auto else "")
-            + "the top-k selection (column norms, all-reduce) is not modelled; DeepSpeed "
-            "0.19.8's ZeRO-3 ZenFlow transposes every 2-D parameter in place at start-up, so a "
-            "model with an nn.Embedding fails its first forward (measured on CPU and H200)"
-        )  # fmt: skip
-    refused = refused_mode(spec, k)
-    return "; ".join([refused, *notes] if refused else notes) or None
-
-
-def refused_mode(spec: RunSpec, k: Knobs) -> str | None:
-    """Why DeepSpeed 0.19.8 refuses the run's mode on its accelerator (None: it runs):
-    SuperOffload asserts a CUDA accelerator; ZenFlow's stage-3 engine allocates its buffers
-    on 'cuda' by name. The step time of such a run is not predicted."""
-    if spec.accelerator == "cuda":
-        return None
-    if k.super_offload:
-        return "DeepSpeed refuses SuperOffload on a non-CUDA accelerator: step time not predicted"
-    if k.zenflow is not None:
-        return "ZenFlow allocates on 'cuda' by name: it cannot run here; step time not predicted"
-    return None
-
-
-def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
-    """ZeRO-3 collectives of one step on one GPU: every micro-step all-gathers each partitioned
-    tensor per fetch (persistent ones stay whole) and reduce-scatters the gradients once per
-    reduce bucket, (dp - 1)/dp of the bytes each; every call costs the calibrated latency."""
-    dp = spec.world_size
-    if dp == 1:
-        return 0.0
-    gathered = [n for n in shape.tensors if n > k.persistence]
-    calls = PARAM_FETCHES * len(gathered) + math.ceil(shape.params / k.reduce_bucket)
-    moved = DTYPE_BYTES[spec.dtype] * (PARAM_FETCHES * sum(gathered) + shape.params) * (dp - 1) / dp
-    seconds = calls * (cal.collective_latency_s or 0.0)
-    if cal.interconnect_gb_s:
-        seconds += moved / (cal.interconnect_gb_s * GB)
-    return spec.gradient_accumulation_steps * seconds
-
-
-#: The probe's keys for how a layer's host time grows with its size (calibrate._size_costs).
-GROWTH_KEYS = ("layer_elements", "tokens", "forward_per_element", "backward_per_element",
-               "rest_per_token")  # fmt: skip
-
-
-def layer_costs(spec: RunSpec, cal: Calibration) -> dict[str, float] | None:
-    """Host seconds of a decoder layer's forward and backward and of the rest of a micro-step
-    that the calibration's probe measured with as many ranks on a node as this run has (else
-    with the most it tried below that), and how they grow with the size (:data:`GROWTH_KEYS`)
-    as the one-rank probe measured it: the work of larger activations is the rank's own, and
-    in a group the gloo waits of the peers swamp the difference between two sizes (2 ranks:
-    0.3-3.1e-7 s per element and backward in calibrations minutes apart). None without a probe
-    (a GPU cluster, an older one)."""
-    probed = {int(ranks): costs for ranks, costs in (cal.zero3_layer_s or {}).items()}
-    fitting = [ranks for ranks in probed if ranks <= spec.gpus_per_node]
-    if not fitting or spec.accelerator != "cpu":
-        return None
-    lone = probed[min(probed)]
-    return {**probed[max(fitting)], **{k: lone[k] for k in GROWTH_KEYS if k in lone}}
-
-
-def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-    """Host time of one micro-step beyond its FLOPs: with a probe, each layer's forward (twice
-    with gradient checkpointing: the backward recomputes it) and backward, plus the rest
-    (embeddings, head, loss, step), each grown from the probe's size to the run's as the probe
-    measured it grow (a layer per element of its activations, micro-batch x sequence x hidden;
-    the rest per token); without one, the fitted time per layer (:data:`FITS`)."""
-    costs = layer_costs(spec, cal)
-    if costs is None:
-        return shape.layers * FITS[spec.accelerator].dispatch_s_per_layer
-    tokens = spec.micro_batch * spec.seq_len
-    more_elements = tokens * shape.hidden - costs.get("layer_elements", 0)
-    forward = costs["forward"] + costs.get("forward_per_element", 0.0) * more_elements
-    backward = costs["backward"] + costs.get("backward_per_element", 0.0) * more_elements
-    rest = costs["rest"] + costs.get("rest_per_token", 0.0) * (tokens - costs.get("tokens", 0))
-    forwards = 2 if spec.gradient_checkpointing else 1
-    return max(0.0, shape.layers * (forwards * forward + backward) + rest)
-
-
-def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | None:
-    """The predicted optimizer-step time of a run (None when the model's shape is unknown)."""
-    if spec.engine in ENGINE_MODELS:
-        return ENGINE_MODELS[spec.engine].step_time(spec, cal)
-    shape = model_shape(spec)
-    if shape is None:
-        return None
-    fit, gas, k = FITS[spec.accelerator], spec.gradient_accumulation_steps, knobs(ds_config)
-    if refused_mode(spec, k):
-        return None
-    rate = cal.matmul_tflops * 1e12 * fit.efficiency
-    # the ranks of a CPU node share its cores (the calibrated rate is the whole node's)
-    sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
-    # a calibration with the probe (CPU) measured the host time per layer: it adds to compute
-    probed = layer_costs(spec, cal) is not None
-    times = StepTime(
-        flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
-        dispatch_s=gas * dispatch_seconds(spec, shape, cal),
-        comm_s=comm_seconds(spec, shape, cal, k),
-        pcie_s=pcie_seconds(spec, shape, cal, k),
-        optimizer_s=0.0,
-        nvme_s=nvme_seconds(spec, shape, cal, k),
-        serial=probed,
-    )
-    optimizer_s = optimizer_seconds(spec, shape, cal, k, times.compute_s)
-    return dataclasses.replace(times, optimizer_s=optimizer_s)
+def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
+    """The predicted optimizer-step time of a run by its engine's model (None when the model's
+    shape is unknown or its mode cannot run on the cluster's accelerator)."""
+    return engines.of(spec).model.step_time(spec, config, cal)
 
 
 # --------------------------------------------------------------------------- plan rows, gate
@@ -1082,7 +145,7 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
 def run_seconds(spec: RunSpec, step_s: float) -> float:
     """Wall seconds of one run: start-up plus its steps; in the adaptive measure mode the most
     it may take (every warm-up step, then max_steps or max_measure_s, whichever ends first)."""
-    fit, billions = FITS[spec.accelerator], (spec.model_params or 0) / 1e9
+    fit, billions = ACCELERATOR_FITS[spec.accelerator], (spec.model_params or 0) / 1e9
     offloaded = spec.offload_optimizer != "none" or spec.offload_param != "none"
     startup = fit.startup_s + fit.startup_s_per_billion * billions * (1 if offloaded else 0.25)
     if spec.steps is not None and spec.warmup_steps is not None:
@@ -1097,7 +160,7 @@ def job_seconds(spec: RunSpec, step_s: float, cal: Calibration) -> float:
     pair = spec.pair_spec()
     if pair is None:
         return run_seconds(spec, step_s)
-    pair_step = step_time(pair, dsconfig.build_ds_config(pair), cal).total
+    pair_step = step_time(pair, engines.of(pair).build_config(pair), cal).total
     return run_seconds(spec, step_s) + run_seconds(pair, pair_step)
 
 
@@ -1107,23 +170,23 @@ def _times(times: StepTime | None) -> dict:
 
 
 def predict(
-    spec: RunSpec, ds_config: dict, cal: Calibration | None, repeats: int = 1,
-    with_deepspeed: bool = False,
+    spec: RunSpec, config: dict, cal: Calibration | None, repeats: int = 1,
+    with_own_estimate: bool = False,
 ) -> Prediction:  # fmt: skip
-    """The plan.csv row of a run: memory, DeepSpeed's estimate (``with_deepspeed``), step time
-    and GPU-hours (``cal`` given), and the verdict of :func:`refusal`."""
-    memory = predict_memory(spec, ds_config, cal)
-    times = step_time(spec, ds_config, cal) if cal else None
-    shape = model_shape(spec)
-    note = mode_note(spec, shape, knobs(ds_config)) if shape else None
-    ds = deepspeed_estimate(spec) if with_deepspeed else None
+    """The plan.csv row of a run: memory, the engine's own estimate where it has one
+    (``with_own_estimate``: DeepSpeed's estimator, columns ``ds_*``), step time and GPU-hours
+    (``cal`` given), and the verdict of :func:`refusal`."""
+    model = engines.of(spec).model
+    memory = model.predict_memory(spec, config, cal)
+    times = model.step_time(spec, config, cal) if cal else None
+    ds = model.own_estimate(spec) if with_own_estimate else None
     limit, step = budget_gib(spec), (times.total if times else None)
     row = Prediction(
         scenario=spec.scenario, predict_only=spec.predict_only, force=spec.force,
         world_size=spec.world_size,
         gpu_gib=_rounded(memory.gpu_gib) if memory and spec.accelerator == "cuda" else None,
         gpu_budget_gib=limit["gpu"],
-        gpu_reserved_bytes=gpu_reserved_bytes(spec, memory, ds_config),
+        gpu_reserved_bytes=gpu_reserved_bytes(spec, memory, config),
         host_gib=_rounded(memory.host_gib) if memory else None,
         host_budget_gib=_rounded(limit["host"]),
         nvme_gib=_rounded(memory.nvme_gib) if memory and memory.nvme else None,
@@ -1136,7 +199,7 @@ def predict(
         bound=times.bound if times else None,
         gpu_hours=_rounded(repeats * spec.world_size * job_seconds(spec, step, cal) / 3600, 4)
         if step else None,
-        feasible=True, reason=None, note=note,
+        feasible=True, reason=None, note=model.note(spec, config),
     )  # fmt: skip
     reason = refusal(spec, row)
     return dataclasses.replace(row, feasible=reason is None, reason=reason)

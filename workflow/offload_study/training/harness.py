@@ -1,14 +1,14 @@
-"""Per-rank training program (run under torchrun, one process per rank), for both engines.
+"""Per-rank training program (run under torchrun, one process per rank), for every engine.
 
     python -m offload_study.training.harness --spec RUN.json --out DIR [--run-id ID]
 
 Reads the run spec (:class:`~offload_study.core.contracts.RunSpec`), builds the run's engine
-(:class:`Engine`: DeepSpeed ZeRO-3, :mod:`offload_study.training.zero3`, or PyTorch FSDP2,
-:mod:`offload_study.training.fsdp2`; scenario key ``engine``), trains on seeded synthetic
+(the registry's :class:`~offload_study.engines.Trainer` of scenario key ``engine``: DeepSpeed
+ZeRO-3, PyTorch FSDP2, ...; offload_study.engines), trains on seeded synthetic
 tokens (or a token file; :mod:`offload_study.training.tokens`) for as many warm-up and measured
 optimizer steps as :mod:`offload_study.training.steady` decides on rank 0 (broadcast to every
 rank after each step; fixed mode: ``warmup_steps + steps``) and writes into DIR (file names and
-shapes: :mod:`offload_study.core.contracts`), the same records for either engine:
+shapes: :mod:`offload_study.core.contracts`), the same records for every engine:
 
 - ``logs/rank<r>.log``   everything this rank prints (fd-level tee; also goes to the console),
 - ``steps.csv``          rank 0: one :class:`~offload_study.core.contracts.StepRow` per step
@@ -31,8 +31,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
+from offload_study import engines
 from offload_study.core.contracts import (
     Progress,
     RankStats,
@@ -40,7 +40,6 @@ from offload_study.core.contracts import (
     RunSpec,
     StepRow,
     StepsWriter,
-    read_json,
     read_run_spec,
     write_progress,
     write_rank_stats,
@@ -92,36 +91,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# --------------------------------------------------------------------------- the engines
-class Engine(Protocol):
-    """What the step loop asks of an engine (zero3.ZeroEngine, fsdp2.Fsdp2Engine)."""
-
-    name: str
-    device: object
-    vocab_size: int
-    model_params: int
-    skipped_steps: int  # optimizer steps skipped so far (fp16 overflow)
-
-    def synchronize(self) -> None: ...
-    def train(self) -> None: ...
-    def forward(self, ids): ...
-    def backward(self, loss) -> None: ...
-    def step(self, boundary: bool) -> None: ...
-    def loss_scale(self) -> float | None: ...
-    def effective_modes(self) -> dict: ...
-    def versions(self) -> dict: ...
-    def close(self, stats: RankStats) -> RankStats: ...
-
-
-def make_engine(spec: RunSpec, ds_config: dict | None, stats: RankStats, is_cuda: bool) -> Engine:
-    """The run's engine (spec.engine), its process group started."""
-    if spec.engine == "fsdp2":
-        from offload_study.training.fsdp2 import Fsdp2Engine
-
-        return Fsdp2Engine(spec, is_cuda, stats.local_rank, stats.world_size)
-    from offload_study.training.zero3 import ZeroEngine
-
-    return ZeroEngine(spec, ds_config, stats)
+# --------------------------------------------------------------------------- the engine
+def make_engine(spec: RunSpec, config: dict | None, stats: RankStats, is_cuda: bool):
+    """The run's engine (the registry's trainer of spec.engine), its process group started."""
+    return engines.of(spec).trainer(spec, config, stats, is_cuda)
 
 
 # --------------------------------------------------------------------------- training
@@ -139,7 +112,7 @@ class StepResult:
     optimizer_s: float
 
 
-def one_step(engine: Engine, batches: Batches, gas: int, world: int) -> StepResult:
+def one_step(engine: engines.Trainer, batches: Batches, gas: int, world: int) -> StepResult:
     """One optimizer step (gas micro-steps), timed between device synchronizations: the step,
     and its forward, backward and optimizer parts (a synchronization after each part)."""
     import torch
@@ -168,7 +141,7 @@ def one_step(engine: Engine, batches: Batches, gas: int, world: int) -> StepResu
 class PartClock:
     """Seconds per part of a step, each lap ended by a device synchronization."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: engines.Trainer):
         self._engine = engine
         self.parts = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         engine.synchronize()
@@ -204,7 +177,7 @@ class Trained:
     warmup_settled: bool | None  # rank 0 only
 
 
-def train(engine: Engine, spec: RunSpec, record: RecordDir, rank: int, world: int) -> Trained:
+def train(engine: engines.Trainer, spec: RunSpec, record: RecordDir, rank: int, world: int) -> Trained:
     """Warm-up and measured optimizer steps as :mod:`offload_study.training.steady` decides on rank 0;
     rank 0 writes steps.csv and progress.json (its total: the step budget)."""
     batches = Batches(spec, engine.vocab_size, rank)
@@ -261,13 +234,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="run spec JSON (docs/design.md)")
     p.add_argument("--out", required=True, help="output folder (shared by all ranks)")
-    p.add_argument("--ds-config", default=None, help="DeepSpeed config (default: spec ds_config)")
+    p.add_argument("--ds-config", default=None, help="the engine's config (default: spec ds_config)")
     p.add_argument("--run-id", default=None, help="unique id (NVMe sub-folder name)")
     return p.parse_args(argv)
 
 
 def start_rank(args) -> tuple[RunSpec, dict | None, RecordDir, RankStats]:
-    """Tee this rank's output, read spec and (DeepSpeed) config; the rank's first stats."""
+    """Tee this rank's output, read spec and its engine's config; the rank's first stats."""
     record = RecordDir(Path(args.out))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -275,13 +248,8 @@ def start_rank(args) -> tuple[RunSpec, dict | None, RecordDir, RankStats]:
     host = os.uname().nodename
     say(f"rank {rank}/{world} local_rank {local_rank} pid {os.getpid()} host {host}")
     spec = read_run_spec(args.spec)
-    ds_config, nvme_dir = None, None
-    if spec.engine == "deepspeed":
-        from offload_study.training.zero3 import private_nvme_dir
-
-        ds_config = read_json(args.ds_config or spec.ds_config)
-        run_id = args.run_id or os.environ.get("OFFLOAD_STUDY_RUN_ID") or f"{os.getppid()}"
-        nvme_dir = private_nvme_dir(spec, ds_config, run_id)
+    run_id = args.run_id or os.environ.get("OFFLOAD_STUDY_RUN_ID") or f"{os.getppid()}"
+    config, nvme_dir = engines.of(spec).start_rank(spec, args.ds_config, run_id)
     # before torch starts its threads, which inherit the affinity (study key bind_cores)
     bound = modes.bind_cores(spec.modes, local_rank, spec.gpus_per_node)
     if bound is not None:
@@ -289,13 +257,13 @@ def start_rank(args) -> tuple[RunSpec, dict | None, RecordDir, RankStats]:
     stats = RankStats(rank=rank, local_rank=local_rank, world_size=world, host=host,
                       pid=os.getpid(), nvme_dir=nvme_dir, bound_cores=bound,
                       engine=spec.engine)  # fmt: skip
-    return spec, ds_config, record, stats
+    return spec, config, record, stats
 
 
 def main(argv=None) -> int:
     t_start = time.time()
     die_with_parent()  # no rank trains on once its torchrun is gone (see supervise)
-    spec, ds_config, record, stats = start_rank(parse_args(argv))
+    spec, config, record, stats = start_rank(parse_args(argv))
     seed_everything(spec.seed)
     import torch
 
@@ -305,9 +273,9 @@ def main(argv=None) -> int:
         cuda_version=torch.version.cuda, torch_version=torch.__version__,
     )  # fmt: skip
     write_rank_stats(record, stats)  # the GPU cap is on record even if this rank dies later
-    engine = make_engine(spec, ds_config, stats, is_cuda)
+    engine = make_engine(spec, config, stats, is_cuda)
     stats = dataclasses.replace(stats, model_params=engine.model_params, **engine.versions())
-    say(f"engine {engine.name}, model params: {stats.model_params}")
+    say(f"engine {spec.engine}, model params: {stats.model_params}")
     stats = dataclasses.replace(stats, modes=engine.effective_modes())
     say(f"effective modes: {stats.modes}")
     write_rank_stats(record, stats)  # on record even if training fails
@@ -322,7 +290,7 @@ def main(argv=None) -> int:
     )  # fmt: skip
     if stats.world_size > 1:
         torch.distributed.barrier()
-    stats = engine.close(stats)  # DeepSpeed: lets go of NVMe swap buffers, removes the folder
+    stats = engine.close(stats)  # lets go of what the engine holds (DeepSpeed: the NVMe folder)
     stats = dataclasses.replace(stats, finished=True, wall_time_s=time.time() - t_start)
     write_rank_stats(record, stats)
     say(f"rank {stats.rank} done in {stats.wall_time_s:.1f} s")

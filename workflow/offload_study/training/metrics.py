@@ -11,9 +11,9 @@ import socket
 import statistics
 from dataclasses import dataclass
 
+from offload_study import engines
 from offload_study.core import devices, units
 from offload_study.core.contracts import (
-    BREAKDOWN_KEYS,
     METRICS_FIELDS,
     RankStats,
     RunSpec,
@@ -210,24 +210,18 @@ def step_breakdown_ms(steps: list[StepRow]) -> dict | None:
 
 
 def _breakdown(inp: MetricsInput) -> dict:
-    """DeepSpeed's timers (rank 0's log) and the harness' own parts (steps.csv); an fsdp2 run
-    has no DeepSpeed timers: its forward, backward and step come from the harness."""
+    """The engine's own timers (``breakdown_ms``: DeepSpeed's from rank 0's log; an engine
+    without timers gives the harness's parts) and the harness's parts (steps.csv)."""
     parts = step_breakdown_ms(inp.steps)
-    if inp.spec.engine == "fsdp2":
-        ds = dict.fromkeys(BREAKDOWN_KEYS)
-        if parts:
-            ds.update(forward=parts["forward"], backward=parts["backward"], step=parts["optimizer"])
-    else:
-        rank0_log = inp.logs.get(rank_log_name(0), "")
-        warmup = sum(1 for r in inp.steps if r.phase == "warmup")  # one timer line per step
-        ds = logparse.breakdown_ms(rank0_log, skip_steps=warmup)
-    return {"breakdown_ms": ds, "step_breakdown_ms": parts}
+    rank0_log = inp.logs.get(rank_log_name(0), "")
+    timers = engines.of(inp.spec).breakdown(inp.spec, rank0_log, inp.steps, parts)
+    return {"breakdown_ms": timers, "step_breakdown_ms": parts}
 
 
 def _versions(inp: MetricsInput) -> dict:
-    deepspeed = inp.spec.engine == "deepspeed"
     return {
-        "ds_config_sha256": sha256_file(inp.spec.ds_config, missing_ok=True) if deepspeed else None,
+        "ds_config_sha256": sha256_file(inp.spec.ds_config, missing_ok=True)
+        if inp.spec.ds_config else None,
         **engine_versions(inp.spec, inp.first_stat),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }

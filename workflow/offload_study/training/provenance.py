@@ -15,6 +15,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.core import devices
 from offload_study.core.contracts import (
     RankStats,
@@ -90,15 +91,11 @@ SOURCE_COMMIT = Path(__file__).parents[1] / "SOURCE_COMMIT"
 
 
 def engine_versions(spec: RunSpec, first_stat) -> dict:
-    """deepspeed_version, engine, engine_version of a record (metrics and provenance): an fsdp2
-    run imports no DeepSpeed; its engine is torch's."""
+    """torch_version, deepspeed_version, engine, engine_version of a record (metrics and
+    provenance), as the run's engine says (``first_stat``: a rank stat by name)."""
     torch_version = first_stat("torch_version") or pkg_version("torch")
-    if spec.engine == "fsdp2":
-        return {"torch_version": torch_version, "deepspeed_version": None, "engine": "fsdp2",
-                "engine_version": torch_version}  # fmt: skip
-    ds_version = first_stat("deepspeed_version") or pkg_version("deepspeed")
-    return {"torch_version": torch_version, "deepspeed_version": ds_version,
-            "engine": spec.engine, "engine_version": ds_version}  # fmt: skip
+    versions = engines.of(spec).versions(first_stat)
+    return {"torch_version": torch_version, "engine": spec.engine, **versions}
 
 
 def _git(path: Path, *args: str) -> str | None:
@@ -206,7 +203,6 @@ def provenance(
     fill in)."""
     commit, dirty = git_commit(REPO_ROOT)
     rank0 = stats.get(0)
-    deepspeed = spec.engine == "deepspeed"  # an fsdp2 run reads no DeepSpeed config
     return scrub(
         {
             "host": socket.gethostname(),
@@ -223,8 +219,9 @@ def provenance(
             "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
             "git_commit": commit,
             "git_dirty": dirty,
-            "ds_config": str(spec.ds_config) if deepspeed else None,
-            "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True) if deepspeed else None,
+            "ds_config": str(spec.ds_config) if spec.ds_config else None,
+            "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True)
+            if spec.ds_config else None,
             "launch_command": launch.command_line if launch else None,
             "launch_env": launch.env if launch else None,
             "rendezvous_host": launch.rdzv_host if launch else None,

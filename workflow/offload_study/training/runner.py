@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.admission import admit, ops, preflight
 from offload_study.core.contracts import (
     PAIR_DS_CONFIG_FILE,
@@ -52,7 +53,6 @@ from offload_study.core.contracts import (
     write_run_spec,
     write_steps,
 )
-from offload_study.planning import dsconfig
 from offload_study.training import launch, outcome, placement, provenance
 from offload_study.training.metrics import MetricsInput, compute_metrics, metrics_problems
 from offload_study.training.supervise import Cancelled, Supervision, die_with_parent, supervise
@@ -240,7 +240,7 @@ def run_pair(run: Attempt, cancel: Cancelled, say: RunnerLog) -> None:
     record = placement.temp_record(target)
     try:
         pair = pair.with_ds_config(record.root / PAIR_DS_CONFIG_FILE)
-        write_json(pair.ds_config, dsconfig.build_ds_config(pair))
+        write_json(pair.ds_config, engines.of(pair).build_config(pair))
         write_run_spec(record.root / PAIR_SPEC_FILE, pair)
         say(f"same-allocation pair {pair.scenario}: its record goes to {target}")
         pair_say = RunnerLog(record.launcher_log)

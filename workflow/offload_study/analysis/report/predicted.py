@@ -65,7 +65,7 @@ def overhead_text(
 def bound_text(p: Prediction) -> str | None:
     """The bound as the largest part of the predicted step, with its seconds, from the same
     parts as :func:`overhead_text` ('compute 21.27 s of 30.23 s'): the model's rule
-    (predict.StepTime.bound); compute, dispatch and interconnect overlap in plan.csv's compute_s."""
+    (offload_study.prediction.shared.StepTime.bound); compute, dispatch and interconnect overlap in plan.csv's compute_s."""
     if p.bound is None or p.step_time_s is None:
         return p.bound
     key, name = next(((k, n) for k, n in BOUNDS if k == f"{p.bound}_s"), ("compute_s", p.bound))

@@ -17,12 +17,13 @@ import math
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from offload_study.core.contracts import RunSpec
 from offload_study.core.devices import free_port
 from offload_study.core.study import StrictValidator, StudyError, shown
+from offload_study.core.units import MAX_INT64
+from offload_study.core.yamlsafe import NUMBER_TEXT, normalize_number
 from offload_study.planning import modes
 
 # The seed document's "ZeRO-3 production config" (shared/seed): the base of every scenario.
@@ -45,18 +46,6 @@ SEED_FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
 MANAGED_ZERO_KEYS = {"stage", "offload_optimizer", "offload_param"}
 # Renamed aio keys that DeepSpeed ignores silently under the old name.
 RENAMED_AIO_KEYS = {"thread_count": "intra_op_parallelism (renamed in DeepSpeed 0.16.4)"}
-
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-
-
-def normalize_number(value):
-    """YAML 1.1 reads 5e8 as the string '5e8'; DeepSpeed wants integers for sizes."""
-    if isinstance(value, str) and _NUMBER.match(value.strip()):
-        value = float(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
 
 def _deepspeed_dir() -> Path | None:
     spec = importlib.util.find_spec("deepspeed")
@@ -273,7 +262,7 @@ def _unknown_key_message(where: str, key: str, known) -> str:
 
 
 #: Above this no size fits DeepSpeed's 64-bit integers.
-MAX_INT = 2**63 - 1
+MAX_INT = MAX_INT64
 
 
 def _positive_only(key: str) -> bool:
@@ -312,7 +301,7 @@ def knob_value_problem(key: str, knob: Knob, value) -> str | None:
 
 def _text_hint(value) -> str:
     """What to write instead of a number given as text."""
-    if not (isinstance(value, str) and _NUMBER.match(value.strip())):
+    if not (isinstance(value, str) and NUMBER_TEXT.match(value.strip())):
         return ""
     if "e" in value.lower() and "." not in value:
         return f" (YAML reads {value} without a dot as text: write {float(value):.1e} or {float(value):.0f})"
@@ -492,40 +481,3 @@ def parse_with_deepspeed(config: dict, world_size: int):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     return DeepSpeedConfig(config, mpu=_DataParallelWorld(world_size))
-
-
-def nvme_path_problem(path) -> str | None:
-    """Why ``path`` cannot be an NVMe offload folder, from its text alone (None if it can):
-    empty, relative (it would depend on each job's working folder) or with '..' in it."""
-    if not isinstance(path, str) or not path.strip():
-        return f"{shown(path)} is empty; allowed: an absolute folder (or null for the default)"
-    if not os.path.isabs(path):
-        return f"{shown(path)} is relative; allowed: an absolute folder such as /local/nvme/x"
-    if ".." in Path(path).parts:
-        return f"{shown(path)} contains '..'; allowed: an absolute folder without '..'"
-    return None
-
-
-_WRITABLE = "allowed: a folder this machine can write (or one it can make)"
-
-
-def nvme_dir_problem(path: str) -> str | None:
-    """Why NVMe swap files cannot be written under ``path`` on this machine (None if they can):
-    the folder, or the nearest existing folder above it (the harness makes the rest), must be
-    a writable folder. The runner asks this first on the node that trains."""
-    problem = nvme_path_problem(path)
-    if problem:
-        return problem
-    existing = Path(path)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{shown(path)}: {existing} is not a folder on {os.uname().nodename}; {_WRITABLE}"
-    try:  # os.access says yes to root everywhere, even in /proc: make a folder and remove it
-        os.rmdir(tempfile.mkdtemp(prefix=".offload-study-check-", dir=existing))
-    except OSError as exc:
-        return (
-            f"{shown(path)}: cannot write in {existing} on {os.uname().nodename} "
-            f"({exc.strerror}); {_WRITABLE}"
-        )
-    return None

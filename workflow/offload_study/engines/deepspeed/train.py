@@ -1,4 +1,4 @@
-"""The DeepSpeed ZeRO-3 engine of the harness (scenario key ``engine: deepspeed``, the default).
+"""DeepSpeed ZeRO-3 in the harness: one rank's engine behind the step loop.
 
 The model is built inside ``deepspeed.zero.Init`` (partitioned as it is made) and wrapped by
 ``deepspeed.initialize`` with the run's DeepSpeed config. NVMe swap files go to a run-private
@@ -12,8 +12,9 @@ import dataclasses
 import os
 import shutil
 
-from offload_study.core.contracts import RankStats, RunSpec, nvme_run_dir
-from offload_study.planning import dsconfig, modes
+from offload_study.core.contracts import RankStats, RunSpec, nvme_run_dir, read_json
+from offload_study.engines.deepspeed import config as dsconfig
+from offload_study.planning import modes
 from offload_study.training import probes
 
 
@@ -23,6 +24,13 @@ def private_nvme_dir(spec: RunSpec, ds_config: dict, run_id: str) -> str | None:
         return None
     nvme_dir = nvme_run_dir(spec.nvme_path, run_id)
     return nvme_dir if dsconfig.rewrite_nvme_path(ds_config, nvme_dir) else None
+
+
+def start_rank(spec: RunSpec, config_path: str | None, run_id: str) -> tuple[dict, str | None]:
+    """The rank's DeepSpeed config (``config_path``, else the spec's) and its private NVMe
+    folder, written into that config (None when nothing goes to NVMe)."""
+    ds_config = read_json(config_path or spec.ds_config)
+    return ds_config, private_nvme_dir(spec, ds_config, run_id)
 
 
 def build_model(spec: RunSpec, ds_config: dict):
@@ -75,11 +83,10 @@ def loss_scale(engine) -> float | None:
 
 class ZeroEngine:
     """One rank's DeepSpeed engine behind the harness' engine interface
-    (:class:`offload_study.training.harness.Engine`)."""
+    (:class:`offload_study.engines.Trainer`)."""
 
-    name = "deepspeed"
-
-    def __init__(self, spec: RunSpec, ds_config: dict, stats: RankStats):
+    def __init__(self, spec: RunSpec, ds_config: dict, stats: RankStats, is_cuda: bool):
+        del is_cuda  # DeepSpeed's accelerator decides (DS_ACCELERATOR, else what it finds)
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 

@@ -1,0 +1,161 @@
+"""FSDP2's offload paths: what each does in the rank's training and in the prediction.
+
+A path is selected by the scenario's offload keys (an :class:`offload_study.engines.OffloadPath`
+whose ``parts`` is an :class:`Fsdp2Path`). FSDP2 itself has two: no offload, and
+``CPUOffloadPolicy``, which moves the sharded parameters, their gradients and the optimizer states
+to the host together. A folder of its own may add another (``register_path`` with engine
+``fsdp2``): the trainer and the model ask the path, never its name.
+
+Sizes are bytes per rank; ``shard`` is ceil(P / world) parameters, fp32 in FSDP2's shards.
+"""
+
+from __future__ import annotations
+
+import math
+
+from offload_study.core.contracts import Calibration, RunSpec
+from offload_study.prediction.shared import GB, PARAM_FETCHES, ModelShape, pow2_bytes
+
+FP32 = 4.0
+
+
+def shard_params(spec: RunSpec, shape: ModelShape) -> int:
+    return math.ceil(shape.params / spec.world_size)
+
+
+def pinned(spec: RunSpec) -> bool:
+    """The scenario's pin_memory (null: pinned); never on a CPU cluster: pinning needs an
+    accelerator (torch refuses it without one)."""
+    return spec.accelerator == "cuda" and spec.pin_memory is not False
+
+
+def host_adam_rate(cal: Calibration) -> float:
+    """torch AdamW (foreach) on the CPU: calibrated, else DeepSpeedCPUAdam's rate."""
+    return cal.torch_adam_params_per_s or cal.cpu_adam_params_per_s
+
+
+class Fsdp2Path:
+    """No offload: every fp32 shard (parameters, gradients, Adam moments) on the rank's device,
+    torch AdamW stepping there (fused on a GPU, foreach on a CPU rank)."""
+
+    #: the allocator's slack cause (offload_study.prediction.shared.RESERVED_CAUSES) of the loss
+    reserved_cause = "the loss's blocks, FSDP2 without offload"
+    #: the optimizer steps the shards where they live (False: it steps host copies)
+    steps_on_device = True
+
+    # ----------------------------------------------------------------- training
+    def offload_policy(self, spec: RunSpec):
+        """fully_shard's offload_policy (None: its default, nothing offloaded)."""
+        return None
+
+    def optimizer(self, model, spec: RunSpec, on_gpu: bool):
+        """(optimizer over the model's sharded parameters, what implementation it is)."""
+        import torch
+
+        cls = torch.optim.AdamW if spec.optimizer.type == "AdamW" else torch.optim.Adam
+        impl = {"fused": True} if on_gpu else {"foreach": True}
+        opt = cls(model.parameters(), lr=spec.optimizer.lr,
+                  weight_decay=spec.optimizer.weight_decay, **impl)  # fmt: skip
+        return opt, next(iter(impl))
+
+    def effective(self, spec: RunSpec) -> dict:
+        """What metrics.json's ``modes.effective`` says of the path."""
+        return {"pin_memory_optimizer": None, "pin_memory_param": None,
+                "offload_policy": "OffloadPolicy"}  # fmt: skip
+
+    # ----------------------------------------------------------------- model
+    def gpu_held(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """On the device all step long: the fp32 shards of the parameters and of the Adam
+        moments (the gradients' are made in the backward and freed by zero_grad)."""
+        shard = shard_params(spec, shape)
+        return {"parameters (fp32 shard)": FP32 * shard, "Adam moments (fp32 shard)": 2 * FP32 * shard}
+
+    def gpu_gradients(self, spec: RunSpec, shape: ModelShape, layer: int) -> dict[str, float]:
+        """At the backward's end: every fp32 gradient shard on the device."""
+        return {"gradients (fp32 shard)": FP32 * shard_params(spec, shape)}
+
+    def host_states(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """Host bytes of the states the path keeps there (none)."""
+        return {}
+
+    def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
+                          device_rate: float | None) -> float:  # fmt: skip
+        """fused AdamW at the device rate; foreach AdamW on a CPU rank's cores."""
+        shard = shard_params(spec, shape)
+        if device_rate is None:
+            return shard * spec.gpus_per_node / host_adam_rate(cal)
+        return shard / device_rate
+
+    def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        return 0.0
+
+
+class OffloadPolicyPath(Fsdp2Path):
+    """``CPUOffloadPolicy(pin_memory=...)``: sharded parameters, gradients and the optimizer
+    states live in host memory; each unit's fp32 shards are copied to the GPU for its
+    all-gather, the fp32 gradient shards come back, and torch AdamW (foreach) steps on the CPU."""
+
+    reserved_cause = "the loss's blocks, FSDP2 with offload"
+    steps_on_device = False
+
+    def offload_policy(self, spec: RunSpec):
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return CPUOffloadPolicy(pin_memory=pinned(spec))
+
+    def optimizer(self, model, spec: RunSpec, on_gpu: bool):
+        return super().optimizer(model, spec, on_gpu=False)
+
+    def effective(self, spec: RunSpec) -> dict:
+        return {"pin_memory_optimizer": pinned(spec), "pin_memory_param": pinned(spec),
+                "offload_policy": "CPUOffloadPolicy"}  # fmt: skip
+
+    def gpu_held(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        return {}
+
+    def gpu_gradients(self, spec: RunSpec, shape: ModelShape, layer: int) -> dict[str, float]:
+        """The fp32 shards of two layers copied up for their all-gather (no gradient shards:
+        they go to the host)."""
+        return {"fp32 shards of two layers copied up for their all-gather":
+                2 * FP32 * layer / spec.world_size}  # fmt: skip
+
+    def host_states(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """The parameter and gradient shards (pinned: torch's pinned allocator rounds every
+        tensor up to a power of two), the Adam moments, and foreach AdamW's temporary."""
+        pin = pinned(spec)
+        shards = [FP32 * n / spec.world_size for n in shape.tensors]
+        per_tensor = pow2_bytes if pin else float
+        pinned_text = ", pinned)" if pin else ")"
+        return {
+            "parameters (fp32 shards" + pinned_text: sum(map(per_tensor, shards)),
+            "gradients (fp32 shards" + pinned_text: sum(map(per_tensor, shards)),
+            "Adam moments (fp32)": 2.0 * sum(shards),
+            "foreach AdamW's temporary (fp32, in the step)": FP32 * shard_params(spec, shape),
+        }
+
+    def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
+                          device_rate: float | None) -> float:  # fmt: skip
+        """foreach AdamW on the node's cores, which its ranks share."""
+        return shard_params(spec, shape) * spec.gpus_per_node / host_adam_rate(cal)
+
+    def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Every micro-step the fp32 shards go up per fetch, the fp32 gradient shards come
+        down once."""
+        if spec.accelerator != "cuda" or not cal.h2d_gb_s:
+            return 0.0
+        shard = FP32 * shape.params / spec.world_size
+        up = (cal.h2d_gb_s if pinned(spec) else cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
+        down = (cal.d2h_gb_s or cal.h2d_gb_s) * GB
+        return spec.gradient_accumulation_steps * (PARAM_FETCHES * shard / up + shard / down)
+
+
+def path_of(spec: RunSpec) -> Fsdp2Path:
+    """The offload path of an fsdp2 run (admission refused runs that have none)."""
+    from offload_study import engines
+
+    path = engines.get(spec.engine).path(spec.offload_optimizer, spec.offload_param)
+    if path is None:
+        raise ValueError(f"scenario {spec.scenario}: engine {spec.engine} has no offload path for "
+                         f"offload_optimizer {spec.offload_optimizer}, offload_param "
+                         f"{spec.offload_param}")  # fmt: skip
+    return path.parts

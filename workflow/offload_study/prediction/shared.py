@@ -1,0 +1,260 @@
+"""What every engine's memory and step-time model shares (engines/<name>/model.py): the model's
+shape, the activations, the FLOPs of a micro-step, the allocator's slack over the allocated peak
+by cause, the constants fitted per accelerator kind, and the shapes of a prediction
+(:class:`Memory`, :class:`StepTime`). Sizes are bytes; the calibration's rates are the
+cluster's (:class:`~offload_study.core.contracts.Calibration`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from offload_study.core import devices, units
+from offload_study.core.contracts import RunSpec
+
+GB, DTYPE_BYTES = units.GB, units.DTYPE_BYTES  # GB: transfer rates (GB/s) only
+
+
+#: What torch's caching allocator keeps reserved beyond the allocated peak, by cause: what the
+#: replay of traced runs found cached at their reserved peaks (offload_study.prediction.allocator;
+#: docs/results/h200-1gpu/allocator-traces-*/; docs/benchmarks.md, "Reserved memory: the allocator
+#: replayed"). Each is sized by :func:`reserved_features`, in bytes, and weighed by the fitted
+#: ``reserved_slack``; blocks whose size is known are counted whole apart
+#: (:func:`nvme_gradient_copies_bytes`).
+RESERVED_CAUSES = (
+    # DeepSpeed: its reduction stream's buckets (2 segments of a bucket, which holds at most
+    # the model's gradients), cached on that stream, where nothing else reuses them
+    "the reduction stream's buckets",
+    # DeepSpeed, fp16 with the optimizer on the GPU: the overflow check's |gradients| and mask,
+    # made once per step and cached through the next backward
+    "the fp16 overflow check on the GPU",
+    # DeepSpeed, with parameters gathered (several ranks, or fetched from the host): split
+    # blocks of the gathers, freed and re-made at every fetch
+    "gathered parameters",
+    # DeepSpeed: one layer's parameters: its gathers, gradients and recomputation make blocks
+    # of its size that the next layer's do not fit exactly
+    "one layer's parameters",
+    # FSDP2: the loss's blocks (logits, their fp32 upcast, the log-softmax and its gradient)
+    # are made at the loss and stay cached; with CPUOffloadPolicy the backward reuses some
+    "the loss's blocks, FSDP2 without offload",
+    "the loss's blocks, FSDP2 with offload",
+)
+
+
+@dataclass(frozen=True)
+class AcceleratorFit:
+    """What an accelerator kind costs whatever the engine, fitted once against the committed
+    records (benchmarks/prediction_accuracy.py prints how well they do): the start-up of a run,
+    the CUDA context beside torch's allocator, and the weights of the allocator's slack over the
+    allocated peak, one per :data:`RESERVED_CAUSES` (each engine's model sizes them)."""
+
+    startup_s: float  # launch, imports, model build and engine set-up of a small model
+    startup_s_per_billion: float  # more per 1e9 parameters with offload (a quarter without)
+    cuda_context_gib: float = 0.0
+    reserved_slack: tuple[float, ...] = (0.0,) * len(RESERVED_CAUSES)
+
+
+@dataclass(frozen=True)
+class EngineFit:
+    """What one engine costs on one accelerator kind (each engine's model holds its own)."""
+
+    efficiency: float  # share of the calibrated matmul rate a training layer reaches
+    dispatch_s_per_layer: float  # host time per layer and micro-step (hooks, kernel launches)
+    optimizer_params_per_s: float | None  # optimizer on the device (None: the CPU Adam rate)
+    runtime_gib: float  # host memory of one rank beside its model in the steps (Python, torch, ...)
+    # the runtime when the engine is set up, before the first step loads the rest (CUDA
+    # kernels, cuBLAS); None: runtime_gib
+    runtime_at_init_gib: float | None = None
+
+    @property
+    def runtime_at_init(self) -> float:
+        return self.runtime_gib if self.runtime_at_init_gib is None else self.runtime_at_init_gib
+
+
+#: The reserved-memory constants, fitted by offload_study.prediction.accuracy.fit_reserved over
+#: every committed H200 record (benchmarks/prediction_accuracy.py prints the fit and evaluates
+#: it leaving each model out): nvml's used memory less torch's reserved peak is 1.89-1.94 GiB
+#: on one GPU (2.7 with NCCL's buffers on two).
+RESERVED_FIT = {"cuda_context_gib": 1.916,
+                "reserved_slack": (2.518, 0.5436, 0.6252, 7.796, 1.172, 0.5201)}  # fmt: skip
+ACCELERATOR_FITS = {
+    # H200 records (docs/results): start-up 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s
+    # (offload) for the 7B
+    "cuda": AcceleratorFit(25.0, 7.0, **RESERVED_FIT),
+    # the default study's records on the 2-core development machine (docs/benchmarks.md)
+    "cpu": AcceleratorFit(30.0, 7.0),
+}
+
+
+@dataclass(frozen=True)
+class CalibrationLayout:
+    """What calibrate measures at a run's sizes: the CPU optimizer over the parameters one rank
+    steps, in sub-groups of that many (None: one flat tensor), and host<->GPU copies of
+    ``copy_bytes`` (the engine's unit of transfer)."""
+
+    optimizer_params: int
+    sub_group_params: int | None
+    copy_bytes: int
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class ModelShape:
+    params: int
+    layers: int
+    hidden: int
+    ffn: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    tied_embeddings: bool = False
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The largest single module (DeepSpeed's estimator's ``largest_layer_params``)."""
+        return max(self.vocab * self.hidden, self.hidden * self.ffn)
+
+    @property
+    def tensors(self) -> list[int]:
+        """Elements of each parameter tensor in ``model.parameters()`` order (DeepSpeed forms its
+        sub-groups in that order): the embeddings, per layer 4 attention and 3 MLP projections
+        and 2 norms, the final norm and (untied) the LM head."""
+        h, kv = self.hidden, self.hidden * self.kv_heads // self.heads
+        layer = [h * h, h * kv, h * kv, h * h, h * self.ffn, h * self.ffn, self.ffn * h, h, h]
+        head = [] if self.tied_embeddings else [self.vocab * h]
+        return [self.vocab * h] + layer * self.layers + [h] + head
+
+
+def model_shape(spec: RunSpec) -> ModelShape | None:
+    """The shape of a Llama-style decoder given by its config; None when unknown (pretrained
+    weights without a config, another architecture)."""
+    cfg = spec.model.config
+    needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    if spec.model_params is None or not all(k in cfg for k in needed):
+        return None
+    heads = cfg["num_attention_heads"]
+    return ModelShape(
+        params=spec.model_params,
+        layers=cfg["num_hidden_layers"],
+        hidden=cfg["hidden_size"],
+        ffn=cfg["intermediate_size"],
+        vocab=cfg.get("vocab_size", 32000),
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def pow2_bytes(nbytes: float) -> float:
+    return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 1 else nbytes
+
+
+# --------------------------------------------------------------------------- memory
+def layer_activation_bytes(spec: RunSpec, shape: ModelShape) -> float:
+    """What one decoder layer's forward saves for its backward (a recomputed layer's too)."""
+    b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden
+    return tokens * ((8 + 2 * shape.kv_heads / shape.heads) * h + 4 * shape.ffn) * b
+
+
+def activation_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+    """Activation bytes at the peak of one micro-step on one GPU."""
+    b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden
+    layer = layer_activation_bytes(spec, shape)
+    # the loss: the logits (dtype), their fp32 upcast and its gradient; and what the final
+    # norm and the head saved for the backward: the last layer's output, the norm's fp32 upcast
+    # of it (HF's RMSNorm computes in fp32) and the normed input of the head (dtype)
+    loss = tokens * shape.vocab * (2 * b + 8) + tokens * h * (2 * b + 4)
+    if spec.gradient_checkpointing:
+        return {
+            "checkpointed layer inputs": shape.layers * tokens * h * b,
+            "loss or one recomputed layer": max(loss, layer),
+        }
+    return {"activations of every layer": shape.layers * layer, "logits and loss": loss}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Predicted peaks: part -> bytes (per GPU, per node on the host, per node on NVMe)."""
+
+    gpu: dict[str, float]
+    host: dict[str, float]
+    nvme: dict[str, float]
+
+    @property
+    def gpu_gib(self) -> float:
+        return units.bytes_to_gib(sum(self.gpu.values()))
+
+    @property
+    def host_gib(self) -> float:
+        return units.bytes_to_gib(sum(self.host.values()))
+
+    @property
+    def nvme_gib(self) -> float:
+        return units.bytes_to_gib(sum(self.nvme.values()))
+
+
+def reserved_vector(sizes: dict[str, float]) -> tuple[float, ...]:
+    """``sizes`` (cause -> bytes) in the order of :data:`RESERVED_CAUSES`, 0 for the others."""
+    unknown = set(sizes) - set(RESERVED_CAUSES)
+    if unknown:
+        raise ValueError(f"reserved_vector: not in RESERVED_CAUSES: {sorted(unknown)}")
+    return tuple(float(sizes.get(cause, 0.0)) for cause in RESERVED_CAUSES)
+
+
+def allocator_slack_bytes(weights: tuple[float, ...], features: tuple[float, ...]) -> float:
+    """The allocator's slack: each cause's size (:func:`reserved_features`) by its weight, never
+    below 0."""
+    return max(0.0, sum(c * f for c, f in zip(weights, features, strict=True)))
+
+
+# --------------------------------------------------------------------------- step time
+#: Host <-> device copies per micro-step of offloaded parameters: fetched for the forward and
+#: again for the backward (a recomputed layer reuses what its backward fetches).
+PARAM_FETCHES = 2
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step by part; ``total`` adds them as :mod:`predict` explains."""
+
+    flops_s: float  # gas x model FLOPs / (calibrated rate x efficiency)
+    dispatch_s: float  # gas x host time per micro-step beyond FLOPs (ZeRO-3 hooks, eager ops)
+    comm_s: float  # gas x collectives between the ranks
+    pcie_s: float
+    optimizer_s: float  # CPU Adam when offloaded, else the optimizer on the device
+    nvme_s: float
+    serial: bool = False  # one thread runs compute, hooks and collectives in turn (CPU ranks)
+
+    @property
+    def compute_s(self) -> float:
+        return micro_steps_s(self.flops_s, self.dispatch_s, self.comm_s, self.serial)
+
+    @property
+    def total(self) -> float:
+        return self.compute_s + self.pcie_s + self.optimizer_s + self.nvme_s
+
+    @property
+    def bound(self) -> str:
+        """What takes longest: compute, dispatch, interconnect, pcie, optimizer or nvme."""
+        parts = [
+            ("compute", self.flops_s), ("dispatch", self.dispatch_s),
+            ("interconnect", self.comm_s), ("pcie", self.pcie_s),
+            ("optimizer", self.optimizer_s), ("nvme", self.nvme_s),
+        ]  # fmt: skip
+        return max(parts, key=lambda part: part[1])[0]
+
+
+def micro_steps_s(flops_s: float, dispatch_s: float, comm_s: float, serial: bool = False) -> float:
+    """The micro-steps of a step: on a GPU the longest of FLOPs, dispatch and collectives (the
+    others overlap it), on a CPU rank (``serial``: one thread runs them in turn) their sum."""
+    parts = (flops_s, dispatch_s, comm_s)
+    return sum(parts) if serial else max(parts)
+
+
+def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
+    per_token = devices.flops_per_token(
+        shape.params, spec.gradient_checkpointing, attention=True,
+        layers=shape.layers, hidden=shape.hidden, seq_len=spec.seq_len,
+    )  # fmt: skip
+    return per_token * spec.micro_batch * spec.seq_len
