@@ -62,8 +62,11 @@ $(VENV)/.ops: $(VENV)/.installed | debian-study
 	DS_ACCELERATOR=cpu $(BIN)/python -m offload_study.admission.ops $(OPS)
 	touch $@
 
+# check_history: comments say why, never when (no lease, stop, issue number or path outside the
+# repository in workflow/, config/, benchmarks/, tests/; history goes to docs/CHANGELOG.md).
 lint: $(VENV)/.installed
-	$(BIN)/ruff check workflow tests benchmarks
+	$(BIN)/ruff check workflow tests benchmarks scripts
+	$(BIN)/python scripts/check_history.py
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/snakemake --lint
 

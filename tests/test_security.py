@@ -1,5 +1,5 @@
 """No code from a study file, cluster description or bundle runs; bad files are refused with one
-short message naming the file (issue 17, security)."""
+short message naming the file."""
 
 from __future__ import annotations
 
