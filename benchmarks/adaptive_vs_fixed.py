@@ -1,6 +1,6 @@
 """The measurement method against a fixed step count, over real step-time series.
 
-Issue "numbers you can trust", item 5: how many device-seconds does a run need to reach the 2 %
+How many device-seconds does a run need to reach the 2 %
 target of the adaptive method (offload_study.training.steady: settle rule for the warm-up, CI-of-the-median
 stop), against "fixed 20": warm-up 3 (the schema's fixed-mode default) + 20 measured steps; and do
 the two medians agree?

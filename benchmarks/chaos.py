@@ -1,4 +1,4 @@
-"""Chaos run (issue 28, item 5): a CPU study through `snakemake --profile slurm` on a private local
+"""Chaos run: a CPU study through `snakemake --profile slurm` on a private local
 SLURM while faults of every kind in tests/chaos.py's FAULTS table are injected at random.
 
     sudo PYTHONPATH=workflow .venv/bin/python benchmarks/chaos.py [--runs 40] [--faults 8]

@@ -9,7 +9,7 @@
    deepspeed_config and train). Each is run `--repeats` times, interleaved so drifting machine
    load hits all alike; prints every wall time, the medians (and the CPU time the dry runs
    used, which moves less with other work on a shared machine) and the ratio study / trivial
-   of the wall-time medians against the target (at most 1.3x, issue 24; 2x before it).
+   of the wall-time medians against the target (at most 1.3x).
 2. With `--sizes`: in-process `Plan()` time per study size (the planner's share of a dry run).
 
 Exit status 0 whether or not the target is met (a benchmark prints numbers, it does not judge);
@@ -34,7 +34,7 @@ from offload_study.planning.plan import Plan
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-TARGET_RATIO = 1.3  # issue 24 (issue "newcomer" asked for 2x)
+TARGET_RATIO = 1.3
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-n", "--forceall"]
 
 TRIVIAL_SNAKEFILE = """\

@@ -1,4 +1,4 @@
-"""The host's rate of DeepSpeed's fp16 overflow check beside CPU Adam's (issue 26).
+"""The host's rate of DeepSpeed's fp16 overflow check beside CPU Adam's.
 
 A fp16 run with its optimizer offloaded checks the whole host gradient buffer for inf / nan at
 every step (DeepSpeed 0.19.8 stage3.py ``has_overflow``); a bf16 run does not. On one H200 the

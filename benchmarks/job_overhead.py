@@ -1,7 +1,8 @@
 """Per-job start overhead: the time a Snakemake job spends parsing the workflow before its work.
 
     PYTHONPATH=workflow .venv/bin/python benchmarks/job_overhead.py [--runs 4 1000] [--repeats 5]
-    # another commit (here: the one before issue 24's item 5), with this script and its sibling:
+    # another commit (here: 0a837e8, before a job stopped planning the study again), with this
+    # script and its sibling:
     git worktree add /tmp/before 0a837e8 && cp benchmarks/{job,dryrun}_overhead.py /tmp/before/benchmarks/
     cd /tmp/before && PYTHONPATH=workflow /work/dev/.venv/bin/python benchmarks/job_overhead.py
 

@@ -10,7 +10,7 @@ run spec checked against the record's own setup (micro-batch, accumulation, offl
 sequence, dtype), and the prediction made from the DeepSpeed config the run used and the
 cluster's calibration (config/calibration/<cluster>.json for the H200 machines).
 
-Per study and overall (targets of issue 26): step time within 10 % of every ok record; of the
+Per study and overall (the targets): step time within 10 % of every ok record; of the
 pairs of configs whose measured speeds differ beyond their CIs, >= 90 % ordered right, and
 Kendall tau; GPU memory allocated within 3 %; torch's reserved peak (what a cap limits) within
 8 %; host memory per node within 10 %. The fitted constants (efficiency and dispatch per layer,
@@ -52,9 +52,9 @@ GPU_RECORDS = {
     "docs/results/h200-1gpu/model-b-nvme": "config/studies/h200-1gpu-nvme.yaml",
     "docs/results/default-gpu": "config/studies/default-gpu.yaml",
     "docs/results/h200-2gpu/seed-2gpu": "config/studies/seed-2gpu.yaml",
-    # two engines (issue 27): ZeRO-3 and FSDP2, no offload and CPU offload, model A
+    # two engines: ZeRO-3 and FSDP2, no offload and CPU offload, model A
     "docs/results/h200-1gpu/engines-h200": "config/studies/engines-h200.yaml",
-    # the newer offload modes (issue 15): partial offload, SuperOffload, ZenFlow, pin_memory off
+    # the newer offload modes: partial offload, SuperOffload, ZenFlow, pin_memory off
     "docs/results/h200-1gpu/modes-h200": "config/studies/modes-h200.yaml",
     "docs/results/h200-1gpu/recommend-h200-1gpu-16g": "config/studies/recommend-h200-1gpu-16g.yaml",
     "docs/results/h200-1gpu/sweep-h200-1gpu-24g": "config/studies/sweep-h200-1gpu-24g.yaml",
@@ -64,10 +64,10 @@ GPU_RECORDS = {
     "docs/results/h200-1gpu/host-h200-half7b-fp16": "config/studies/host-h200-half7b-fp16.yaml",
     "docs/results/h200-1gpu/host-h200-half7b-bf16": "config/studies/host-h200-half7b-bf16.yaml",
     # model D (2.3B, grouped-query attention, vocab 50304): measured after the reserved weights
-    # were fitted, the held-out check of stop 36
+    # were fitted: their held-out check
     "docs/results/h200-1gpu/holdout-h200-model-d": "config/studies/holdout-h200-model-d.yaml",
     # model E (1.59B, vocab 49,152, grouped-query attention), 20 GB cap: measured after the
-    # committed constants were fitted, over two leases, each calibrated (stop 38)
+    # committed constants were fitted, over two leases, each calibrated
     "docs/results/h200-1gpu/lease-h200-model-e": "config/studies/lease-h200-model-e.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
@@ -81,8 +81,8 @@ LEASE_CALIBRATIONS = {
     "docs/results/h200-1gpu/sweep-h200-1gpu-24g": {
         "docs/results/h200-1gpu/sweep-h200-1gpu-24g/calibration.2026-12-01.json": EVERY_RECORD,
     },
-    # the machine was given back between two device calls: lease 1 ran until 02:04 UTC, lease 2
-    # from 03:14 (the records' finished_at); each lease's calibration by the workflow's job
+    # the machine was given back between two device calls, so the records span two leases (their
+    # finished_at says which); each lease's calibration by the workflow's job
     _MODEL_E: {
         f"{_MODEL_E}/calibration.lease-1.json":
             ("opt__mb-8/rep0", "opt__mb-4/rep0", "opt-r0.7__mb-4/rep0"),
@@ -550,9 +550,9 @@ def _shipped(study: Path) -> Path:
 def shipped_matmul(path: Path, shipped: Path, tmp: Path) -> Path:
     """A copy of ``path`` with the shipped calibration's matmul rate: isolates that one rate.
     predict.FITS' efficiency is a share of the shipped H200 rate (790 TFLOP/s, a one-off
-    8192³ figure of /work/shared/notes/device-gpu.md); calibrate measures 646-680 at a layer's
-    shapes and 677 at 8192³ (lease 4 of model E), so a lease's own rate scales the FLOPs by
-    that ratio whatever the machine did."""
+    8192³ probe on this machine kind); calibrate measures 646-680 at a layer's shapes and 677 at
+    8192³ (model E's step-phases-lease-4/), so a lease's own rate scales the FLOPs by that
+    ratio whatever the machine did."""
     cal = read_calibration(path)
     out = tmp / f"{path.stem}.shipped-matmul.json"
     write_calibration(out, replace(cal, matmul_tflops=read_calibration(shipped).matmul_tflops))

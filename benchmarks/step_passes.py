@@ -1,5 +1,5 @@
 """The host passes of DeepSpeed ZeRO-3's offloaded step in three layouts of the partition
-(issue 26: why the in-run step was slower than calibrate's rates).
+(why the in-run step was slower than calibrate's rates).
 
     OMP_NUM_THREADS=$(nproc) python benchmarks/step_passes.py --params 1908523520 \\
         --sub-group 100000000 --out passes.json
@@ -8,8 +8,7 @@ For each layout, parameters per second of CPU Adam (DeepSpeedCPUAdam) and of the
 host passes (offload_study.prediction.calibrate.step_passes_at: the fp32 gradients' unscale,
 the fp32 master's copy into a bf16 partition on the host and, with a GPU, on the GPU):
 
-- ``flat``: one tensor of the whole partition in ordinary memory (calibrate's layout before
-  2026-12-02);
+- ``flat``: one tensor of the whole partition in ordinary memory (calibrate's former layout);
 - ``pinned sub-groups``: as DeepSpeed holds it with ``offload_optimizer.pin_memory`` on a GPU,
   pinned tensors of ``sub_group_size`` parameters, each pass called per sub-group (calibrate's
   layout now, from the study's sub_group_size);

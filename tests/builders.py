@@ -349,9 +349,9 @@ def assert_self_contained(html: str) -> None:
 
 # --------------------------------------------------------------------------- committed H200 records
 RESULTS = REPO / "docs" / "results" / "h200-1gpu"
-#: The 1-repeat study of 2026-11-29 (1 warm-up + 6 steps), kept where the flag was first seen.
+#: The first, 1-repeat measurement (1 warm-up + 6 steps), kept where the flag was first seen.
 H200 = RESULTS / "model-a-2026-11-29-superseded"
-#: Its re-measurement (issue "numbers you can trust", item 6).
+#: Its re-measurement (adaptive stop, 3 interleaved repeats).
 H200_REMEASURED = RESULTS / "model-a"
 
 

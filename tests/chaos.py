@@ -1,4 +1,4 @@
-"""A chaos run (issue 28, item 5): a CPU study of many runs through ``snakemake --profile slurm``
+"""A chaos run: a CPU study of many runs through ``snakemake --profile slurm``
 on the real local test SLURM (tests/slurm_cluster.py) while faults are injected at random.
 
 One home for the machinery, shared by tests/test_chaos.py (sized for CI) and

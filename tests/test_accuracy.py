@@ -191,11 +191,12 @@ def test_accuracy_report_over_the_committed_gpu_records(tmp_path):
 
 
 #: What the CPU path meets on the CI machine (2 shared cores), as measured (docs/benchmarks.md,
-#: "prediction accuracy"): in two sessions the cross_cluster records (3 steps of a tiny Llama)
+#: "prediction accuracy"): in two test runs the cross_cluster records (3 steps of a tiny Llama)
 #: had worst step errors +80/+90 % (cpu-a, 2 cores) and +154/+170 % (cpu-b, 1 core, this
 #: machine's 2-core calibration), host memory 27 % on both; since the calibration measures the
-#: host runtime (calibrate.runtime_probe, 2026-12-02) host memory 0.2-0.7 % in two sessions.
-#: The step target leaves room for the shared machine's load; host takes the issue's 10 %.
+#: host runtime (calibrate.runtime_probe) host memory 0.2-0.7 % in two test runs.
+#: The step target leaves room for the shared machine's load; host takes the GPU records'
+#: target, 10 % (benchmarks/prediction_accuracy.py).
 CPU_TARGETS = {"step_time": 2.5, "host": 0.10}
 
 

@@ -87,7 +87,7 @@ def test_replay_reports_the_peak_and_what_was_cached_there():
     assert run.peak.cached_free_by_tag == {"forward 1": 40 * MIB}
 
 
-#: every recorded trace: the six of stop 34 and the NVMe ones of stop 36
+#: every recorded trace: the six in allocator-traces-2026-12-02/ and the NVMe ones beside them
 ALL_TRACES = sorted(TRACES.parent.glob("allocator-traces*/*.trace.jsonl.gz"))
 
 

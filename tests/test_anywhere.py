@@ -1,4 +1,4 @@
-"""Predict before you spend, from any machine (issue 26 items 6 and 3): a CUDA cluster never
+"""Predict before you spend, from any machine: a CUDA cluster never
 calibrated is planned here (no GPU) from the GPU catalog, labelled uncalibrated with its band;
 calibrate refuses where the cluster's accelerator is missing; the one error-bands reader; what
 a recommend search spent and saved."""

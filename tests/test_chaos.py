@@ -1,8 +1,7 @@
-"""The chaos run (issue 28, item 5; machinery in tests/chaos.py): a CPU study of 16 runs through
+"""The chaos run (machinery in tests/chaos.py): a CPU study of 16 runs through
 `snakemake --profile` on the real local SLURM while 8 faults of every kind in chaos.FAULTS hit it
-at random. Sized to fit the CI budget (issue 28: "size the run to fit"): 40 runs took 630-730 s
-of the suite's ~23 min on the 2-core machine, the most of any test, and 24 runs still ~500 s in
-CI (2026-12-02); the 40-run study with its
+at random. Sized to fit the CI budget: 40 runs took 630-730 s of the suite's ~23 min on the
+2-core machine, the most of any test, and 24 runs still ~500 s in CI; the 40-run study with its
 printed figures is benchmarks/chaos.py (docs/benchmarks.md, "chaos run"). Nothing is lost:
 every planned run ends with one current record, every record seen complete is still there byte
 for byte, the report lists every run that is not ok.
@@ -12,7 +11,7 @@ The seed is printed; ``CHAOS_SEED=<seed>`` repeats its choices; ``CHAOS_SEED=ran
 run"). Seed 1801717880 once reported a loss, which led to two fixes: a record now leaves its
 place only for the archive (placement.leave_for_archive), and a record counts as seen only when
 two snapshots in a row read it alike (a single read can catch an output Snakemake is deleting).
-Seed 7 once lost one (2026-12-02): a rank SIGKILLed, the study finished with its rank_lost
+Seed 7 once lost one: a rank SIGKILLed, the study finished with its rank_lost
 record, and the next invocation took the record out for a retry but found "Nothing to be done"
 (Snakemake ignores a missing file while what was made from it stands): the default target now
 names every record (Snakefile, rule all; test_faults covers it without faults at random).

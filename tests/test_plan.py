@@ -339,7 +339,7 @@ def test_the_layers_import_downward_without_circles():
 
 
 #: Upward imports this test names so that no new one appears; each is its module owner's to
-#: remove (issue 24 item 4): calibrate launches a measurement, recommend decides on records.
+#: remove: calibrate launches a measurement, recommend decides on records.
 KNOWN_UPWARD = {
     ("offload_study.prediction.calibrate", "offload_study.training.launch"),
     ("offload_study.prediction.recommend", "offload_study.analysis.sanity"),

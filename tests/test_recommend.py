@@ -115,7 +115,7 @@ def _record(tmp_path: Path, scenario: str, outcome: str, tps: float | None = Non
 
 
 def _two_gpu_40g_space(top_n=2, rounds=2):
-    """The shape of recommend-h200-2gpu-40g (2026-11-30): predicted 38.8 and 38.4 GiB ran out
+    """The shape of recommend-h200-2gpu-40g: predicted 38.8 and 38.4 GiB ran out
     of 40 GiB, the next ones (32.8-33.9 GiB) fit."""
     preds = {"r06-mb8": (9885, 38.8), "r05-mb4": (9755, 38.4), "r07-mb8": (9586, 32.8),
              "r06-mb4": (9535, 33.9), "r08-mb8": (9373, 28.3), "r05-mb8": (10122, 43.4)}  # fmt: skip

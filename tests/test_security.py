@@ -1,5 +1,5 @@
 """No code from a study file, cluster description or bundle runs; bad files are refused with one
-short message naming the file (issue 17, security)."""
+short message naming the file."""
 
 from __future__ import annotations
 
@@ -148,9 +148,9 @@ def test_a_template_study_given_as_study_file_is_refused_and_never_executed(tmp_
 
 
 def test_why_configfile_is_for_trusted_files_only(tmp_path):
-    """Why README says "--configfile: trusted files only": Snakemake evaluates the template
-    while parsing its command line, before the workflow starts (the same file given with
-    --config study_file is refused and never run, the test above)."""
+    """Why README.md says "--configfile" is for files you trust (docs/internals.md, "Security"):
+    Snakemake evaluates the template while parsing its command line, before the workflow starts
+    (the same file given with --config study_file is refused and never run, the test above)."""
     path, marker = yte_study(tmp_path)
     snakemake("-n", "--configfile", str(path))
     assert marker.exists()

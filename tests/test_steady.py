@@ -401,7 +401,7 @@ def overflowing_engine(out: str) -> None:
     contracts.write_json(Path(out) / "steps.json", [dataclasses.asdict(s) for s in steps])
     # end as the harness does: engine released, process group destroyed (a gloo group left to
     # interpreter teardown once aborted the process after its work: "terminate called without
-    # an active exception", exit code -6, 2026-12-01)
+    # an active exception", exit code -6)
     del engine, model
     import torch
 

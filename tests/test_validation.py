@@ -1,4 +1,4 @@
-"""Validation before anything runs (issue 17): a corpus of bad studies and cluster descriptions,
+"""Validation before anything runs: a corpus of bad studies and cluster descriptions,
 each refused with one StudyError that names the key path, what was given and what is allowed,
 before anything is written; the shipped studies still plan."""
 

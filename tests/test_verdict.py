@@ -10,7 +10,7 @@ from offload_study.core import verdict
 @pytest.mark.parametrize(
     ("ratio", "lo", "hi", "expected"),
     [
-        # the cases: a CI that settles nothing is not "within noise"
+        # cases from committed reports: a CI that settles nothing is not "within noise"
         (0.48, 0.14, 3.30, "inconclusive"),  # NVMe report: straddles 1, far wider than ±20 %
         (0.70, 0.64, 1.10, "inconclusive"),  # straddles 1, reaches 36 % below it
         (0.74, 0.68, 0.82, "slower"),  # its paired ratio: the whole CI below 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where torch's reserved GPU memory goes beyond the allocated peak (issue 26, the reserved-memory
+# Where torch's reserved GPU memory goes beyond the allocated peak (for the reserved-memory
 # prediction), on the nvidia-h200 machine:
 #   run(command="bash benchmarks/device/run_allocator.sh", carry=[".whl"])       ~8 min
 # The plain DeepSpeed loop (benchmarks/raw_deepspeed.py) on committed run specs, each under torch's

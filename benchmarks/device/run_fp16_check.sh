@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fp16 overflow check's host rate beside CPU Adam's on the device machine (issue 26):
+# The fp16 overflow check's host rate beside CPU Adam's on the device machine:
 #   run(command="bash benchmarks/device/run_fp16_check.sh", carry=[".whl"])      ~3 min
 # SIZES (elements, default the half-7B's partition and two smaller) and THREADS (default: the
 # machine's cores, as one rank of the 1-GPU machine uses them) override.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the time of an offloaded ZeRO-3 step goes (issue 26, the step-time prediction), on the
+# Where the time of an offloaded ZeRO-3 step goes (for the step-time prediction), on the
 # nvidia-h200 machine:
 #   run(command="bash benchmarks/device/run_step_phases.sh", carry=[".whl"])       ~9 min
 # 1. the calibration at the sweep's sizes (calibrate --study: CPU Adam and the step's host passes

@@ -1,4 +1,5 @@
-"""Rewrite the generated parts of README.md from the schemas (`python -m offload_study.readme_sync`)."""
+"""Rewrite the generated parts of config/README.md from the schemas
+(`python -m offload_study.readme_sync`, from the checkout's root)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 from offload_study import schemadoc
 
 SECTIONS = ("study", "cluster", "metrics")
+#: The configuration reference, beside the files it documents (as the Snakemake workflow
+#: catalog keeps it); relative to the checkout's root.
+REFERENCE = Path("config/README.md")
 
 
 def synced(text: str) -> str:
@@ -23,8 +27,7 @@ def synced(text: str) -> str:
 
 
 def main() -> int:
-    path = Path("README.md")  # run from the checkout's root
-    path.write_text(synced(path.read_text()))
+    REFERENCE.write_text(synced(REFERENCE.read_text()))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Render the configuration reference (README.md) from the JSON schemas: one source of truth."""
+"""Render the configuration reference (config/README.md) from the JSON schemas: one source of
+truth."""
 
 from __future__ import annotations
 

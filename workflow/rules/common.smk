@@ -42,7 +42,7 @@ REPEATS = PLAN.repeats
 
 
 if workflow.is_main_process:
-    # The retry policy (README "Retry policy"; outcome.RETRY_POLICY): a record that the
+    # The retry policy (docs/internals.md, "Retry policy"; outcome.RETRY_POLICY): a record that the
     # infrastructure failed, within the study's retries budget, leaves its place for the archive
     # now, so that Snakemake finds its outputs missing and runs it again; other failed records
     # stay, each with why. A dry run only says what it would do.

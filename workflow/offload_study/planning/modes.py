@@ -1,4 +1,4 @@
-"""The newer offload modes and the host knobs of a scenario (issue 15), in one place.
+"""The newer offload modes and the host knobs of a scenario, in one place.
 
 Scenario keys (``schemas/study.schema.yaml``; the schema marks which a sweep may vary with
 ``x-sweepable`` and which DeepSpeed key each becomes with ``x-deepspeed-key``):

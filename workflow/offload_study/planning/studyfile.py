@@ -10,8 +10,8 @@ Nothing in a workflow can stop that, so:
   :mod:`offload_study.core.yamlsafe` (data only). Snakemake passes ``--config`` to every job it
   submits (SLURM too), so each job reads the same file the same way.
 - ``--configfile`` is for trusted files only: Snakemake has evaluated it before the Snakefile
-  runs, and no public interface of Snakemake gives a workflow the paths to read it again (the
-  README says so where it shows the two ways).
+  runs, and no public interface of Snakemake gives a workflow the paths to read it again
+  (README.md and docs/internals.md, "Security", say so).
 """
 
 from __future__ import annotations
