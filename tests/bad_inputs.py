@@ -154,6 +154,11 @@ BAD_INPUT = [
     ("scenarios[0].sweep", {"micro_batch": []}, ["scenarios[0].sweep.micro_batch"]),
     ("scenarios[0].sweep", {"micro_batch": [0]}, ["scenarios[0].sweep.micro_batch", "positive"]),
     ("baseline", "nope", ["baseline", "'nope'", "zero3-2rank"]),
+    (
+        "scenarios[1].name",
+        Together("zero3-2rank__mb-1", {"scenarios[0].sweep": {"micro_batch": [1, 2]}}),
+        ["scenarios[1].name", "scenarios[0].name 'zero3-2rank'", "expand to the same name"],
+    ),
     ("scenarios[0].reference", {"speed_pct": "fast"}, ["scenarios[0].reference.speed_pct"]),
     # input that passes the schema but makes no sense (admission, not the schema, refuses it)
     ("seq_len", 100_000, ["seq_len", "max_position_embeddings (512)"]),

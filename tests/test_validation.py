@@ -12,6 +12,7 @@ import pytest
 import yaml
 from bad_inputs import (
     BAD_FILES,
+    BAD_INPUT,
     CLUSTER_CASES,
     SHIPPED_STUDIES,
     STUDY_CASES,
@@ -21,8 +22,8 @@ from bad_inputs import (
 from conftest import CLUSTER_DIR, SMALL_LLAMA, make_spec
 from conftest import REPO as REPO_ROOT
 
-from offload_study.admission.admit import admitted_plan, first_problem
-from offload_study.core.study import SHOWN_CHARS, StudyError
+from offload_study.admission.admit import Refused, admitted_plan, first_problem
+from offload_study.core.study import SHOWN_CHARS, SchemaRefused, StudyError, load_study
 from offload_study.engines.deepspeed import config as dsconfig
 from offload_study.planning import presets
 from offload_study.planning.plan import Plan, write_scenario_files
@@ -94,8 +95,102 @@ def test_bad_study_files_are_refused(path, tmp_path, monkeypatch):
     assert_says(refusal(path, tmp_path), [w.strip() for w in words])
 
 
+def schema_refuses(config: dict) -> bool:
+    try:
+        load_study(config)
+    except SchemaRefused:
+        return True
+    return False
+
+
+#: Corpus changes the schema refuses. Not the cluster key: every check judges against the
+#: cluster, so a study whose cluster is refused is judged no further.
+SCHEMA_CASES = [
+    case for case in BAD_INPUT + STUDY_CASES
+    if case[0] != "cluster" and schema_refuses(with_change(shipped("config/config.yaml"), *case[:2]))
+]  # fmt: skip
+#: A problem only admission finds, on a key the change does not touch: (key, value, words).
+SENSE_PROBLEMS = {
+    "zero": ("zero", {"reduce_bucket_sise": 1}, "zero.reduce_bucket_sise: not a key"),
+    "seq_len": ("seq_len", 100_000, "seq_len: 100000 tokens is past"),
+}
+
+
+def test_schema_and_sense_problems_come_in_one_error(study):
+    """The schema's problem and admission's, in one error through the Snakefile's entry point,
+    the schema's first; each names its key."""
+    config = with_change(with_change(study, "measure.min_steps", 5), "measure.max_warmup_steps", 5)
+    with pytest.raises(Refused) as info:
+        admitted_plan(config, source="my-study.yaml")
+    assert [str(p) for p in info.value.problems] == [
+        "measure.min_steps: 5 is too small; must be >= 6",
+        "measure.max_warmup_steps: 5 is below 2 × settle_window (3), so step times could never "
+        "settle",
+    ]
+    assert str(info.value).startswith("my-study.yaml: measure.min_steps: 5 is too small")
+
+
+@pytest.mark.refuses_bad_input
+@pytest.mark.parametrize(
+    ("path", "value", "words"), SCHEMA_CASES, ids=[f"{p}={v!r}"[:70] for p, v, _ in SCHEMA_CASES]
+)
+def test_a_study_the_schema_refuses_is_judged_on_the_rest(study, path, value, words):
+    """Every schema refusal of the corpus beside one problem only admission finds: the one error
+    lists both, the schema's first, and nothing the refused value would have caused (a check
+    that reads it is skipped, never run on a stand-in); what admission says of the changed key
+    itself may stand (steps given in an adaptive study)."""
+    key, bad, said = SENSE_PROBLEMS["seq_len" if path.startswith("zero") else "zero"]
+    with pytest.raises(Refused) as info:
+        admitted_plan(with_change(with_change(study, key, bad), path, value))
+    first, *rest = [str(p) for p in info.value.problems]
+    for word in words:
+        assert word in first, first
+    others = [p for p in rest if not p.startswith(f"{path}: ")]
+    assert len(others) == 1 and said in others[0], info.value
+
+
+def test_a_scenario_the_schema_refuses_leaves_the_others_judged(study):
+    """Each scenario is expanded alone: one with a refused count loses its own run checks, the
+    others' runs are still judged against the cluster."""
+    config = with_change(study, "scenarios[0].gpus_per_node", 0)
+    with pytest.raises(Refused) as info:
+        admitted_plan(with_change(config, "scenarios[1].gpus_per_node", 3))
+    first, fit, batch = info.value.problems
+    assert first.key == "scenarios[0].gpus_per_node" and "too small" in first.message
+    assert fit.key == "scenarios[1].gpus_per_node" and "local-cpu" in fit.message
+    assert batch.key == "scenarios[1]" and "world_size 3" in batch.message
+
+
+def test_every_refused_key_is_listed_once_in_the_files_order(study):
+    """Several schema problems: the one a single error names first, then the file's order; a
+    value that breaks two rules of its key (type and range) is one problem."""
+    config = with_change(study, "scenarios[2].gpus_per_node", 0.5)
+    config = with_change(with_change(config, "stepz", 1), "dtype", "fp8")
+    config = with_change(config, "timeout_min", float("nan"))
+    with pytest.raises(Refused) as info:
+        admitted_plan(config)
+    keys = [p.key for p in info.value.problems]
+    assert keys == ["timeout_min", "dtype", "scenarios[2].gpus_per_node", "stepz"], keys
+
+
+@pytest.mark.refuses_bad_input
+def test_a_dry_run_lists_schema_and_sense_problems_in_one_error(study, tmp_path):
+    """Through `snakemake -n`: one "invalid study" error naming both keys, no traceback."""
+    config = with_change(with_change(study, "measure.min_steps", 5), "measure.max_warmup_steps", 5)
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    snakemake = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"),
+                 "-d", str(REPO_ROOT), "-n", "--config", f"study_file={study_file}"]  # fmt: skip
+    result = subprocess.run(snakemake, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output, output
+    assert f"invalid study: {study_file}: measure.min_steps: 5 is too small" in output, output
+    assert "1 more problem(s):\n  - measure.max_warmup_steps: 5 is below" in output, output
+
+
 def test_the_corpus_is_large():
     assert len(STUDY_CASES) + len(CLUSTER_CASES) + len(BAD_FILES) >= 60
+    assert len(SCHEMA_CASES) >= 40  # each also judged beside a problem only admission finds
 
 
 @pytest.mark.refuses_bad_input

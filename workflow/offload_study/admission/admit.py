@@ -5,7 +5,8 @@ with the key (or file) that causes it:
 
 - :data:`STUDY` when the workflow is parsed (the Snakefile, before any job): input that passes
   the schema but makes no sense, what each engine says of its keys, the cluster fit, the host
-  (offload_study.admission.study_checks). Any problem refuses the study (:func:`admitted_plan`).
+  (offload_study.admission.study_checks). Any problem refuses the study, in one error with the
+  schema's problems (:func:`admitted_plan`).
 - :data:`CONFIGS` in rule ``plan`` (``python -m offload_study.admission.admit``), once the
   engines' configs are written: each engine's own parser, the op preflight, the prediction.
 - :data:`LAUNCH` in the runner, just before it launches one run: its NVMe folder on the node
@@ -38,7 +39,16 @@ from offload_study.core.contracts import (
     write_json,
     write_predictions,
 )
-from offload_study.core.study import StudyError, nvme_dir_problem
+from offload_study.core.study import (
+    RefusedValue,
+    SchemaRefused,
+    StudyError,
+    listed,
+    load_cluster,
+    nvme_dir_problem,
+    study_source,
+    unless_refused,
+)
 from offload_study.planning.plan import Plan, expand_plan
 from offload_study.prediction import error_bands, predict
 
@@ -81,11 +91,13 @@ Check = Callable[[Case], list[Problem]]
 
 
 def study_expansion(case: Case) -> list[Problem]:
-    return [problem(t) for t in study_checks.study_problems(case.study, case.cluster, case.runs)]
+    found = unless_refused(study_checks.study_problems, case.study, case.cluster, case.runs)
+    return [problem(t) for t in found]
 
 
 def study_host(case: Case) -> list[Problem]:
-    return [problem(t) for t in study_checks.host_problems(case.study, case.cluster, case.runs)]
+    found = unless_refused(study_checks.host_problems, case.study, case.cluster, case.runs)
+    return [problem(t) for t in found]
 
 
 def engine_parser(case: Case) -> list[Problem]:
@@ -139,16 +151,16 @@ def admit(case: Case, checks: Sequence[Check] = STUDY) -> list[Problem]:
 
 def refusal_text(problems: Sequence[Problem]) -> str:
     """One error for a refused study: the first problem, then every other one on its line."""
-    first, *rest = problems
-    more = "".join(f"\n  - {p}" for p in rest)
-    return f"{first}" + (f"\n{len(rest)} more problem(s):{more}" if rest else "")
+    return listed([str(p) for p in problems])
 
 
 class Refused(StudyError):
-    """A study admission refused; ``problems`` lists every reason."""
+    """A study admission refused; ``problems`` lists every reason. ``source``: the study file
+    (or how the study was given), which the message names first."""
 
-    def __init__(self, problems: Sequence[Problem]):
-        super().__init__(refusal_text(problems))
+    def __init__(self, problems: Sequence[Problem], source: str | None = None):
+        text = refusal_text(problems)
+        super().__init__(f"{source}: {text}" if source else text)
         self.problems = list(problems)
 
 
@@ -159,12 +171,62 @@ def first_problem(err: StudyError) -> str:
 
 def admitted_plan(config, cluster_dir=None, source=None) -> Plan:
     """Expand the study (Plan), then admit it: the Plan, or :class:`Refused` naming every
-    problem. What the Snakefile builds once, in the main Snakemake process."""
-    plan = Plan(config, cluster_dir=cluster_dir, source=source)
+    problem. What the Snakefile builds once, in the main Snakemake process.
+
+    One error holds the schema's problems and admission's. Where the schema refuses the study,
+    the :data:`STUDY` checks judge what it accepted (:func:`beside_the_schema`), and the schema's
+    problems come first (the first of them is the one a single error would name)."""
+    try:
+        plan = Plan(config, cluster_dir=cluster_dir, source=source)
+    except SchemaRefused as refused:
+        if refused.schema_name != "study":
+            raise  # the cluster description: the study is judged against it, so nothing more
+        found = [problem(text) for text in refused.problems]
+        beside = beside_the_schema(refused.checkable, cluster_dir)
+        raise Refused(found + beside, refused.source) from None
     problems = admit(Case(plan.planned, plan.study, plan.cluster))
     if problems:
-        raise Refused(problems)
+        raise Refused(problems, study_source(config, source))
     return plan
+
+
+def beside_the_schema(study, cluster_dir=None) -> list[Problem]:
+    """The :data:`STUDY` checks' problems of a study the schema refused (``study``: its checkable
+    copy, core.study.checkable), on what the schema accepted:
+
+    - each refused value is a stand-in whose every use raises, and the checks run through
+      core.study.unless_refused: a check that reads a refused value is skipped, the others
+      judge as on a valid study (study_checks says which units are skipped alone);
+    - each scenario is expanded alone, so one holding a refused value loses only its own runs
+      and the checks of the whole expansion (baseline, clashing names); a refused study key
+      that every expansion computes with (global_batch, timeout_min, the model) leaves none;
+    - the cluster description is loaded as usual; where the study's cluster key is refused,
+      nothing is judged (every check judges against the cluster), and a cluster description
+      the schema refuses adds its own problems instead;
+    - a recommend block's candidates are left out (they are made from a valid study).
+
+    Never raises for the study's sake: the schema's problems already refuse it."""
+    if isinstance(study, RefusedValue) or isinstance(study["cluster"], RefusedValue):
+        return []
+    kwargs = {"cluster_dir": cluster_dir} if cluster_dir else {}
+    try:
+        cluster = load_cluster(study["cluster"], **kwargs)
+    except SchemaRefused as err:
+        return [problem(f"{err.source}: {text}") for text in err.problems]
+    except StudyError as err:
+        return [problem(str(err))]
+    runs = unless_refused(_expand_each, study, cluster)
+    try:
+        return admit(Case(runs, study, cluster))
+    except StudyError as err:  # this machine cannot judge (no DeepSpeed): said beside the rest
+        return [problem(str(err))]
+
+
+def _expand_each(study: dict, cluster: dict) -> list[RunSpec]:
+    """Each scenario's runs, expanded one scenario at a time: one whose expansion reads a
+    refused value has none."""
+    alone = ({**study, "scenarios": [scenario]} for scenario in study["scenarios"])
+    return [run for one in alone for run in unless_refused(expand_plan, one, cluster)]
 
 
 def admitted_runs(study: dict, cluster: dict) -> list[RunSpec]:

@@ -2,6 +2,11 @@
 but makes no sense, what each scenario's engine says of its keys, the cluster fit, and the host. Each check returns
 every problem it finds as "key path: message" text (offload_study.admission.admit makes them
 Problems), in the order a reader fixes them: the study's keys, then each scenario's.
+
+The checks also judge a study the schema refused (its checkable copy, core.study.checkable):
+each one runs through :func:`_every` (core.study.unless_refused), and one that reads a refused
+value is skipped. The units skipped are small: a study-level check, each memory key, one
+scenario's keys, each measure rule, one run's fit, one run's batch.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from pathlib import Path
 from offload_study import engines
 from offload_study.core import units
 from offload_study.core.contracts import RunSpec
-from offload_study.core.study import StudyError, nvme_dir_problem, shown
+from offload_study.core.study import StudyError, nvme_dir_problem, shown, unless_refused
 from offload_study.planning import presets
 from offload_study.planning.plan import (
     BATCH_KNOBS,
@@ -25,6 +30,12 @@ from offload_study.planning.resources import fit_problems
 
 #: Memory sizes (GiB) are converted to bytes (caps, SLURM, NVML): above this they overflow 64 bits.
 MAX_MEMORY_GIB = units.bytes_to_gib(units.MAX_INT64)
+
+
+def _every(*calls) -> list[str]:
+    """The problems of each ``(check, *args)`` in turn; one that reads a value the schema refused
+    is skipped (core.study.unless_refused)."""
+    return [found for check, *args in calls for found in unless_refused(check, *args)]
 
 
 def _raised(check, *args) -> list[str]:
@@ -91,25 +102,27 @@ def _memory_keys(study: dict, cluster: dict):
 
 def memory_problems(study: dict, cluster: dict) -> list[str]:
     """Memory sizes whose bytes would not fit 64 bits (or are no finite number)."""
-    problems = []
-    for key, value in _memory_keys(study, cluster):
-        if value is None:
-            continue
-        try:
-            fits = math.isfinite(float(value)) and float(value) <= MAX_MEMORY_GIB
-        except OverflowError:  # an int too big for a float
-            fits = False
-        if not fits:
-            problems.append(
-                f"{key}: {shown(value)} GiB overflows when converted to bytes; allowed: a size "
-                f"below {MAX_MEMORY_GIB:.3g} GiB"
-            )
-    return problems
+    return _every(*((_overflow, key, value) for key, value in _memory_keys(study, cluster)))
+
+
+def _overflow(key: str, value) -> list[str]:
+    if value is None:
+        return []
+    try:
+        fits = math.isfinite(float(value)) and float(value) <= MAX_MEMORY_GIB
+    except OverflowError:  # an int too big for a float
+        fits = False
+    if fits:
+        return []
+    return [
+        f"{key}: {shown(value)} GiB overflows when converted to bytes; allowed: a size "
+        f"below {MAX_MEMORY_GIB:.3g} GiB"
+    ]
 
 
 def engine_study_problems(study: dict) -> list[str]:
     """The study-wide keys each engine owns (DeepSpeed's zero and aio blocks)."""
-    return [problem for engine in engines.engines() for problem in engine.study_problems(study)]
+    return _every(*((engine.study_problems, study) for engine in engines.engines()))
 
 
 def _count_errors(values: list, where: str) -> list[str]:
@@ -134,7 +147,8 @@ def scenario_key_problems(scenario: dict, cluster: dict, where: str) -> list[str
 
 
 def measure_problems(study: dict, scenario: dict, where: str) -> list[str]:
-    """Measure keys that contradict each other (each error names the key that set the value)."""
+    """Measure keys that contradict each other (each error names the key that set the value;
+    each rule judged alone, so one that reads a refused value leaves the others standing)."""
     if study["measure"].get("mode") == "adaptive" and "steps" in study:
         return [
             "steps: only the fixed mode uses it, but measure.mode is adaptive; remove steps "
@@ -146,19 +160,24 @@ def measure_problems(study: dict, scenario: dict, where: str) -> list[str]:
     def key(name: str) -> str:
         return f"{where}.measure.{name}" if name in own else f"measure.{name}"
 
-    problems = [
-        (m.mode == "fixed" and "steps" not in study, "mode", "the fixed mode needs the study's steps"),
-        (m.min_warmup_steps > m.max_warmup_steps, "min_warmup_steps",
-         f"is above max_warmup_steps ({m.max_warmup_steps})"),
-        (2 * m.settle_window > m.max_warmup_steps, "max_warmup_steps",
-         f"is below 2 × settle_window ({m.settle_window}), so step times could never settle"),
-        (m.min_steps > m.max_steps, "min_steps", f"is above max_steps ({m.max_steps})"),
+    rules = [
+        ("mode", lambda: m.mode == "fixed" and "steps" not in study,
+         lambda: "the fixed mode needs the study's steps"),
+        ("min_warmup_steps", lambda: m.min_warmup_steps > m.max_warmup_steps,
+         lambda: f"is above max_warmup_steps ({m.max_warmup_steps})"),
+        ("max_warmup_steps", lambda: 2 * m.settle_window > m.max_warmup_steps,
+         lambda: f"is below 2 × settle_window ({m.settle_window}), so step times could never "
+                 "settle"),
+        ("min_steps", lambda: m.min_steps > m.max_steps,
+         lambda: f"is above max_steps ({m.max_steps})"),
     ]  # fmt: skip
-    return [
-        f"{key(name)}: {getattr(m, name)!r} {why}"
-        for broken, name, why in problems
-        if broken and (name == "mode" or m.mode == "adaptive")
-    ]
+
+    def judged(name: str, broken, why) -> list[str]:
+        if not (broken() and (name == "mode" or m.mode == "adaptive")):
+            return []
+        return [f"{key(name)}: {getattr(m, name)!r} {why()}"]
+
+    return _every(*((judged, *rule) for rule in rules))
 
 
 def batch_problems(study: dict, scenario: dict, run: RunSpec, where: str) -> list[str]:
@@ -187,33 +206,82 @@ def batch_problems(study: dict, scenario: dict, run: RunSpec, where: str) -> lis
 def scenario_problems(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
     """Per scenario, in study order: its name, keys, measure, fit, then each sweep combo's batch
     (a scenario that does not fit the cluster is the root cause: its fit comes before the batch
-    arithmetic, which more GPUs can also break)."""
+    arithmetic, which more GPUs can also break); then expanded names that clash."""
     problems: list[str] = []
     seen: dict[str, str] = {}
     for index, scenario in enumerate(study["scenarios"]):
         where = f"scenarios[{index}]"
-        if scenario["name"] in seen:
-            problems.append(
-                f"{where}.name: {scenario['name']!r} is used twice (also {seen[scenario['name']]})"
+        problems += _every(
+            (_name_problems, scenario, seen, where),
+            (scenario_key_problems, scenario, cluster, where),
+            (measure_problems, study, scenario, where),
+        )
+        for run in unless_refused(_runs_of, scenario, runs):
+            problems += _every(
+                (_fit_problems, run, cluster, where), (batch_problems, study, scenario, run, where)
             )
-        seen.setdefault(scenario["name"], where)
-        problems += scenario_key_problems(scenario, cluster, where)
-        problems += measure_problems(study, scenario, where)
-        for run in (r for r in runs if r.base_scenario == scenario["name"]):
-            if not run.predict_only:  # a prediction may stand for a bigger cluster than this
-                problems += [f"{where}.{key}: {text}" for key, text in fit_problems(run, cluster)]
-            problems += batch_problems(study, scenario, run, where)
-    names = [r.scenario for r in runs]
-    clashes = sorted({n for n in names if names.count(n) > 1 and "__" in n})
-    problems += [f"scenarios: the sweeps expand to {n!r} more than once" for n in clashes]
+    problems += _every((expanded_name_problems, study, runs))
     return list(dict.fromkeys(problems))  # one line per problem (two combos may share one)
 
 
+def _name_problems(scenario: dict, seen: dict[str, str], where: str) -> list[str]:
+    name = scenario["name"]
+    seen.setdefault(name, where)
+    if seen[name] == where:
+        return []
+    return [f"{where}.name: {name!r} is used twice (also {seen[name]})"]
+
+
+def _runs_of(scenario: dict, runs: list[RunSpec]) -> list[RunSpec]:
+    return [r for r in runs if r.base_scenario == scenario["name"]]
+
+
+def _fit_problems(run: RunSpec, cluster: dict, where: str) -> list[str]:
+    if run.predict_only:  # a prediction may stand for a bigger cluster than this
+        return []
+    return [f"{where}.{key}: {text}" for key, text in fit_problems(run, cluster)]
+
+
+def expanded_name_problems(study: dict, runs: list[RunSpec]) -> list[str]:
+    """Expanded names that more runs than one have, each naming the scenarios whose sweeps make
+    it (a plain name used twice is _name_problems')."""
+    owners: dict[str, list[int]] = {}
+    for index, scenario in enumerate(study["scenarios"]):
+        owners.setdefault(scenario["name"], []).append(index)
+    made: dict[str, list[RunSpec]] = {}
+    for run in runs:
+        made.setdefault(run.scenario, []).append(run)
+    problems = []
+    for name, same in made.items():
+        if len(same) > 1 and "__" in name:
+            makers = sorted({i for r in same for i in owners.get(r.base_scenario, [])})
+            problems.append(_clash_text(study, name, makers))
+    return problems
+
+
+def _clash_text(study: dict, name: str, makers: list[int]) -> str:
+    if len(makers) < 2:
+        where = f"scenarios[{makers[0]}].sweep" if makers else "scenarios"
+        return (
+            f"{where}: expands to {name!r} more than once (two sweep values with one name); "
+            "allowed: sweep values with distinct names"
+        )
+    named = [f"scenarios[{i}].name {study['scenarios'][i]['name']!r}" for i in makers]
+    return (
+        f"scenarios[{makers[-1]}].name: {', '.join(named[:-1])} and {named[-1]} expand to the "
+        f"same name {name!r} (a sweep adds its values to its scenario's name); allowed: "
+        "distinct expanded names: rename one of them"
+    )
+
+
 def baseline_problems(study: dict, runs: list[RunSpec]) -> list[str]:
-    """The baseline must name an expanded scenario: a swept scenario's own name is gone."""
+    """The baseline must name an expanded scenario: a swept scenario's own name is gone. Judged
+    only when every scenario expanded (one holding a refused value does not)."""
     baseline = study["baseline"]
     names = [r.scenario for r in runs]
     if baseline is None or baseline in names:
+        return []
+    if {r.base_scenario for r in runs} != {s["name"] for s in study["scenarios"]}:
         return []
     renamed = [n for n in names if n.startswith(f"{baseline}__")]
     why = (
@@ -251,13 +319,13 @@ def host_problems(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
 
 def study_problems(study: dict, cluster: dict, runs: list[RunSpec]) -> list[str]:
     """Every problem of a study's expansion, the study's own keys first."""
-    problems = cluster_problems(study, cluster) + run_count_problems(study)
+    problems = _every((cluster_problems, study, cluster), (run_count_problems, study))
     if problems:  # another cluster's study, or a sweep past max_runs: nothing more to judge
         return problems
-    return (
-        engine_study_problems(study)
-        + model_problems(study)
-        + memory_problems(study, cluster)
-        + scenario_problems(study, cluster, runs)
-        + baseline_problems(study, runs)
+    return _every(
+        (engine_study_problems, study),
+        (model_problems, study),
+        (memory_problems, study, cluster),
+        (scenario_problems, study, cluster, runs),
+        (baseline_problems, study, runs),
     )

@@ -2,13 +2,19 @@
 
 The schemas in the package (offload_study/schemas/, read with importlib.resources through
 :func:`load_schema`, so an installed package finds them too) are the one source of truth for
-keys, types and defaults; this module turns jsonschema's errors into one message that names the key path
-(``scenarios[2].offload_optimizer``) and the allowed values.
+keys, types and defaults; this module turns jsonschema's errors into one message that names each
+refused key path (``scenarios[2].offload_optimizer``) and the allowed values.
+
+A study the schema refuses is still checked for sense (offload_study.admission.admit,
+``admitted_plan``), so that one error lists every problem: :class:`SchemaRefused` carries a
+*checkable* copy, in which each refused value is a :class:`RefusedValue` stand-in, and
+:func:`unless_refused` skips each check that reads one.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -32,6 +38,84 @@ class StudyError(ValueError):
     def __str__(self) -> str:
         # however it is printed (terminal, log, WorkflowError), never megabytes of text
         return yamlsafe.cap_text(super().__str__())
+
+
+def listed(problems: list[str]) -> str:
+    """One message of several problems: the first, then every other one on its line."""
+    first, *rest = problems
+    more = "".join(f"\n  - {p}" for p in rest)
+    return f"{first}" + (f"\n{len(rest)} more problem(s):{more}" if rest else "")
+
+
+class SchemaRefused(StudyError):
+    """Input its schema refused. ``problems``: every refused key as "key path: what is wrong",
+    the one a single error would name first, then the others in the file's order. ``checkable``:
+    the input as far as the schema accepted it (:func:`checkable`)."""
+
+    def __init__(self, source: str, schema_name: str, problems: list[str], checkable: Any):
+        super().__init__(f"{source}: {listed(problems)}")
+        self.source, self.schema_name = source, schema_name
+        self.problems, self.checkable = problems, checkable
+
+
+class UsesRefusedValue(Exception):
+    """A check used a value the schema refused (:class:`RefusedValue`)."""
+
+
+def _refuse(*_args, **_kwargs):
+    raise UsesRefusedValue
+
+
+class RefusedValue:
+    """What a checkable study holds in place of a value its schema refused: every use of it
+    (comparing, hashing, arithmetic, truth, length, iteration, items, attributes, text, a path,
+    ``isinstance`` against any other class) raises :class:`UsesRefusedValue`, so a check that
+    reads one stops instead of judging a value nobody wrote. ``isinstance`` raises too (through
+    ``__class__``, which Python asks when the type itself does not match): code that tests a
+    value's type before it uses the value (``positive_count``) must not take it for a count.
+    Each refused value has its own instance (two are never the same scenario name)."""
+
+    __class__ = property(_refuse)  # type: ignore[assignment]
+
+    def __deepcopy__(self, _memo):
+        return self
+
+
+_OPERATIONS = (
+    "eq ne lt le gt ge hash bool len iter reversed contains getitem setitem delitem getattr "
+    "call str repr format bytes fspath int float complex index round trunc floor ceil abs neg "
+    "pos invert add sub mul matmul truediv floordiv mod divmod pow lshift rshift and xor or"
+).split()
+_REFLECTED = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and xor or".split()
+for _name in _OPERATIONS + [f"r{n}" for n in _REFLECTED]:
+    setattr(RefusedValue, f"__{_name}__", _refuse)
+
+
+def holds_refused(value: Any) -> bool:
+    """Whether ``value`` (a study, a list of run specs, ...) holds a :class:`RefusedValue`."""
+    if isinstance(value, RefusedValue):  # first: isinstance against another class raises
+        return True
+    if isinstance(value, dict):
+        return any(holds_refused(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_refused(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(holds_refused(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
+def unless_refused(check, *args) -> list:
+    """``check(*args)``, or ``[]`` when it reads a value the schema refused: the unit that a
+    half-valid study skips. A check that fails otherwise on input holding a refused value (a
+    C function refusing the stand-in's type) is skipped too; on valid input it raises."""
+    try:
+        return check(*args)
+    except UsesRefusedValue:
+        return []
+    except Exception:
+        if holds_refused(args):
+            return []
+        raise
 
 
 def load_schema(name: str) -> dict:
@@ -108,19 +192,16 @@ StrictValidator = jsonschema.validators.extend(
 )
 
 
-def non_finite_key(instance: Any, path: tuple = ()) -> tuple | None:
-    """Key path of the first NaN or infinite number anywhere in ``instance`` (None if none)."""
+def non_finite_keys(instance: Any, path: tuple = ()):
+    """Key path of each NaN or infinite number in ``instance``, in the file's order."""
     if isinstance(instance, float) and not math.isfinite(instance):
-        return path
+        yield path
     if isinstance(instance, dict):
         children = instance.items()
     else:
         children = enumerate(instance) if isinstance(instance, list) else ()
     for key, value in children:
-        found = non_finite_key(value, (*path, key))
-        if found is not None:
-            return found
-    return None
+        yield from non_finite_keys(value, (*path, key))
 
 
 _BOUND_WORDS = {
@@ -140,17 +221,23 @@ _SIZE_WORDS = {
 }
 
 
-def _describe_error(err: jsonschema.ValidationError, root: dict) -> str:
+def _unknown_keys(err: jsonschema.ValidationError, root: dict) -> list:
+    """The keys an additionalProperties error is about, in the file's order."""
+    allowed = _resolve(err.schema, root).get("properties", {})
+    return [key for key in err.instance if key not in allowed]
+
+
+def _describe_error(err: jsonschema.ValidationError, root: dict, unknown=None) -> str:
+    """One refused key's message; ``unknown``: the unknown key it names (additionalProperties)."""
     path = list(err.absolute_path)
     schema = _resolve(err.schema, root) if isinstance(err.schema, dict) else {}
     if err.validator == "additionalProperties":
         allowed = sorted(schema.get("properties", {}))
-        extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
+        extra = [unknown] if unknown is not None else _unknown_keys(err, root)
         where = key_path(path + extra[:1])
         return f"{where}: unknown key; allowed keys here: {', '.join(allowed)}"
     if err.validator == "required":
-        missing = err.message.split("'")[1] if "'" in err.message else err.message
-        return f"{key_path(path + [missing])}: required key is missing"
+        return f"{key_path(path + [_missing_key(err)])}: required key is missing"
     if err.validator == "enum":
         allowed = ", ".join(repr(v) for v in err.validator_value)
         return f"{key_path(path)}: {shown(err.instance)} is not allowed; allowed values: {allowed}"
@@ -186,6 +273,11 @@ def _describe_error(err: jsonschema.ValidationError, root: dict) -> str:
     return f"{key_path(path)}: {err.message[: 2 * SHOWN_CHARS]}"
 
 
+def _missing_key(err: jsonschema.ValidationError) -> str:
+    """The key a ``required`` error says is missing."""
+    return err.message.split("'")[1] if "'" in err.message else err.message
+
+
 def _expected(err: jsonschema.ValidationError) -> str:
     expected = err.validator_value
     names = expected if isinstance(expected, list) else [expected]
@@ -199,24 +291,110 @@ def _expected(err: jsonschema.ValidationError) -> str:
 
 def validate(instance: dict, schema_name: str, source: str) -> dict:
     """Validate against a schema (exact types: integers are not floats, booleans are not
-    numbers; no NaN or infinity anywhere); return a copy with schema defaults filled in."""
-    bad = non_finite_key(instance)
-    if bad is not None:
-        value = _value_at(instance, bad)
-        raise StudyError(
-            f"{source}: {key_path(list(bad))}: {value!r} is not allowed; numbers must be finite"
-        )
+    numbers; no NaN or infinity anywhere); return a copy with schema defaults filled in.
+    :class:`SchemaRefused` lists every refused key otherwise."""
     schema = load_schema(schema_name)
-    validator = StrictValidator(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), e.path))
-    if errors:
-        err = jsonschema.exceptions.best_match(errors)
-        # best_match prefers shallow errors; an unknown/missing key deeper down is more useful.
-        deep = [e for e in errors if e.validator in ("additionalProperties", "required", "enum")]
-        if err.validator in ("oneOf", "anyOf") and deep and list(err.absolute_path) != ["model"]:
-            err = deep[0]
-        raise StudyError(f"{source}: {_describe_error(err, schema)}")
+    refusals = _refusals(instance, schema)
+    if refusals:
+        problems = [text for _path, text, _unknown in refusals]
+        raise SchemaRefused(source, schema_name, problems, checkable(instance, refusals, schema))
     return fill_defaults(copy.deepcopy(instance), schema, schema)
+
+
+def _first_error(errors: list) -> jsonschema.ValidationError:
+    """The error a single message would name: jsonschema's best match, but an unknown, missing
+    or misspelt key deeper down over a shallow oneOf/anyOf (best_match prefers shallow ones)."""
+    errors = sorted(errors, key=lambda e: (len(e.absolute_path), [str(p) for p in e.path]))
+    err = jsonschema.exceptions.best_match(errors)
+    deep = [e for e in errors if e.validator in ("additionalProperties", "required", "enum")]
+    if err.validator in ("oneOf", "anyOf") and deep and list(err.absolute_path) != ["model"]:
+        err = deep[0]
+    return err
+
+
+def _refused_keys(err: jsonschema.ValidationError, root: dict) -> list[tuple]:
+    """(key path, message, unknown key?) of each key one error refuses: a missing key's own
+    path, each unknown key's, else where the error is (a key name that is no valid name: the
+    mapping that holds it)."""
+    path = tuple(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        return [((*path, key), _describe_error(err, root, key), True)
+                for key in _unknown_keys(err, root)]  # fmt: skip
+    text = _describe_error(err, root)
+    if err.validator == "required":
+        return [((*path, _missing_key(err)), text, False)]
+    return [(path, text, False)]
+
+
+def _refusals(instance: Any, schema: dict) -> list[tuple]:
+    """(key path, message, unknown key?) of every refused key, one each: a number that is not
+    finite (as before any schema error), then the key :func:`_first_error` names, then the
+    others in the file's order. Several errors of one key (wrong type and too small) speak
+    through the first."""
+    found = [
+        (path, f"{key_path(list(path))}: {_value_at(instance, path)!r} is not allowed; "
+               "numbers must be finite", False)
+        for path in non_finite_keys(instance)
+    ]  # fmt: skip
+    errors = list(StrictValidator(schema).iter_errors(instance))
+    if errors:
+        first = _first_error(errors)
+        for err in [first] + [e for e in errors if e is not first]:
+            found += _refused_keys(err, schema)
+    by_key: dict[tuple, tuple] = {}
+    for refusal in found:
+        by_key.setdefault(refusal[0], refusal)
+    refusals = list(by_key.values())
+    return refusals[:1] + sorted(refusals[1:], key=lambda r: _position(instance, r[0]))
+
+
+def _position(instance: Any, path: tuple) -> tuple:
+    """Where ``path`` is in the file: the index of each key in its mapping (a missing key after
+    the present ones) or item in its list."""
+    place = []
+    for part in path:
+        if isinstance(instance, dict):
+            keys = list(instance)
+            place.append(keys.index(part) if part in instance else len(keys))
+            instance = instance.get(part)
+        elif isinstance(instance, list) and isinstance(part, int) and part < len(instance):
+            place.append(part)
+            instance = instance[part]
+        else:
+            place.append(0)
+    return tuple(place)
+
+
+def checkable(instance: Any, refusals: list[tuple], schema: dict) -> Any:
+    """The input as the sense checks may see it where the schema refused some of it: each
+    unknown key left out (nothing reads it), each other refused value (a missing key included)
+    replaced by its own :class:`RefusedValue`, and the schema's defaults filled in around them
+    (a refused value gets none: a default is not what its author wrote)."""
+    out = copy.deepcopy(instance)
+    for path, _text, unknown in sorted(refusals, key=lambda r: len(r[0])):
+        if not path:
+            return RefusedValue()
+        parent = out
+        for part in path[:-1]:
+            parent = _child(parent, part)
+        if isinstance(parent, dict) and unknown:
+            parent.pop(path[-1], None)
+        elif isinstance(parent, dict) or (
+            isinstance(parent, list) and isinstance(path[-1], int) and path[-1] < len(parent)
+        ):
+            parent[path[-1]] = RefusedValue()
+    return fill_defaults(out, schema, schema)
+
+
+def _child(node: Any, part) -> Any:
+    """``node[part]``; None below a value already replaced or left out."""
+    if isinstance(node, RefusedValue) or node is None:
+        return None
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and part < len(node):
+        return node[part]
+    return None
 
 
 def _value_at(instance: Any, path: tuple) -> Any:
@@ -226,6 +404,8 @@ def _value_at(instance: Any, path: tuple) -> Any:
 
 
 def fill_defaults(instance: Any, schema: dict, root: dict) -> Any:
+    if isinstance(instance, RefusedValue):
+        return instance
     schema = _resolve(schema, root)
     if isinstance(instance, dict):
         for key, sub in schema.get("properties", {}).items():
@@ -263,12 +443,17 @@ def load_cluster(name: str, cluster_dir: str | Path = CLUSTER_DIR) -> dict:
     return cluster
 
 
+def study_source(config: dict | str | Path, source: str | None = None) -> str:
+    """What an error calls the study: ``source``, else its file, else "study config"."""
+    return source or (str(config) if not isinstance(config, dict) else "study config")
+
+
 def load_study(config: dict | str | Path, source: str | None = None) -> dict:
     """A validated study with defaults filled in (``config`` is a dict or a YAML path)."""
+    source = study_source(config, source)
     if not isinstance(config, dict):
-        source = source or str(config)
         config = read_yaml(config)
-    return validate(config, "study", source or "study config")
+    return validate(config, "study", source)
 
 
 def nvme_path_problem(path) -> str | None:

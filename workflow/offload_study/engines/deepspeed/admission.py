@@ -4,15 +4,17 @@ compiled ops a run loads (each problem as "key path: message" text)."""
 
 from __future__ import annotations
 
-from offload_study.core.study import nvme_path_problem
+from offload_study.core.study import nvme_path_problem, unless_refused
 from offload_study.engines.deepspeed import config
 from offload_study.planning import modes
 from offload_study.planning.plan import BATCH_KNOBS, nvme_path_key
 
 
 def study_problems(study: dict) -> list[str]:
-    """The study-wide ZeRO and aio keys."""
-    return config.check_zero_keys(study["zero"], "zero") + config.check_aio_keys(study["aio"])
+    """The study-wide ZeRO and aio keys (each skipped where the schema refused its value)."""
+    return unless_refused(config.check_zero_keys, study["zero"], "zero") + unless_refused(
+        config.check_aio_keys, study["aio"]
+    )
 
 
 def scenario_problems(scenario: dict, cluster: dict, where: str) -> list[str]:

@@ -34,7 +34,7 @@ def scenario_problems(scenario: dict, cluster: dict, where: str) -> list[str]:
     errors += [f"{where}.{key}: {why}" for key in modes.DEEPSPEED_KEYS
                if modes.is_set(key, scenario.get(key)) and key not in taken]  # fmt: skip
     if path is None:
-        nvme = [k for k, d in zip(("offload_optimizer", "offload_param"), devices) if d == "nvme"]
+        nvme = [k for k, d in zip(("offload_optimizer", "offload_param"), devices, strict=True) if d == "nvme"]
         key = nvme[0] if nvme else "offload_param" if devices[0] == "cpu" else "offload_optimizer"
         errors.append(f"{where}.{key}: engine {engine.name} has no offload path for "
                       f"offload_optimizer: {devices[0]} with offload_param: {devices[1]}; "
