@@ -140,7 +140,7 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "offload": f"{spec.offload_optimizer}/{spec.offload_param}",
         "gpu": (memory.gpu_gib if cuda else None, m["peak_gpu_allocated_gib"]),
         "ds_gpu": (ds[0] if cuda and ds else None, m["peak_gpu_allocated_gib"]),  # fsdp2: none
-        "host": (memory.host_gib, m["host_peak_rss_gib"]),
+        "host": (memory.host_gib, collect.host_memory_gib(m)),
         "step": (times.total if times else None, m["step_time_s"]),
         "speed": (m["global_batch"] * m["seq_len"] / times.total if times else None,
                   m.get("tokens_per_s"), low, high),

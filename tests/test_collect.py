@@ -185,6 +185,24 @@ def test_summarize_pure_with_nans():
     assert s.loc["b", "ci_method"] == "steps"
 
 
+def test_host_memory_is_the_process_trees_else_the_ranks_own():
+    """A record with the process trees (a worker process counted) shows the trees; one from
+    before them shows the ranks' own peaks."""
+    tree = {"host_peak_tree_gib": 9.5, "host_peak_tree_gib_per_node": [9.5],
+            "host_peak_tree_gib_per_rank": [9.5], "host_tree_measure": "pss"}  # fmt: skip
+    rows = [
+        {"scenario": "superoffload", "outcome": "ok", "host_peak_rss_gib": 6.0, **tree},
+        {"scenario": "older", "outcome": "ok", "host_peak_rss_gib": 7.0},
+    ]
+    runs = C.build_runs([C.flatten_record(r) for r in rows])
+    assert runs["host_peak_tree_gib_per_node"].iloc[0] == "[9.5]"  # a list column: JSON text
+    assert [C.host_memory_gib(r) for r in runs.to_dict("records")] == [9.5, 7.0]
+    s = C.summarize(runs, n_boot=50).set_index("scenario")
+    assert s.loc["superoffload", "host_peak_tree_gib_per_node_max"] == 9.5
+    assert [C.host_memory_gib(s.loc[n]) for n in ("superoffload", "older")] == [9.5, 7.0]
+    assert C.host_memory_gib({}) is None
+
+
 def test_bootstrap_median_hierarchical():
     point, draws, method = C.bootstrap_median([10.0, 12.0, 11.0], [[9, 10, 11], [12, 12], None])
     assert point == 11.0 and method == "repeats+steps"

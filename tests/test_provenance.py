@@ -1,7 +1,8 @@
 """Provenance's commit: a checkout names its HEAD; a tree exported by `git archive` (a copy sent
 to a cluster or a device, often into another repository's folder) names the commit it came
 from, not the HEAD of whatever repository holds it. Provenance's boot id: which machine boot a
-run ran on (collect pairs repeats only within one)."""
+run ran on (collect pairs repeats only within one). Provenance's ranks: the cores and threads
+each saw."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from conftest import make_spec
 
 from offload_study.core import contracts
+from offload_study.core.contracts import RankStats
 from offload_study.training import provenance
 from offload_study.training.supervise import Supervision
 
@@ -88,3 +90,21 @@ def test_an_unreadable_boot_id_is_null(tmp_path):
     assert provenance.boot_id(tmp_path / "none") is None
     (tmp_path / "empty").write_text("\n")
     assert provenance.boot_id(tmp_path / "empty") is None
+
+
+def test_the_record_names_every_ranks_cores_and_threads(tmp_path):
+    spec = make_spec("local-cpu", {"gpus_per_node": 2}).with_ds_config(str(tmp_path / "ds.json"))
+    seen = {"cpu_affinity": "0-2", "torch_threads": 3, "torch_interop_threads": 16,
+            "omp_num_threads": "3", "mkl_num_threads": None}  # fmt: skip
+    stats = {1: RankStats(rank=1, local_rank=1, world_size=2, host="h", pid=2),  # died early
+             0: RankStats(rank=0, local_rank=0, world_size=2, host="h", pid=1, **seen)}  # fmt: skip
+    record = provenance.provenance(spec, None, stats, 1, Supervision(rc=0), "run-1")
+    assert record["rank_threads"] == [
+        {"rank": 0, "host": "h", **seen},
+        {"rank": 1, "host": "h", **dict.fromkeys(seen)},
+    ]
+    assert provenance.provenance_problems(record) == []
+    # optional: the records written before it (docs/results) still validate without it
+    assert "rank_threads" not in contracts.PROVENANCE_FIELDS
+    del record["rank_threads"]
+    assert provenance.provenance_problems(record) == []

@@ -47,6 +47,13 @@ def test_offload_modes_ok(tmp_path, opt, param, world):
     assert len(m["host_peak_rss_gib_per_rank"]) == world
     assert all(v > 0.1 for v in m["host_peak_rss_gib_per_rank"])
     assert m["host_peak_rss_gib"] == pytest.approx(sum(m["host_peak_rss_gib_per_rank"]), 1e-3)
+    # each rank's process tree (tee is a child of every rank) holds at least the rank itself
+    trees = m["host_peak_tree_gib_per_rank"]
+    assert len(trees) == world and all(v > 0.1 for v in trees) and m["host_tree_measure"]
+    assert m["host_peak_tree_gib"] == pytest.approx(sum(trees), 1e-3)
+    threads = json.loads((outdir / "provenance.json").read_text())["rank_threads"]
+    assert [t["rank"] for t in threads] == list(range(world))
+    assert all(t["cpu_affinity"] and t["torch_threads"] >= 1 for t in threads)
     assert m["peak_gpu_allocated_gib"] is None and m["mfu"] is None
     bd = m["breakdown_ms"]
     assert bd["forward"] > 0 and bd["backward"] > 0 and bd["step"] >= 0
@@ -157,6 +164,80 @@ def test_archive_dir(tmp_path):
     out = tmp_path / "results" / "c" / "s" / "scen" / "rep3"
     d = placement.archive_dir(out, "scen", 3, "2026-11-29T10:51:14Z", "ab" * 32)
     assert d == (tmp_path / "results/c/s/archive/scen/rep3/20261129T105114Z-abababab").resolve()
+
+
+# a worker process that holds 200 MiB it has written (every page resident), then waits
+WORKER_BYTES = 200 * 2**20
+WORKER = (f"import sys; held = bytearray({WORKER_BYTES}); held[::4096] = b'x' * len(held[::4096]); "
+          "print('ready', flush=True); sys.stdin.read()")  # fmt: skip
+
+
+def vm_rss_bytes(pid: int) -> int:
+    """The kernel's count of a process's resident memory (/proc/<pid>/status), read apart from
+    the sampler."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's /proc")
+@pytest.mark.parametrize("prefer_pss", [True, False], ids=["pss", "rss"])
+def test_the_host_memory_sampler_counts_the_ranks_worker_process(prefer_pss):
+    """The rank (this process) starts a worker holding 200 MiB, as SuperOffload's optimizer
+    worker holds the Adam moments: the tree's peak exceeds the rank's own by about that."""
+    sampler = probes.HostMemorySampler(interval_s=0.05, prefer_pss=prefer_pss).start()
+    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        time.sleep(0.2)  # a few samples while the worker holds its memory
+        worker_rss = vm_rss_bytes(worker.pid)
+        recorded = sampler.stop()
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=30)
+    assert sampler.measure == ("pss" if prefer_pss else "rss") == recorded["host_tree_measure"]
+    assert recorded["host_peak_tree_bytes"] == sampler.tree_peak
+    worker_part = sampler.tree_peak - sampler.own_peak
+    # the 200 MiB, and at most what /proc says the worker holds (PSS <= RSS) and some slack
+    # for this process's own memory moving between samples
+    assert WORKER_BYTES <= worker_part <= worker_rss + 8 * 2**20
+
+
+def test_memory_own_and_tree_per_rank_and_per_node():
+    """metrics.json keeps the ranks' own peaks and adds their trees'; a node's tree is null
+    unless every rank measured it (the report then falls back to the own figure)."""
+    spec = make_spec("local-cpu", {"gpus_per_node": 2})
+    gib = 2**30
+
+    def rank(r, tree):
+        return RankStats(rank=r, local_rank=r, world_size=2, host="h", pid=1,
+                         host_peak_rss_bytes=3 * gib, host_peak_tree_bytes=tree,
+                         host_tree_measure="pss" if tree else None)  # fmt: skip
+
+    m = metrics_of(spec, {0: rank(0, 5 * gib), 1: rank(1, 4 * gib)})
+    assert m["host_peak_rss_gib_per_rank"] == [3.0, 3.0] and m["host_peak_rss_gib"] == 6.0
+    assert m["host_peak_tree_gib_per_rank"] == [5.0, 4.0]
+    assert m["host_peak_tree_gib_per_node"] == [9.0] and m["host_peak_tree_gib"] == 9.0
+    assert m["host_tree_measure"] == "pss"
+    m = metrics_of(spec, {0: rank(0, 5 * gib), 1: rank(1, None)})  # rank 1 died before its stats
+    assert m["host_peak_tree_gib_per_node"] == [None] and m["host_peak_tree_gib"] is None
+    assert m["host_peak_rss_gib"] == 6.0
+
+
+def test_cores_and_threads_as_the_rank_sees_them(monkeypatch):
+    import torch
+
+    assert probes.cpu_ranges([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+    assert probes.cpu_ranges([5]) == "5"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    got = probes.cores_and_threads()
+    assert got["cpu_affinity"] == probes.cpu_ranges(os.sched_getaffinity(0))
+    assert got["torch_threads"] == torch.get_num_threads() >= 1
+    assert got["torch_interop_threads"] == torch.get_num_interop_threads() >= 1
+    assert (got["omp_num_threads"], got["mkl_num_threads"]) == ("3", None)
 
 
 def test_percentile():

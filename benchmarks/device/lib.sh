@@ -134,13 +134,13 @@ build_ops() {
 table() { # table RESULTS_DIR: one line per run record
   python3 - "$1" <<'EOF'
 import json, pathlib, sys
-print(f"{'scenario':28s} {'outcome':9s} {'tok/s':>9s} {'step s':>7s} {'TFLOP/s':>8s} {'GPU GiB':>8s} {'host GiB':>8s} {'wall s':>7s}")
+print(f"{'scenario':28s} {'outcome':9s} {'tok/s':>9s} {'step s':>7s} {'TFLOP/s':>8s} {'GPU GiB':>8s} {'host GiB':>8s} {'tree GiB':>8s} {'wall s':>7s}")
 for p in sorted(pathlib.Path(sys.argv[1]).glob("*/rep*/metrics.json")):
     m = json.loads(p.read_text())
     f = lambda k, fmt: format(m[k], fmt) if isinstance(m.get(k), (int, float)) else "-"
     print(f"{m['scenario']:28s} {m['outcome']:9s} {f('tokens_per_s', '9.0f')} {f('step_time_s', '7.3f')} "
           f"{f('tflops_per_gpu', '8.1f')} {f('peak_gpu_reserved_gib', '8.1f')} "
-          f"{f('host_peak_rss_gib', '8.1f')} {f('wall_time_s', '7.1f')}")
+          f"{f('host_peak_rss_gib', '8.1f')} {f('host_peak_tree_gib', '8.1f')} {f('wall_time_s', '7.1f')}")
 EOF
 }
 

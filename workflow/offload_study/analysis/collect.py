@@ -62,8 +62,13 @@ OUTCOMES = [*contracts.OUTCOMES, "missing"]
 #: after failures of the infrastructure (its archive: placement.retries_of).
 RECORD_COLUMNS = ["machine", "record_dir", "retries"]
 _TEXT_COLUMNS = ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt",
-                 "machine", "engine", "engine_version")  # fmt: skip
-_LIST_COLUMNS = ("host_peak_rss_gib_per_node", "host_peak_rss_gib_per_rank")
+                 "machine", "engine", "engine_version", "host_tree_measure")  # fmt: skip
+_LIST_COLUMNS = ("host_peak_rss_gib_per_node", "host_peak_rss_gib_per_rank",
+                 "host_peak_tree_gib_per_node", "host_peak_tree_gib_per_rank")  # fmt: skip
+#: The host memory per node that pages show and predictions are judged by: the ranks' process
+#: trees (their worker processes counted), else, in a record from before the trees were
+#: sampled, the ranks' own peaks.
+HOST_MEMORY_SOURCES = ("host_peak_tree_gib", "host_peak_rss_gib")
 _REP_RE = re.compile(r"^rep(\d+)$")
 
 
@@ -192,6 +197,13 @@ def flatten_record(rec: dict) -> dict:
     if isinstance(out.get("modes"), dict):  # offload modes (nested, varying keys): JSON text
         out["modes"] = json.dumps(out["modes"], sort_keys=True)
     return out
+
+
+def host_memory_gib(row: Mapping) -> float | None:
+    """Peak host memory per node of a run or a scenario (GiB): the first of
+    HOST_MEMORY_SOURCES it has; None when it has neither."""
+    values = (_num(row.get(key)) for key in HOST_MEMORY_SOURCES)
+    return next((v for v in values if math.isfinite(v)), None)
 
 
 def _num(v) -> float:
@@ -371,8 +383,9 @@ SUMMARY_SETUP = [
 SUMMARY_MEASURES = [
     ("median", ["step_time_s", "samples_per_s", "tflops_per_gpu", "mfu"]),
     ("max", ["peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "nvml_used_gib",
-             "host_peak_rss_gib"]),
+             "host_peak_rss_gib", "host_peak_tree_gib"]),
     ("per_node_max", ["host_peak_rss_gib_per_node"]),
+    ("per_node_max", ["host_peak_tree_gib_per_node"]),
     ("max", ["nvme_bytes_used"]),
     ("median", ["loss_last"]),
     ("sum", ["skipped_steps_measured"]),  # records from before the harness counted them lack it

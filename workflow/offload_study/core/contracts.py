@@ -478,7 +478,11 @@ class RankStats:
     peak_gpu_allocated_bytes: int | None = None
     peak_gpu_reserved_bytes: int | None = None
     nvml_used_bytes: int | None = None
-    host_peak_rss_bytes: int | None = None
+    host_peak_rss_bytes: int | None = None  # this process's own peak (getrusage)
+    # the peak of this process and its children summed (SuperOffload's optimizer worker),
+    # sampled (probes.HostMemorySampler); host_tree_measure: "pss" or "rss", what was summed
+    host_peak_tree_bytes: int | None = None
+    host_tree_measure: str | None = None
     steps_done: int | None = None
     train_time_s: float | None = None
     stop_reason: str | None = None  # one of STOP_REASONS (rank 0's decision, shared by all)
@@ -488,6 +492,11 @@ class RankStats:
     wall_time_s: float | None = None
     modes: dict | None = None  # what the engine used (offload_study.planning.modes.effective)
     bound_cores: list | None = None  # cores this rank was bound to (bind_cores), None: not bound
+    cpu_affinity: str | None = None  # cores it could run on once its engine was built: "0-15"
+    torch_threads: int | None = None  # torch.get_num_threads()
+    torch_interop_threads: int | None = None  # torch.get_num_interop_threads()
+    omp_num_threads: str | None = None  # its environment's OMP_NUM_THREADS (None: unset)
+    mkl_num_threads: str | None = None  # and MKL_NUM_THREADS
     engine: str | None = None  # the engine that trained (RunSpec.engine)
     engine_version: str | None = None  # its version, as the engine reports it
 

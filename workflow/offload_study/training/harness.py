@@ -264,6 +264,7 @@ def main(argv=None) -> int:
     t_start = time.time()
     die_with_parent()  # no rank trains on once its torchrun is gone (see supervise)
     spec, config, record, stats = start_rank(parse_args(argv))
+    host_memory = probes.HostMemorySampler().start()  # the rank and its worker processes
     seed_everything(spec.seed)
     import torch
 
@@ -276,7 +277,7 @@ def main(argv=None) -> int:
     engine = make_engine(spec, config, stats, is_cuda)
     stats = dataclasses.replace(stats, model_params=engine.model_params, **engine.versions())
     say(f"engine {spec.engine}, model params: {stats.model_params}")
-    stats = dataclasses.replace(stats, modes=engine.effective_modes())
+    stats = dataclasses.replace(stats, modes=engine.effective_modes(), **probes.cores_and_threads())
     say(f"effective modes: {stats.modes}")
     write_rank_stats(record, stats)  # on record even if training fails
     say(f"training: {describe_measure(spec)}, gas {spec.gradient_accumulation_steps}, global "
@@ -284,7 +285,8 @@ def main(argv=None) -> int:
     trained = train(engine, spec, record, stats.rank, stats.world_size)
     stats = dataclasses.replace(
         stats, **probes.gpu_memory_peaks(is_cuda, stats.local_rank),
-        host_peak_rss_bytes=probes.host_peak_rss_bytes(), steps_done=trained.steps,
+        host_peak_rss_bytes=probes.host_peak_rss_bytes(), **host_memory.stop(),
+        steps_done=trained.steps,
         train_time_s=trained.measured_s, stop_reason=trained.stop_reason,
         warmup_settled=trained.warmup_settled,
     )  # fmt: skip

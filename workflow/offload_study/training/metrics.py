@@ -172,7 +172,8 @@ def _gib_max(stats: dict[int, RankStats], name: str) -> float | None:
 
 
 def _memory(inp: MetricsInput) -> dict:
-    """GPU peaks (max over ranks), host RSS per rank and per node, NVMe peak."""
+    """GPU peaks (max over ranks), host memory per rank and per node (each rank's own, and its
+    process tree's: :func:`_host_trees`), NVMe peak."""
     stats, rank_peaks, world = inp.stats, inp.supervision.rank_peaks, inp.spec.world_size
     local = socket.gethostname()
     per_rank, node_of = [], {}
@@ -182,10 +183,7 @@ def _memory(inp: MetricsInput) -> dict:
         v = max(own or 0, rank_peaks.get(r, 0))
         per_rank.append(round(units.bytes_to_gib(v), 4) if v else None)
         node_of[r] = stats[r].host if r in stats else (local if r in rank_peaks else None)
-    nodes = list(dict.fromkeys(n for n in node_of.values() if n is not None))
-    per_node = [
-        round(sum(per_rank[r] or 0 for r in range(world) if node_of[r] == n), 4) for n in nodes
-    ]
+    per_node = _per_node(per_rank, node_of)
     nvme = [s.nvme_bytes_used for s in stats.values() if s.nvme_bytes_used is not None]
     return {
         "peak_gpu_allocated_gib": _gib_max(stats, "peak_gpu_allocated_bytes"),
@@ -194,7 +192,31 @@ def _memory(inp: MetricsInput) -> dict:
         "host_peak_rss_gib_per_rank": per_rank,
         "host_peak_rss_gib_per_node": per_node,
         "host_peak_rss_gib": max(per_node) if per_node else None,
+        **_host_trees(stats, world, node_of),
         "nvme_bytes_used": int(sum(nvme)) if nvme else None,
+    }
+
+
+def _per_node(per_rank: list[float | None], node_of: dict[int, str | None]) -> list[float]:
+    nodes = list(dict.fromkeys(n for n in node_of.values() if n is not None))
+    return [round(sum(v or 0 for r, v in enumerate(per_rank) if node_of[r] == n), 4)
+            for n in nodes]  # fmt: skip
+
+
+def _host_trees(stats: dict[int, RankStats], world: int, node_of: dict) -> dict:
+    """The ranks' process trees (each rank and its children, sampled by the harness), per rank
+    and per node; the nodes and the run's peak are null unless every rank measured its tree
+    (a rank died before its last stats: the report shows the ranks' own figure then)."""
+    trees = [stats[r].host_peak_tree_bytes if r in stats else None for r in range(world)]
+    per_rank = [round(units.bytes_to_gib(v), 4) if v else None for v in trees]
+    per_node = _per_node(per_rank, node_of)
+    whole = per_node and None not in per_rank
+    measures = {s.host_tree_measure for s in stats.values() if s.host_tree_measure}
+    return {
+        "host_peak_tree_gib_per_rank": per_rank,
+        "host_peak_tree_gib_per_node": per_node if whole else [None] * len(per_node),
+        "host_peak_tree_gib": max(per_node) if whole else None,
+        "host_tree_measure": ("rss" if "rss" in measures else "pss") if measures else None,
     }
 
 

@@ -1,4 +1,5 @@
-"""What the harness measures and sets on its rank: device and GPU cap, memory peaks, NVMe usage.
+"""What the harness measures and sets on its rank: device and GPU cap, cores and threads, memory
+peaks (its own and its process tree's), NVMe usage.
 
 torch is imported inside the functions that need it (the folder sampler and the pure cap rule
 work without it).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import threading
+import time
 
 from offload_study.core import devices, units
 from offload_study.core.contracts import GPU_CAP_LOG_PREFIX, RunSpec
@@ -55,10 +57,118 @@ def set_up_device(spec: RunSpec, is_cuda: bool, local_rank: int) -> dict:
     return {"device_name": props.name, **recorded}
 
 
+# --------------------------------------------------------------------------- cores and threads
+def cpu_ranges(cpus) -> str:
+    """CPU numbers as ranges, the way taskset and SLURM write them: {0, 1, 2, 3, 8} -> "0-3,8"."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in runs)
+
+
+def cores_and_threads() -> dict:
+    """RankStats fields of where and how wide this rank runs: the cores it may use, torch's
+    intra- and inter-op threads, OMP_NUM_THREADS and MKL_NUM_THREADS as it saw them. Read once
+    the engine is built: DeepSpeed's SuperOffload pins the rank to a share of the cores then."""
+    import torch
+
+    return {
+        "cpu_affinity": cpu_ranges(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "mkl_num_threads": os.environ.get("MKL_NUM_THREADS"),
+    }
+
+
 # --------------------------------------------------------------------------- memory peaks
 def host_peak_rss_bytes() -> int:
     # ru_maxrss is in KiB on Linux
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB -> bytes
+
+
+# ------------------------------------------------------------------------ the rank's process tree
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size of a process (a page that n processes map counts 1/n in each: a
+    library, a tensor shared with a worker process), from /proc/<pid>/smaps_rollup; None where
+    unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024  # kB -> bytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_bytes(pid: int) -> int | None:
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+class HostMemorySampler:
+    """Samples the host memory of this process and of its process tree (itself and every
+    descendant: DeepSpeed SuperOffload's optimizer worker holds the Adam moments) in a
+    background thread and keeps both peaks (bytes).
+
+    PSS where this process's smaps_rollup is readable (``measure`` "pss": a page the rank shares
+    with its worker counts once over the tree; a child whose rollup is unreadable counts its
+    RSS), else RSS. Reading a rollup walks the process's page tables (about 20 ms per GiB
+    resident on a slow host): the thread waits ``interval_s``, and at least DUTY times the
+    last sample's own time, between samples, so it takes a small share of one core whatever
+    the size of the processes, off the training thread.
+    """
+
+    DUTY = 50  # waits >= 50x a sample's time: at most 2 % of one core
+
+    def __init__(self, interval_s: float = 1.0, pid: int | None = None, prefer_pss: bool = True):
+        self.pid, self.interval_s = pid or os.getpid(), interval_s
+        self.measure = "pss" if prefer_pss and pss_bytes(self.pid) is not None else "rss"
+        self.own_peak = self.tree_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-memory-sampler", daemon=True)
+
+    def size(self, pid: int) -> int:
+        """Bytes of one process as ``measure`` counts them (0: it is gone)."""
+        got = pss_bytes(pid) if self.measure == "pss" else None
+        return got if got is not None else rss_bytes(pid) or 0
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            children = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            children = []
+        own = self.size(self.pid)
+        tree = own + sum(self.size(child.pid) for child in children)
+        self.own_peak, self.tree_peak = max(self.own_peak, own), max(self.tree_peak, tree)
+
+    def _run(self) -> None:
+        wait = 0.0
+        while not self._stop.wait(wait):
+            began = time.monotonic()
+            self.sample()
+            wait = max(self.interval_s, self.DUTY * (time.monotonic() - began))
+
+    def start(self) -> HostMemorySampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        """RankStats fields of the tree's peak (a last sample taken now)."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.sample()
+        return {"host_peak_tree_bytes": self.tree_peak, "host_tree_measure": self.measure}
 
 
 def nvml_used_bytes(device_index: int) -> int | None:

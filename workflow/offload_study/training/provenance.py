@@ -191,6 +191,13 @@ def _host_facts(cores: int) -> dict:
     }
 
 
+def rank_threads(stats: dict[int, RankStats]) -> list[dict]:
+    """Each rank's cores and threads as it saw them once its engine was built (the fields the
+    schema's rank_threads names, read from its stats: probes.cores_and_threads)."""
+    fields = provenance_schema()["properties"]["rank_threads"]["items"]["properties"]
+    return [{key: getattr(s, key) for key in fields} for _, s in sorted(stats.items())]
+
+
 def provenance(
     spec: RunSpec,
     launch: Launch | None,
@@ -213,6 +220,7 @@ def provenance(
             **engine_versions(spec, lambda name: getattr(rank0, name, None)),
             "transformers_version": pkg_version("transformers"),
             **_host_facts(cores),
+            "rank_threads": rank_threads(stats),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_job_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
             "slurm_job_gpus": os.environ.get("SLURM_JOB_GPUS"),

@@ -2,7 +2,7 @@
 scenario both ran (no offload; CPU offload), only where a study has more than one engine.
 
 Per scenario: tokens/s with its 95 % CI (collect's summary), peak GPU memory (allocated,
-reserved), peak host RSS per node, and where a step's time goes (the harness' forward, backward
+reserved), peak host memory per node, and where a step's time goes (the harness' forward, backward
 and optimizer parts, timed alike for both engines: steps.csv, metrics.json
 ``step_breakdown_ms``). Per FSDP2 scenario and DeepSpeed scenario of the same kind and
 settings (contracts.SAME_SETTINGS_KEYS): the paired ratio of their tokens/s, repeat k with
@@ -43,7 +43,7 @@ def _row_view(row: Mapping) -> dict:
         "ci_high": verdict.finite_or_none(row.get("tokens_per_s_ci_high")),
         "gpu_allocated_gib": verdict.finite_or_none(row.get("peak_gpu_allocated_gib")),
         "gpu_reserved_gib": verdict.finite_or_none(row.get("peak_gpu_reserved_gib")),
-        "host_gib": verdict.finite_or_none(row.get("host_peak_rss_gib")),
+        "host_gib": collect.host_memory_gib(row),
         "parts_ms": parts,
     }
 

@@ -263,7 +263,7 @@ def plot_speed_vs_memory(views: list[Row], path: Path) -> bool:
     xkey, xlabel = "peak_gpu_allocated_gib", "peak GPU memory allocated per GPU (GiB)"
     if not any(v[xkey] is not None and v[ykey] is not None for v in views):
         xkey, xlabel = (
-            "host_peak_rss_gib",
+            "host_memory_gib",
             "peak host memory per node (GiB) — no GPU memory measured",
         )
     pts = [v for v in views if v[xkey] is not None and v[ykey] is not None]
@@ -496,14 +496,14 @@ def plot_memory_tradeoff(views: list[Row], path: Path) -> bool:
     the GPU to the host and costs speed: down-right is the price paid for left)."""
     key, scale, words = _speed_axis(views)
     pts = [v for v in views if all(isnum(v[k]) for k in
-                                   ("peak_gpu_allocated_gib", "host_peak_rss_gib", key))]  # fmt: skip
+                                   ("peak_gpu_allocated_gib", "host_memory_gib", key))]  # fmt: skip
     if not pts:
         _no_data(path, "GPU vs host memory", "no successful run with GPU and host memory measured")
         return False
     pts.sort(key=lambda v: -float(v[key]))  # the slow (small) points drawn over the fast
     data = pd.DataFrame({
         "gpu": [float(v["peak_gpu_allocated_gib"]) for v in pts],
-        "host": [float(v["host_peak_rss_gib"]) for v in pts],
+        "host": [float(v["host_memory_gib"]) for v in pts],
         words: [scale * float(v[key]) for v in pts],
     })  # fmt: skip
     fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 5.6))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from offload_study.analysis import collect
 from offload_study.analysis.report.views import isnum
 from offload_study.core.contracts import (
     Prediction,
@@ -85,7 +86,7 @@ def _row(p: Prediction, m: dict, label: str | None, overhead: str | None) -> dic
         "outcome": m.get("status"),
         "gpu": _pair(p.gpu_gib, m.get("peak_gpu_allocated_gib")),
         "ds_gpu": _pair(p.ds_gpu_gib, m.get("peak_gpu_allocated_gib")),
-        "host": _pair(p.host_gib, m.get("host_peak_rss_gib")),
+        "host": _pair(p.host_gib, collect.host_memory_gib(m)),
         "step": _pair(p.step_time_s, m.get("step_time_s")),
         "tokens": _pair(p.tokens_per_s, m.get("tokens_per_s")),
         "gpu_hours": p.gpu_hours,

@@ -23,6 +23,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from offload_study.analysis import collect
 from offload_study.analysis.report import html as pages
 from offload_study.analysis.report import views
 from offload_study.core import contracts, layout, verdict
@@ -112,10 +113,11 @@ def page_view(recommendation: dict, study_dir: str | Path | None) -> dict | None
 def winner_memory(records: Sequence[Path]) -> dict:
     """The largest peak of the winner's ok runs: GPU allocated and reserved per GPU, host per
     node (GiB; None where no run measured it)."""
-    keys = ("peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "host_peak_rss_gib")
+    keys = ("peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "host_memory_gib")
     peaks: dict[str, float | None] = dict.fromkeys(keys)
     for rec in records:
         metrics = read_json(rec / contracts.METRICS_FILE)
+        metrics["host_memory_gib"] = collect.host_memory_gib(metrics)
         if metrics.get("outcome") != "ok":
             continue
         for k in keys:
@@ -131,7 +133,7 @@ def budget_met(memory: dict, gpu_budget_gib: float, host_budget_gib: float | Non
     if gpu is None:
         return "not measured"
     over_gpu = gpu > gpu_budget_gib + BUDGET_SLACK_GIB
-    host = memory["host_peak_rss_gib"]
+    host = memory["host_memory_gib"]
     over_host = bool(host_budget_gib and host and host > host_budget_gib + BUDGET_SLACK_GIB)
     return "exceeded" if over_gpu or over_host else "met"
 

@@ -36,7 +36,7 @@ def headline_rows(summary_csv: Path, plan_json: Path) -> list[tuple[str, ...]]:
             speed = v["outcomes"] or "—"
         rows.append((str(v["plot_label"]), views.fmt(v["tokens_per_s"], 0), speed,
                      views.fmt(v["peak_gpu_allocated_gib"], 1),
-                     views.fmt(v["host_peak_rss_gib"], 1)))  # fmt: skip
+                     views.fmt(v["host_memory_gib"], 1)))  # fmt: skip
     return rows
 
 

@@ -194,6 +194,7 @@ def _display_fields(v: Row) -> dict:
         "sweep_text": sweep_text,
         "plot_label": f"{v['label']} [{sweep_text}]" if sweep_text else v["label"],
         "reference_speed_pct": (v["reference"] or {}).get("speed_pct"),
+        "host_memory_gib": collect.host_memory_gib(v),
     }
 
 
@@ -255,7 +256,7 @@ def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[
         ]
     mem, mem_name = ("peak_gpu_allocated_gib", "GPU memory per GPU")
     if base[mem] is None:
-        mem, mem_name = ("host_peak_rss_gib", "host memory per node")
+        mem, mem_name = ("host_memory_gib", "host memory per node")
     head = f"Baseline {base['plot_label']}: {fmt(base['tokens_per_s'], 0)} tokens/s on " + (
         count_of(base["world_size"], base["unit"])
         + (f", {fmt(base[mem])} GiB {mem_name}" if base[mem] is not None else "")
