@@ -3,7 +3,9 @@ it made (from Chromium's net log), so that a test can prove no request leaves a 
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -63,3 +65,58 @@ def page_requests(reqs: list[dict]) -> list[str]:
         if r["url"].startswith(("http:", "https:", "ws:", "wss:", "ftp:"))
         and (r["initiator"] != "not an origin" or "file://" in (r["nik"] or ""))
     ]
+
+
+#: A page's "first screen" in the reading tests (CSS pixels).
+SCREEN = (1400, 900)
+
+_READER = """<html><body style="margin:0"><iframe id="f" style="width:%(w)dpx;height:%(h)dpx;border:0">
+</iframe><script>
+var pages = %(pages)s, ids = %(ids)s, out = [], i = 0, f = document.getElementById('f');
+function text(d) { return d.body ? d.body.innerText : ''; }
+f.onload = function () {
+  if (i >= pages.length) return;
+  var d = f.contentDocument, r = {page: pages[i], boxes: {}};
+  r.on_load = text(d);
+  ids.forEach(function (id) {
+    var e = d.getElementById(id);
+    if (e) { var b = e.getBoundingClientRect(); r.boxes[id] = [b.top, b.bottom]; } });
+  r.alts = Array.prototype.map.call(d.images, function (m) { return m.alt; });
+  d.querySelectorAll('details').forEach(function (e) { e.open = true; });
+  r.whole = text(d);
+  d.querySelectorAll('pre').forEach(function (e) { e.style.display = 'none'; });
+  r.prose = text(d);
+  out.push(r); i += 1;
+  if (i < pages.length) { f.src = pages[i]; return; }
+  var p = document.createElement('pre'); p.id = 'out';
+  p.textContent = JSON.stringify(out); document.body.appendChild(p);
+};
+f.src = pages[0];
+</script></body></html>"""
+
+
+def read_pages(
+    tmp: Path, pages: list[Path], ids: tuple[str, ...] = ()
+) -> tuple[dict[Path, dict], list[dict]]:
+    """Open every page in one Chromium, one after another in a SCREEN-sized frame, as a reader
+    does: per page the text shown on load (collapsed sections closed: ``on_load``), the text
+    with every section opened (``whole``) and the same without the files a page quotes in
+    ``<pre>`` (``prose``), the images' alt texts, and the top and bottom of the elements
+    ``ids`` in the frame (``boxes``); and the requests of the whole run (its net log). One
+    browser for all pages: starting Chromium costs more than reading a page."""
+    wrapper = tmp / "reader.html"
+    wrapper.write_text(_READER % {"w": SCREEN[0], "h": SCREEN[1], "ids": json.dumps(list(ids)),
+                                  "pages": json.dumps([p.resolve().as_uri() for p in pages])})
+    budget = 4000 * len(pages)  # virtual ms: time stands still while a file loads
+    dom, requests = chromium(tmp, wrapper.as_uri(), "--allow-file-access-from-files",
+                             f"--virtual-time-budget={budget}", "--dump-dom")  # fmt: skip
+    found = re.search(r'<pre id="out">(.*?)</pre>', dom, re.S)
+    assert found, "the reader page read no page (a page failed to load?)"
+    by_uri = {p.resolve().as_uri(): p for p in pages}
+    read = {by_uri[r["page"]]: r for r in json.loads(html.unescape(found.group(1)))}
+    return read, requests
+
+
+def words(text: str) -> int:
+    """Words as a reader counts them: runs of characters between white space."""
+    return len(text.split())

@@ -274,10 +274,17 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
     (tmp_path / "recommend").mkdir()
     (tmp_path / "recommend/recommendation.json").write_text(json.dumps(rec))
     (tmp_path / "plan.json").write_text(json.dumps({"study": "s"}))
-    assert _read_plan(str(tmp_path / "plan.json"))["recommendation"] == rec
+    beside = _read_plan(str(tmp_path / "plan.json"))["recommendation"]
+    assert {k: beside[k] for k in rec if k != "others"} == {k: v for k, v in rec.items()
+                                                            if k != "others"}  # fmt: skip
+    # a plan without the scenario: its name in words still (a candidate's, from its name)
+    assert beside["names"]["rec-opt__mb-4"] == "CPU optimizer offload; micro-batch 4"
+    (why,) = [o["why"] for o in beside["others"]]
+    assert why == "no ok run: failed with an error: SuperOffload only supports NVIDIA CUDA GPUs"
     view.write_page(rec, tmp_path / "page.html")
     page = (tmp_path / "page.html").read_text()
-    assert "rec-opt__mb-4" in page and "no difference shown" in page and "SuperOffload only" in page
+    assert "CPU optimizer offload; micro-batch 4" in page and "rec-opt__mb-4" not in page
+    assert "no difference shown" in page and "SuperOffload only" in page
     assert "NaN" not in page and "1.5 device-minutes" in page
 
 
@@ -359,8 +366,12 @@ def test_the_recommend_page_shows_budget_memory_config_and_provenance(tmp_path):
     assert "&#34;train_batch_size&#34;: 32" in page  # inline too
     assert "slower: 909 tokens/s" in page
     prov = page[page.index('id="recommend-provenance"') :]
-    for value in ("NVIDIA H200", "550.54.15", "12.4", "2.5.1", "0.16.4", "deadbeef+dirty"):
+    for value in ("NVIDIA H200", "550.54.15", "12.4", "2.5.1", "deepspeed 0.16.4",
+                  "deadbeef with uncommitted changes"):  # fmt: skip
         assert f"<code>{value}</code>" in prov, value
+    # the winner's plan names it in words; its runs ran from a dirty tree, and the page says so
+    assert "CPU optimizer offload; micro-batch 4" in page and 'id="dirty"' in page
+    assert "Re-run the search: <code>snakemake --cores all recommend" in page
     assert "beyond CI" not in page and "within noise" not in page
     assert "faster" in cell(page, "recommend-verdict") and "inconclusive" in page
 

@@ -50,15 +50,18 @@ def test_full_report(tmp_path):
     assert_self_contained(html)
     assert_figures(figs)
     assert 'id="headline-table"' in html and "ZeRO-3 + Offload (4 GPU)" in html
-    assert "40GB × 8" in html and "~35%" in html  # measured setup and seed reference
+    assert "8 GPUs × 40 GiB" in html and ">35%</td>" in html  # measured setup and seed reference
     speed = headline_cells(html, "ZeRO-3 + Offload (4 GPU)")[3]  # measured: 2800/8000 tokens/s
-    assert speed.startswith("35% [") and speed.endswith("] slower 2,800 tokens/s"), speed
-    assert html.count("data:image/png;base64,") == len(figures.FIGURES)
-    assert "host_oom" in html and "Killed: host memory exceeded 512GB" in html  # failures shown
+    assert re.fullmatch(r"35(\.\d)?% \[[\d.]+%–[\d.]+%\] slower 2,800 \[[\d,–]+\] tokens/s",
+                        speed), speed  # fmt: skip
+    # every figure but speed vs accumulation (it never varies here); the seed's among them
+    assert html.count("data:image/png;base64,") == len(figures.FIGURES) - 1
+    assert 'id="fig-seed_share"' in html and 'id="fig-speed_vs_gas"' not in html
+    assert "ran out of host memory" in html and "Killed: host memory exceeded 512GB" in html
     assert "of baseline speed at 0.41× the GPU memory per GPU" in html  # verdict
     assert 'download="zero3-8gpu.json"' in html and "matches the run records" not in html
-    assert "node001" in html and "deadbeef" in html  # provenance
-    assert "speed_vs_gas.png" in html
+    assert "host node001" in html and "commit deadbeef" in html  # provenance, shared by all runs
+    assert 'id="use-this"' in html
 
 
 def test_escaping(tmp_path):
@@ -76,7 +79,8 @@ def test_escaping(tmp_path):
 
 def test_one_scenario(tmp_path):
     html, figs, _ = build_report(tmp_path, [make_record(tmp_path, "solo", label="Solo run")])
-    assert headline_cells(html, "Solo run")[3] == "100% 1,000 tokens/s"  # its own baseline
+    cell = headline_cells(html, "Solo run")[3]  # its own baseline
+    assert re.fullmatch(r"100% 1,0\d\d \[[\d,]+–[\d,]+\] tokens/s", cell), cell
     assert_figures(figs)
 
 
@@ -86,10 +90,10 @@ def test_all_failed(tmp_path):
         make_record(tmp_path, "b", outcome="timeout", offload_optimizer="cpu"),
     ]
     html, figs, _ = build_report(tmp_path, paths)
-    assert "gpu_oom" in html and "timeout" in html
+    assert "ran out of GPU memory" in html and "timed out" in html
     assert "No relative speed" in html
-    assert_figures(figs)
-    assert "(no data)" in html
+    assert_figures(figs)  # written for Snakemake, but a page shows no empty plot
+    assert "no data" not in html and 'id="figures"' not in html
 
 
 def test_missing_baseline_and_missing_records(tmp_path):
@@ -99,7 +103,7 @@ def test_missing_baseline_and_missing_records(tmp_path):
     ]
     html, figs, _ = build_report(tmp_path, paths)
     assert "No relative speed: no baseline" in html
-    assert "missing" in html and "500 tokens/s" in html
+    assert "left no record" in html and "500 [" in html
     assert_figures(figs)
 
 
@@ -111,8 +115,10 @@ def test_nans_and_no_gpu_memory(tmp_path):
     ]  # fmt: skip
     html, figs, _ = build_report(tmp_path, paths)
     off = headline_cells(html, "ZeRO-3 off")
-    assert off[1:3] == ["40GB × 8 peak — GiB/GPU allocated", "64GB peak — GiB/node used"]
-    assert off[3].startswith("30% [") and "] slower 300 tokens/s vs pair base : 30% [" in off[3]
+    assert off[1:3] == ["8 GPUs × 40 GiB peak — GiB allocated per GPU",
+                        "64 GiB peak — GiB used per node"]  # fmt: skip
+    assert re.match(r"30(\.0)?% \[", off[3]) and "] slower 300 [" in off[3]
+    assert "tokens/s vs ZeRO-3 base: 30" in off[3]
     assert_figures(figs)
 
 
@@ -132,7 +138,7 @@ def test_gas_sweep_and_other_cluster(tmp_path):
     s2.to_csv(other, index=False)
     html, figs, _ = build_report(tmp_path, paths, others=[other])
     assert 'id="clusters-table"' in html and "big-gpu-cluster" in html
-    assert "(no data)" not in html
+    assert "no data" not in html
     assert_figures(figs)
 
 
@@ -312,10 +318,10 @@ def test_paired_ratio_verdict_and_its_pair_are_stated(tmp_path):
                                  offload_optimizer="cpu", seed=19 + k))  # fmt: skip
     html, _, _ = build_report(tmp_path, paths)
     lines = {line.split(":")[0]: line for line in verdict_lines(html)}
-    assert "no difference shown from its no-offload pair &#39;base&#39;" in lines["ZeRO-3 same"]
+    assert "no difference shown from its no-offload pair, ZeRO-3 base" in lines["ZeRO-3 same"]
     slow = lines["ZeRO-3 slow"]
-    assert "slower: 50% [" in slow and "of its no-offload pair" in slow
-    assert "vs pair <code>base</code>" in html and "Sanity checks" in html
+    assert re.search(r"slower: 50(\.0)?% \[", slow) and "of its no-offload pair" in slow
+    assert "vs ZeRO-3 base: " in html and "Sanity checks" in html
     assert 'id="sanity-table"' in html and "No scenario flagged." in html
 
 
@@ -330,19 +336,20 @@ def test_the_h200_report_states_no_implausible_number_as_a_finding(tmp_path):
     html = R.render(C.read_table(out / "runs.csv"), C.read_table(out / "summary.csv"), plan,
                     tmp_path / "figures")  # fmt: skip
     lines = {line.split(":")[0]: line for line in verdict_lines(html)}
-    gas8 = lines["ZeRO-3, no offload [gas-8]"]
-    assert gas8.startswith("ZeRO-3, no offload [gas-8]: flagged, not a finding")
-    assert "accumulation-slower-per-token" in gas8 and "of baseline speed" not in gas8
-    opt8 = lines["ZeRO-3 + CPU optimizer offload [gas-8]"]
-    assert "its no-offload pair &#39;zero3__gas-8&#39; is flagged, so no paired ratio" in opt8
-    opt1 = lines["ZeRO-3 + CPU optimizer offload [gas-1]"]  # the baseline only cautions
+    gas8 = lines["ZeRO-3, no offload; gradient accumulation steps 8"]
+    assert gas8.startswith("ZeRO-3, no offload; gradient accumulation steps 8: flagged, not a")
+    assert "slower with more accumulation" in gas8 and "of baseline speed" not in gas8
+    opt8 = lines["ZeRO-3 + CPU optimizer offload; gradient accumulation steps 8"]
+    assert ("its no-offload pair, ZeRO-3, no offload; gradient accumulation steps 8, is flagged, "
+            "so no paired ratio") in opt8  # fmt: skip
+    opt1 = lines["ZeRO-3 + CPU optimizer offload; gradient accumulation steps 1"]
     assert re.search(r"slower: \d+% \[\d+%–\d+%\] of baseline speed", opt1), opt1
     # the caution most rows carry is said once, under the verdicts, not on each line
-    assert "caution" not in opt1 and 'id="caution-ci-target-missed"' in html
-    assert "flagged: accumulation-slower-per-token" in html  # beside the number in the table
+    assert "CI target missed" not in opt1 and 'id="caution-ci-target-missed"' in html
+    assert "flagged: slower with more accumulation" in html  # beside the number in the table
     note = html[html.index('id="caution-ci-target-missed"') :].split("</p>")[0]
     assert "the measurement stopped" in note  # said once with its reason,
-    assert ">caution: ci-target-missed</a>" not in html  # not beside each row's number
+    assert ">caution: CI target missed</a>" not in html  # not beside each row's number
     assert html.count('class="flagged"') == 1  # only gas 8's speed is struck through
 
 
@@ -358,10 +365,12 @@ def test_the_remeasured_h200_report_states_its_findings_with_their_caution():
     (common,) = views.common_cautions(scenarios)
     assert common["name"] == "ci-target-missed" and common["n"] == common["of"]
     assert not any("not a finding" in line or "is flagged" in line for line in lines)
-    (opt1,) = [line for line in lines if line.startswith("ZeRO-3 + CPU optimizer offload [gas-1]")]
+    (opt1,) = [line for line in lines
+               if line.startswith("ZeRO-3 + CPU optimizer offload; gradient accumulation steps 1")]
     pair = summary.set_index("scenario").loc["offload-opt__gas-1", "paired_ratio"]
     assert 0.25 < pair < 0.35
-    assert f"{views.fmt_pct(pair)} [" in opt1 and "of its no-offload pair 'zero3__gas-1'" in opt1
+    assert f"{views.fmt_pct(pair)} [" in opt1
+    assert "of its no-offload pair, ZeRO-3, no offload; gradient accumulation steps 1" in opt1
     assert "caution" not in opt1
     assert not any(v["blocking"] for v in scenarios)
 
@@ -394,11 +403,13 @@ def test_a_caution_is_a_finding_and_an_implausible_flag_is_not():
     head, lines = views.verdicts(vs, "base", None)
     by = {line.split(":")[0]: line for line in lines}
     assert by["caution"] == ("caution: slower: 50% [45%–55%] of baseline speed; slower: 50% "
-                             "[45%–55%] of its no-offload pair 'base' (same settings); caution: "
-                             "ci-target-missed.")  # fmt: skip
-    assert by["clean"].endswith("of its no-offload pair 'base' (same settings).")
-    assert by["implausible"] == "implausible: flagged, not a finding: offload-faster-than-pair."
-    assert by["mixed"].startswith("mixed: flagged, not a finding: many-skipped-steps; gpu-over-cap")
+                             "[45%–55%] of its no-offload pair, base (same settings); caution: "
+                             "CI target missed.")  # fmt: skip
+    assert by["clean"].endswith("of its no-offload pair, base (same settings).")
+    assert by["implausible"] == ("implausible: flagged, not a finding: offload faster than no "
+                                 "offload.")  # fmt: skip
+    assert by["mixed"].startswith("mixed: flagged, not a finding: many skipped steps; GPU memory "
+                                  "over its cap")  # fmt: skip
     assert [v["scenario"] for v in vs if v["blocking"]] == ["implausible", "mixed"]
 
     import matplotlib.pyplot as plt
@@ -412,12 +423,12 @@ def test_a_caution_is_a_finding_and_an_implausible_flag_is_not():
 
 def test_a_baseline_with_only_a_caution_keeps_its_ratios():
     head, lines = views.verdicts(flag_views({"base": "ci-target-missed", "off": ""}), "base", None)
-    assert head.endswith("; caution: ci-target-missed.") and "Flagged" not in head
+    assert head.endswith("; caution: CI target missed.") and "Flagged" not in head
     assert lines == ["off: slower: 50% [45%–55%] of baseline speed; slower: 50% [45%–55%] of its "
-                     "no-offload pair 'base' (same settings)."]  # fmt: skip
+                     "no-offload pair, base (same settings)."]  # fmt: skip
     head, lines = views.verdicts(flag_views({"base": "loss-parity", "off": ""}), "base", None)
-    assert "Flagged, so no ratio to it is stated: loss-parity." in head
-    assert lines == ["off: 500 tokens/s (the baseline is flagged); its no-offload pair 'base' is "
+    assert "Flagged, so no ratio to it is stated: loss differs from its pair." in head
+    assert lines == ["off: 500 tokens/s (the baseline is flagged); its no-offload pair, base, is "
                      "flagged, so no paired ratio is stated."]  # fmt: skip
 
 
@@ -440,12 +451,12 @@ def test_the_report_marks_a_caution_beside_the_number_and_strikes_only_the_impla
     html, _, _ = build_report(tmp_path, paths, baseline="base")
     assert html.count('class="flagged"') == 1  # the capped one's speed, not the noisy one's
     assert (
-        '<a href="#sanity" class="tag caution"' in html and ">caution: ci-target-missed</a>" in html
+        '<a href="#sanity" class="tag caution"' in html and ">caution: CI target missed</a>" in html
     )
-    assert ">flagged: gpu-over-cap</a>" in html
+    assert ">flagged: GPU memory over its cap</a>" in html
     lines = {line.split(":")[0]: line for line in verdict_lines(html)}
     assert "of baseline speed" in lines["ZeRO-3 noisy"] and "caution" in lines["ZeRO-3 noisy"]
-    assert "flagged, not a finding: gpu-over-cap" in lines["ZeRO-3 capped"]
+    assert "flagged, not a finding: GPU memory over its cap" in lines["ZeRO-3 capped"]
     sanity_section = html[html.index('id="sanity"') : html.index('id="failures"')]
     assert "1 scenario(s) flagged implausible" in sanity_section
     assert "1 scenario(s) with a caution only" in sanity_section
@@ -495,7 +506,7 @@ def test_the_runs_table_shows_what_moved_between_repeats():
     opt_step = [by[("offload-opt__gas-1", k)]["breakdown"][2] for k in "012"]
     assert max(opt_step) < 1.2 * min(opt_step)
     assert by[("zero3__gas-1", "1")]["settled"] is False
-    assert by[("zero3__gas-1", "0")]["stop"] == "target_unreachable"
+    assert by[("zero3__gas-1", "0")]["stop"] == "CI target out of reach"
     # repeat 2 of three scenarios (and the OOM) ran in a later lease, on another machine
     later = {s for s, k in by if k == "2" and by[(s, k)]["machine"] == "B"}
     assert later == {"offload-opt__gas-8", "offload-opt-param__gas-1", "offload-opt-param__gas-8",
@@ -510,3 +521,137 @@ def test_the_report_has_the_runs_table(tmp_path):
     ]
     assert table.count("<tr>") - 1 == len(seed_like_records(tmp_path / "again"))
     assert "optimizer step (ms)" in table
+
+
+# --------------------------------------------------------------------------- the reader's page
+@pytest.mark.parametrize(
+    "v,lo,hi,text",
+    [
+        (13941, 13203, 14474, "13,900 [13,200–14,500]"),  # ±635: hundreds
+        (4083.9, 3950, 4210, "4,080 [3,950–4,210]"),  # ±130: tens (leading 1: one finer)
+        (88.4, 77.8, 100.1, "88 [78–100]"),
+        (2800, None, None, "2,800"),  # no CI: three significant digits
+        (None, 1, 2, "—"),
+    ],
+)  # fmt: skip
+def test_a_number_keeps_the_precision_its_ci_supports(v, lo, hi, text):
+    assert views.fmt_ci(v, lo, hi) == text
+
+
+def test_ratios_and_errors_never_print_noise_digits():
+    from offload_study.core import verdict
+
+    assert verdict.ratio_text(0.88, 0.778, 1.001) == "88% [78%–100%]"
+    assert verdict.ratio_text(0.996, 0.991, 1.001) == "99.6% [99.1%–100.1%]"  # a tight CI
+    assert [views.fmt_signed_pct(e) for e in (-0.004, 0.14, -0.04)] == ["0%", "+14%", "-4%"]
+    assert views.fmt_sig(21.38) == "21.4" and views.fmt_sig(49044) == "49,000"
+
+
+def test_the_planners_names_become_words():
+    from offload_study.analysis.report import words
+
+    assert words.sweep_words("rec-opt__mb-8__rbs-5e8", {}) == "micro-batch 8, reduce bucket 5e8"
+    assert words.sweep_words("zero3__gas-8", {"gradient_accumulation_steps": 8}) == (
+        "gradient accumulation steps 8")  # fmt: skip
+    assert words.reader_label("candidate opt-r0.8", "x") == "partial CPU optimizer offload, ratio 0.8"
+    assert words.reader_label("", "rec-optparam__mb-4") == "CPU optimizer + parameter offload"
+    assert words.reader_label("ZeRO-3, no offload", "zero3") == "ZeRO-3, no offload"
+    assert words.outcomes("infeasible:1, missing:1") == (
+        "1 predicted not to fit, not run, 1 left no record")  # fmt: skip
+    assert words.gpu_setup(2, 80, 140.4) == "2 GPUs × 80 GiB"
+    assert words.gpu_setup(1, None, 140.4) == "1 GPU × 140.4 GiB (the whole card)"
+
+
+def use_views(rows: list[dict]) -> list[views.Row]:
+    base = {"n_ok": 2, "world_size": 1, "offload_optimizer": "none", "offload_param": "none",
+            "micro_batch": 4, "gradient_accumulation_steps": 1, "nodes": 1}  # fmt: skip
+    return views.scenario_views(pd.DataFrame([{**base, **r} for r in rows]), {}, None, 140.4)
+
+
+def test_use_this_picks_the_fastest_that_fits_each_memory_level_and_says_when_it_cannot():
+    from offload_study.analysis.report import usethis
+
+    vs = use_views([
+        {"scenario": "big", "label": "no offload", "tokens_per_s": 1000.0,
+         "tokens_per_s_ci_low": 950.0, "tokens_per_s_ci_high": 1050.0},
+        {"scenario": "opt24", "label": "optimizer offload", "gpu_mem_gb": 24,
+         "offload_optimizer": "cpu", "tokens_per_s": 700.0, "tokens_per_s_ci_low": 680.0,
+         "tokens_per_s_ci_high": 720.0},
+        {"scenario": "par24", "label": "both offloaded", "gpu_mem_gb": 24,
+         "offload_optimizer": "cpu", "offload_param": "cpu", "tokens_per_s": 690.0,
+         "tokens_per_s_ci_low": 600.0, "tokens_per_s_ci_high": 700.0},
+        {"scenario": "flagged", "label": "flagged", "gpu_mem_gb": 16, "tokens_per_s": 5000.0,
+         "flags": "gpu-over-cap"},
+    ])  # fmt: skip
+    levels = usethis.picks(vs)
+    assert [(p["level"], p["pick"]["label"]) for p in levels] == [
+        ("24 GiB per GPU", "optimizer offload"), ("the whole card (140.4 GiB)", "no offload")]
+    assert [r["label"] for r in levels[0]["rivals"]] == ["both offloaded"]  # CIs overlap
+    assert levels[1]["rivals"] == []  # 950 and up: above every 24 GiB CI
+    assert levels[0]["pick"]["tokens"] == "700 [680–720]"
+
+
+def test_a_result_a_reader_would_not_expect_gets_its_measured_breakdown():
+    from offload_study.analysis.report import usethis
+
+    step = {"breakdown_ms.forward": 100.0, "breakdown_ms.backward": 200.0}
+    vs = use_views([
+        {"scenario": "opt", "label": "optimizer offload", "offload_optimizer": "cpu",
+         "tokens_per_s": 400.0, "tokens_per_s_ci_low": 380.0, "tokens_per_s_ci_high": 420.0,
+         **step, "breakdown_ms.step": 1700.0},
+        {"scenario": "both", "label": "optimizer + parameter offload", "offload_optimizer": "cpu",
+         "offload_param": "cpu", "tokens_per_s": 700.0, "tokens_per_s_ci_low": 650.0,
+         "tokens_per_s_ci_high": 720.0, **step, "breakdown_ms.step": 650.0},
+    ])  # fmt: skip
+    (said,) = usethis.surprises(vs)
+    assert said.startswith("optimizer + parameter offload is faster than optimizer offload though")
+    assert "the optimizer step differs most: 0.65 s against 1.7 s" in said
+    vs[1]["tokens_per_s_ci_low"] = 400.0  # its CI reaches the other's: no surprise stated
+    assert usethis.surprises(vs) == []
+
+
+def test_parts_that_overlap_in_time_are_said_to(tmp_path):
+    from offload_study.analysis.report import predicted
+    from offload_study.core.contracts import PREDICTION_COLUMNS, Prediction
+
+    empty = dict.fromkeys(PREDICTION_COLUMNS)
+    row = Prediction(**{**empty, "scenario": "off", "step_time_s": 30.2, "compute_s": 21.3,
+                        "pcie_s": 3.66, "optimizer_s": 5.31, "nvme_s": 0.0})  # fmt: skip
+    ref = Prediction(**{**empty, "scenario": "base", "step_time_s": 21.4, "compute_s": 21.3})
+    planned = {"off": {"offload_optimizer": "cpu", "offload_param": "none"}}
+    text = predicted.overhead_text(row, ref, planned, {"off": 26.66, "base": 21.52},
+                                   {"base": "no offload"})  # fmt: skip
+    assert text == ("PCIe 3.7 s and CPU Adam 5.3 s, which overlap: together more than the 5.1 s "
+                    "measured overhead over no offload")  # fmt: skip
+
+
+def test_provenance_is_what_differs_and_one_line_of_what_is_shared(tmp_path):
+    from builders import set_provenance
+
+    from offload_study.analysis.report import origin
+
+    paths = [make_record(tmp_path, "base", k, seed=k) for k in range(2)]
+    set_provenance(paths[1], git_commit="cafe" * 10, git_dirty=True)
+    runs, _ = C.collect(paths, n_boot=50)
+    prov = origin.provenance(runs, {"base": "no offload"})
+    shared = dict(prov["shared"])
+    assert shared["host"] == "node001" and shared["engine version"] == "deepspeed 0.16.4"
+    assert shared["GPU memory"] == "140.4 GiB"
+    assert prov["columns"] == ["commit"]  # started and config agree in these records
+    assert [r["facts"] for r in prov["rows"]] == [["deadbeef"],
+                                                  ["cafecafecafe with uncommitted changes"]]  # fmt: skip
+    assert origin.dirty(runs).startswith("1 of 2 runs ran from a working tree with uncommitted")
+    assert origin.usable_gib(runs) == 140.4
+
+
+def test_a_moved_plans_configs_are_found_beside_it(tmp_path):
+    from offload_study.analysis.report.render import found_beside
+
+    records = tmp_path / "docs" / "results" / "c" / "s"
+    (records / "configs").mkdir(parents=True)
+    (records / "configs" / "x.json").write_text("{}")
+    plan = {"cluster": "c", "study": "s"}
+    assert found_beside("results/c/s/configs/x.json", records, plan) == records / "configs/x.json"
+    assert found_beside("elsewhere/x.json", records, plan) == records / "configs/x.json"
+    assert found_beside("results/c/s/configs/y.json", records, plan) == Path(
+        "results/c/s/configs/y.json")  # fmt: skip

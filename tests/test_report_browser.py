@@ -59,10 +59,10 @@ def test_report_in_browser(tmp_path):
     assert dom.count("<tr") >= 6
     from offload_study.analysis.report.figures import FIGURES
 
-    for name in FIGURES:
-        assert f'id="fig-{name}"' in dom
-    assert dom.count('src="data:image/png;base64,') == len(FIGURES)
-    assert "host_oom" in dom  # failed scenario visible
+    shown = [name for name in FIGURES if f'id="fig-{name}"' in dom]  # those with data
+    assert {"relative_speed", "seed_share", "speed_vs_gas"} <= set(shown)
+    assert dom.count('src="data:image/png;base64,') == len(shown)
+    assert "ran out of host memory" in dom  # failed scenario visible
 
     shot = tmp_path / "shot.png"
     _, reqs = chromium(tmp_path, url, f"--screenshot={shot}")

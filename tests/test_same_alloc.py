@@ -142,8 +142,8 @@ def test_records_without_pair_runs_give_the_tables_they_gave_before(tmp_path):
 def test_the_report_labels_a_same_allocation_ratio(tmp_path):
     # nodes within 2 %: no ci-target-missed flag, so the verdict line states the ratio too
     html, _, _ = build_report(tmp_path, drifting_allocations(tmp_path, nodes=(1.0, 0.98, 1.02)))
-    assert "&#39;base&#39;, same settings, same allocation" in html  # the pair column
-    assert "of its no-offload pair &#39;base&#39; (same settings, same allocation)" in html
+    assert "ZeRO-3 base, same settings, same allocation" in html  # the pair column
+    assert "of its no-offload pair, ZeRO-3 base (same settings, same allocation)" in html
 
 
 # --------------------------------------------------------------------------- real runs

@@ -82,7 +82,7 @@ def test_an_8gpu_cluster_measures_every_row_against_its_own_baseline(tmp_path):
     assert two["ci"][1] < 0.15 and two["verdict"] == "not reproduced"
     assert view["per_gpu"].startswith("Per GPU, a different quantity")
     assert (
-        "offload-2gpu-80gb does 450 tokens/s per GPU, 36 % of the 8-GPU run's per-GPU"
+        "offload-2gpu-80gb does 450 tokens/s per GPU, 36% of the 8-GPU run's per-GPU"
         in (view["per_gpu"])
     )
 
@@ -168,8 +168,10 @@ def test_predicted_seed_rows_carry_the_uncalibrated_band_and_never_say_reproduce
     four = by_scenario(view)["offload-4gpu-40gb"]
     assert four["verdict"] == "not measured" and four["predicted_verdict"].startswith("predicted")
     html = render_seed(view)
-    assert f"predicted</span> 35% ±{round(100 * p)}% (uncalibrated plan.csv)" in html
-    assert not re.search(r">\s*reproduced", html.split("offload-4gpu-40gb")[1].split("</tr>")[0])
+    row = next(r for r in html.split("<tr>") if "offload-4gpu-40gb" in r)
+    assert f"predicted</span> ±{round(100 * p)}%, not measured here" in row
+    assert f"(±{round(100 * p)}%, uncalibrated)" in html
+    assert not re.search(r">\s*reproduced", row)
 
 
 def render_seed(view: dict) -> str:

@@ -4,6 +4,7 @@ Snakefile's onsuccess:), from records written by builders.make_record."""
 from __future__ import annotations
 
 import json
+import re
 
 from builders import CLUSTER, STUDY, make_plan, run_collect_cli, seed_like_records
 
@@ -23,7 +24,8 @@ def test_the_headline_table_and_the_report_path(tmp_path):
     rows = {line.split("  ")[0].strip(): line for line in lines[1:-1]}
     assert "baseline" in rows["ZeRO-3 (8 GPU)"]
     four = rows["ZeRO-3 + Offload (4 GPU)"]  # 2,800 of 8,000 tokens/s
-    assert "2,800" in four and "35% [" in four and four.split()[-3] == "slower", four
+    assert "2,800" in four and re.search(r"35(\.\d)?% \[", four), four
+    assert four.split()[-3] == "slower", four
     assert "host_oom" in rows[next(k for k in rows if "NVMe" in k or "nvme" in k)]
 
 

@@ -22,6 +22,7 @@ rule report:
         step_breakdown=report_figure("step_breakdown", "step-time breakdown"),
         speed_vs_gas=report_figure("speed_vs_gas", "speed vs gradient accumulation"),
         step_series=report_figure("step_series", "step time per run"),
+        seed_share=report_figure("seed_share", "seed vs this cluster"),
     log:
         f"{RESULTS}/logs/report.log",
     conda:

@@ -9,11 +9,16 @@ page is still listed, its headline saying so.
 
 The verdict: the seed rows' verdicts (analysis.report.seed, the report's first block) where the
 study carries a published table; else the fastest scenario against the baseline, worded by the
-one verdict rule (core.verdict.speed).
+one verdict rule (core.verdict.speed). Each entry also says what the study is for (its plan's
+``purpose``: a result to use, or a check of the project's own method) and when its page was
+rendered (the page's ``rendered`` meta tag).
 """
 
 from __future__ import annotations
 
+import argparse
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from offload_study.analysis import collect
@@ -24,6 +29,10 @@ from offload_study.core import contracts, layout, references, verdict
 #: Where committed records lie (docs/results/<cluster>/<study>, by convention; found by plan.json).
 PUBLISHED_RECORDS = Path("docs/results")
 PAGES = {"report.html": "report", "recommend.html": "recommend"}
+#: How a page says when it was rendered (templates: report.html.j2, the recommend page).
+RENDERED = re.compile(r'<meta name="rendered" content="([^"]+)"')
+#: A study's purpose (the study schema's ``purpose``) when its plan does not say.
+DEFAULT_PURPOSE = "result"
 
 
 def local_pages(reports_root: str | Path, index: str | Path, root: str | Path = ".") -> list[dict]:
@@ -37,9 +46,23 @@ def local_pages(reports_root: str | Path, index: str | Path, root: str | Path = 
                 continue
             records = records_of(cluster, study, Path(root))
             out.append({"cluster": cluster, "study": study, "kind": kind,
-                        "href": html.href(page, index),
-                        "headline": headline(kind, records)})  # fmt: skip
+                        "href": html.href(page, index), "page": page,
+                        "headline": headline(kind, records), "purpose": purpose(records),
+                        "rendered": rendered(page)})  # fmt: skip
     return sorted(out, key=lambda e: (e["cluster"], e["study"], e["kind"]))
+
+
+def purpose(records: Path | None) -> str:
+    """The study's purpose as its plan says (older plans: a result)."""
+    if records is None:
+        return DEFAULT_PURPOSE
+    return contracts.read_json(records / layout.PLAN_JSON).get("purpose") or DEFAULT_PURPOSE
+
+
+def rendered(page: Path) -> str | None:
+    """When the page was rendered, as it says; None for a page that does not."""
+    found = RENDERED.search(page.read_text(encoding="utf-8", errors="replace")[:4096])
+    return found.group(1) if found else None
 
 
 def records_of(cluster: str, study: str, root: Path = Path(".")) -> Path | None:
@@ -69,12 +92,16 @@ def headline(kind: str, records: Path | None) -> str:
 
 
 def winner_line(records: Path) -> str:
+    """'winner <its settings in words>: 19,900 [18,500–20,600] tokens/s within 16 GiB per GPU'."""
     rec = recommend_view.beside(records / layout.PLAN_JSON)
     if rec is None:
         return "no recommendation.json"
     if not rec.get("winner"):
         return f"no config ran ok within {rec['gpu_mem_gb']:g} GiB per GPU"
-    return (f"winner {rec['winner']}: {rec['tokens_per_s']:,.0f} tokens/s within "
+    plan = contracts.read_json(records / layout.PLAN_JSON)
+    name = recommend_view.scenario_words(plan, rec["winner"])
+    ci = rec.get("tokens_per_s_ci") or (None, None)
+    return (f"winner {name}: {views.fmt_ci(rec['tokens_per_s'], *ci)} tokens/s within "
             f"{rec['gpu_mem_gb']:g} GiB per GPU")  # fmt: skip
 
 
@@ -95,7 +122,7 @@ def verdict_line(records: Path, plan: dict) -> str:
     predictions = contracts.read_predictions(beside) if beside.is_file() else {}
     table = seed.seed_view(plan, scenarios, predictions, references.published_or_none(), baseline)
     if table:
-        return "seed " + " · ".join(f"{r['seed_pct']:g} %: {r['verdict']}" for r in table["rows"])
+        return "seed " + " · ".join(f"{r['seed_pct']:g}%: {r['verdict']}" for r in table["rows"])
     return fastest_line(scenarios)
 
 
@@ -108,3 +135,31 @@ def fastest_line(scenarios: list) -> str:
     v = max(rated, key=lambda v: float(v["relative_speed"]))
     ci = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
     return f"fastest: {v['plot_label']}, {verdict.ratio_text(*ci)} of baseline speed ({verdict.speed(*ci)})"
+
+
+def committed_pages(reports_root: str | Path, root: str | Path = ".") -> list[tuple[str, Path, Path]]:
+    """(kind, records folder, page) of every page under reports_root whose records are found:
+    what benchmarks/rerender.sh re-renders."""
+    out = []
+    for name, kind in PAGES.items():
+        for page in sorted(Path(reports_root).glob(f"*/*/{name}")):
+            cluster, study = page.parent.parent.name, page.parent.name
+            records = records_of(cluster, study, Path(root))
+            if records is not None and cluster not in ("site", "compare"):
+                out.append((kind, records, page))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m offload_study.across.headlines",
+                                 description="List every page under a reports folder with its "
+                                 "records: kind, records folder, page (tab-separated).")  # fmt: skip
+    ap.add_argument("reports_root", help="reports/")
+    a = ap.parse_args(argv)
+    for kind, records, page in committed_pages(a.reports_root):
+        print(f"{kind}\t{records}\t{page}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

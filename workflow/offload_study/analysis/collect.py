@@ -402,12 +402,14 @@ def summarize(
     n_boot: int = 2000,
     seed: int = 0,
     losses: dict[str, np.ndarray] | None = None,
+    step_times: dict[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """One row per scenario (order of first appearance in ``runs``).
 
     ``steps`` maps a run's ``record_dir`` to its measured steps' tokens/s (from
     :func:`read_step_speeds`); runs without steps use their metrics.json tokens_per_s only.
-    ``losses`` maps it to those steps' losses (the non-finite-loss check).
+    ``losses`` maps it to those steps' losses (the non-finite-loss check), ``step_times`` to
+    their step times (the not-steady check).
     ``baseline`` is a scenario name; empty or None: :func:`contracts.choose_baseline` picks.
     Two speed ratios: ``relative_speed`` against the study baseline (the seed's table), and
     ``paired_ratio`` against the scenario's pair (:func:`choose_pairs`, :func:`paired_ratio`).
@@ -441,7 +443,8 @@ def summarize(
                              relative_speed_ci_high=hi, relative_speed_note=notes)  # fmt: skip
     summary = pd.concat([summary, _pair_columns(summary, ok, steps or {}, base, n_boot, seed)],
                         axis=1)  # fmt: skip
-    return pd.concat([summary, sanity.flag(summary, runs, losses or {})], axis=1)
+    flags = sanity.flag(summary, runs, losses or {}, step_times or {})
+    return pd.concat([summary, flags], axis=1)
 
 
 def _setup_columns(runs: pd.DataFrame, order: pd.Index) -> pd.DataFrame:
@@ -750,7 +753,9 @@ def collect(
         measured.update({rd: read_timed_steps(rd) for rd in pairs})
     steps = {rd: np.array([r.tokens_per_s for r in rows]) for rd, rows in measured.items()}
     losses = {rd: np.array([r.loss for r in rows]) for rd, rows in measured.items()}
-    return runs, summarize(runs, steps, baseline=baseline or None, n_boot=n_boot, losses=losses)
+    times = {rd: np.array([r.step_time_s for r in rows]) for rd, rows in measured.items()}
+    return runs, summarize(runs, steps, baseline=baseline or None, n_boot=n_boot, losses=losses,
+                           step_times=times)  # fmt: skip
 
 
 def write_tables(runs: pd.DataFrame, summary: pd.DataFrame, runs_csv, runs_parquet, summary_csv):

@@ -44,6 +44,7 @@ class Facts:
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # its runs, every outcome
     losses: list = field(default_factory=list)  # measured steps' losses of each ok run
     all_runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # every scenario's runs
+    step_times: Mapping[str, np.ndarray] = field(default_factory=dict)  # record_dir -> timed steps (s)
 
 
 #: Severities of a check: an implausible result is not a finding; a caution is, with its CI.
@@ -58,6 +59,7 @@ class Check:
     tolerance_text: str  # how the tolerance reads in the report
     test: Callable[[Facts, float], str | None]  # why it fires, or None
     severity: str  # IMPLAUSIBLE (blocks the finding) or CAUTION (the number stands)
+    title: str = ""  # a few words for a page's tag ("step time not steady"); the name else
 
     def __post_init__(self):
         if self.severity not in (IMPLAUSIBLE, CAUTION):
@@ -201,33 +203,78 @@ def loss_parity(facts: Facts, tol: float) -> str | None:
             f"{a[1] / b[1] - 1:+.1%})")  # fmt: skip
 
 
+#: A line through the timed steps must explain at least this share of their spread (R²) for their
+#: drift to count as a trend, not noise: one slow step among quiet ones moves a line too.
+TREND_FIT_R2 = 0.7
+#: The stop reason of a run that met its CI target (steady.py): nothing capped it.
+TARGET_MET = "target_met"
+
+
+def drift(times: np.ndarray) -> tuple[float, float]:
+    """(change of a least-squares line across the steps as a share of their median, the line's
+    R²) of step times in order; (0, 0) for fewer than 3 steps or no spread."""
+    times = np.asarray(times, dtype=float)
+    times = times[np.isfinite(times)]
+    if len(times) < 3 or np.ptp(times) == 0:
+        return 0.0, 0.0
+    x = np.arange(len(times))
+    slope, cut = np.polyfit(x, times, 1)
+    residual = times - (slope * x + cut)
+    r2 = 1 - float(residual @ residual) / float(((times - times.mean()) ** 2).sum())
+    return float(slope * (len(times) - 1) / np.median(times)), r2
+
+
+def not_steady(facts: Facts, tol: float) -> str | None:
+    """An ok run that a step or time cap stopped (not its CI target) while its step time still
+    moved: a line through its timed steps changes by more than the tolerance across them and
+    explains most of their spread (:data:`TREND_FIT_R2`). Its median depends on when it stopped."""
+    ok = _ok(facts)
+    for r in ok.to_dict("records"):
+        times = facts.step_times.get(r.get("record_dir"))
+        if times is None or r.get("stop_reason") == TARGET_MET:
+            continue
+        change, r2 = drift(times)
+        if abs(change) > tol and r2 >= TREND_FIT_R2:
+            rep = int(r["repeat"]) if pd.notna(r.get("repeat")) else "?"
+            return (f"repeat {rep}: step time {times[0]:.3g} → {times[-1]:.3g} s over "
+                    f"{len(times)} timed steps, a trend of {change:+.0%}")  # fmt: skip
+    return None
+
+
 CHECKS: tuple[Check, ...] = (
     Check("accumulation-slower-per-token",
           "no offload, yet more gradient accumulation measured slower per token beyond the CI "
           "(accumulation only removes optimizer steps)", 0.02, "2% of the peer's median",
-          accumulation_slower, IMPLAUSIBLE),
+          accumulation_slower, IMPLAUSIBLE, "slower with more accumulation"),
     Check("offload-faster-than-pair",
           "offload measured faster than its no-offload pair of the same settings beyond the "
           "paired CI (offloading adds transfers, removes no work)", 0.02, "2% above 1",
-          offload_faster, IMPLAUSIBLE),
+          offload_faster, IMPLAUSIBLE, "offload faster than no offload"),
     Check("gpu-over-cap",
           "a run reserved more GPU memory than the scenario's per-process cap", 0.01,
-          "1% of the cap", gpu_over_cap, IMPLAUSIBLE),
+          "1% of the cap", gpu_over_cap, IMPLAUSIBLE, "GPU memory over its cap"),
     Check("ci-target-missed",
           "the measurement stopped before its CI target (older records: CI wider than the "
           "tolerance, or none)", 0.05, "CI half-width 5% of the median", ci_target_missed,
-          CAUTION),
+          CAUTION, "CI target missed"),
     Check("non-finite-loss", "a measured step's loss is NaN or infinite", 0, "no step",
-          non_finite_loss, IMPLAUSIBLE),
+          non_finite_loss, IMPLAUSIBLE, "loss not finite"),
     Check("many-skipped-steps",
           "many fp16 steps among the measured ones were skipped (loss-scale overflow)", 0.1,
-          "10% of measured steps", many_skipped, CAUTION),
+          "10% of measured steps", many_skipped, CAUTION, "many skipped steps"),
     Check("loss-parity",
           "the loss differs from its no-offload pair's at the same step (same settings and "
           "repeat): the mode changed the updates (e.g. ZenFlow)", 0.02,
-          "2% of the pair's loss (median over repeats)", loss_parity, IMPLAUSIBLE),
+          "2% of the pair's loss (median over repeats)", loss_parity, IMPLAUSIBLE,
+          "loss differs from its pair"),
+    Check("not-steady",
+          "the step time was still moving when a step or time cap stopped the measurement: "
+          "its median depends on when it stopped", 0.10,
+          f"a line through the timed steps changes by more than 10% of their median, "
+          f"R² ≥ {TREND_FIT_R2:g}", not_steady, CAUTION, "step time not steady"),
 )  # fmt: skip
 MEANINGS: dict[str, str] = {c.name: c.meaning for c in CHECKS}
+TITLES: dict[str, str] = {c.name: c.title or c.name for c in CHECKS}
 SEVERITIES: dict[str, str] = {c.name: c.severity for c in CHECKS}
 
 
@@ -239,10 +286,14 @@ def severity(name: str) -> str:
 
 # --------------------------------------------------------------------------- the table, applied
 def flag(
-    summary: pd.DataFrame, runs: pd.DataFrame, losses: Mapping[str, np.ndarray]
+    summary: pd.DataFrame,
+    runs: pd.DataFrame,
+    losses: Mapping[str, np.ndarray],
+    step_times: Mapping[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """``flags`` (names, ';'-separated, '' when none) and ``flag_details`` (JSON name -> why)
-    of every summary row, in its order and index. ``losses``: record_dir -> measured losses."""
+    of every summary row, in its order and index. ``losses``: record_dir -> measured losses;
+    ``step_times``: record_dir -> timed step times (s), in step order."""
     rows = summary.to_dict("records")
     peers = {r["scenario"]: r for r in rows}
     by_scenario = dict(tuple(runs.groupby("scenario", sort=False))) if "scenario" in runs else {}
@@ -250,7 +301,8 @@ def flag(
     for row in rows:
         mine = by_scenario.get(row["scenario"], runs.iloc[0:0])
         ok_dirs = mine.loc[mine["outcome"] == "ok", "record_dir"] if len(mine) else []
-        facts = Facts(row, peers, mine, [losses[d] for d in ok_dirs if d in losses], runs)
+        facts = Facts(row, peers, mine, [losses[d] for d in ok_dirs if d in losses], runs,
+                      step_times or {})  # fmt: skip
         fired = {c.name: why for c in CHECKS if (why := c.test(facts, c.tolerance))}
         flags.append(";".join(fired))
         details.append(json.dumps(fired) if fired else "")
@@ -279,6 +331,6 @@ def parse_flags(flags, details) -> list[dict]:
         why = {}
     return [
         {"name": n, "meaning": MEANINGS.get(n, "unknown check"), "detail": why.get(n, ""),
-         "severity": severity(n), "blocks": n in blocks}
+         "severity": severity(n), "blocks": n in blocks, "title": TITLES.get(n, n)}
         for n in names
     ]  # fmt: skip

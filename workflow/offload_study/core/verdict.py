@@ -91,10 +91,27 @@ def predicted(value, ci_low, ci_high, band_low, band_high) -> str:
     return words.get(said, said)
 
 
+def ci_unit(half_width: float) -> float:
+    """The rounding unit a 95 % CI of this half-width supports: its first significant digit,
+    one digit finer when that digit is 1 or 2 (a CI of ±635 keeps hundreds: 13,900; ±11 keeps
+    ones: 88). Digits past it are noise of the measurement, not information."""
+    exponent = math.floor(math.log10(half_width))
+    return 10.0 ** (exponent - 1 if half_width / 10.0**exponent < 3 else exponent)
+
+
+def rounded(x: float, unit: float) -> str:
+    """``x`` rounded to ``unit`` (a power of ten), thousands separated: 13941, 100 -> '13,900'."""
+    decimals = max(0, -math.floor(math.log10(unit) + 1e-9))
+    return f"{round(x / unit) * unit:,.{decimals}f}"
+
+
 def ratio_text(ratio, ci_low, ci_high) -> str:
-    """'74% [68%–82%]' (no CI: '74%')."""
+    """'74% [68%–82%]' (no CI: '74%'): whole percents, finer only where the CI is narrower than
+    ±3 points (:func:`ci_unit`)."""
     r, lo, hi = finite_or_none(ratio), finite_or_none(ci_low), finite_or_none(ci_high)
     if r is None:
         return "—"
-    ci = f" [{100 * lo:.0f}%–{100 * hi:.0f}%]" if lo is not None and hi is not None else ""
-    return f"{100 * r:.0f}%{ci}"
+    if lo is None or hi is None:
+        return f"{100 * r:.0f}%"
+    unit = min(1.0, ci_unit(50 * (hi - lo))) if hi > lo else 1.0
+    return f"{rounded(100 * r, unit)}% [{rounded(100 * lo, unit)}%–{rounded(100 * hi, unit)}%]"

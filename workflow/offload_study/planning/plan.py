@@ -321,6 +321,7 @@ class Plan:
             "cluster": self.cluster["name"],
             "cluster_description": self.cluster.get("description", ""),
             "description": self.study.get("description", ""),
+            "purpose": self.study.get("purpose", "result"),
             "baseline": self.baseline,
             "model": first["model"],
             "model_params": first["model_params"],

@@ -10,6 +10,7 @@ bars are unreadable, and drawing them was most of the report's time.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -35,6 +36,7 @@ FIGURES = {
     "step_breakdown": "step_breakdown.png",
     "speed_vs_gas": "speed_vs_gas.png",
     "step_series": "step_series.png",
+    "seed_share": "seed_share.png",
 }
 BREAKDOWN_PARTS = [  # (label, summary columns summed)
     ("forward", ["breakdown_ms.forward"]),
@@ -51,6 +53,9 @@ FIG_WIDTH_IN = 8.0
 DPI = 160
 LABEL_WIDTH = 30  # characters per line of a wrapped label (labels wrap, never cut)
 CUT_KEY = "Labels cut"  # PNG text key: labels over the figure's edge or over each other (none)
+#: PNG text key of the seed figure: each row's published and measured share as drawn (JSON), so
+#: a test can hold the figure to the seed table it stands beside.
+SEED_KEY = "Seed marks"
 
 
 # --------------------------------------------------------------------------- shared
@@ -62,12 +67,12 @@ def _no_data(path: Path, title: str, why: str) -> None:
     _save(fig, path)
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path, extra: dict[str, str] | None = None) -> None:
     """The PNG, with every label drawn in it as its Description (PNG text): the page's alt text
     can say what the figure shows, and a test can read that no label was cut."""
     fig.draw_without_rendering()  # tick labels set by locators exist only once drawn
     texts = figure_texts(fig)
-    meta = {"Description": "\n".join(t.get_text() for t in texts)}
+    meta = {"Description": "\n".join(t.get_text() for t in texts), **(extra or {})}
     cut = [t.get_text() for t in texts if not _inside(t, fig)]
     cut += [f"{a.get_text()} / {b.get_text()}" for a, b in _overlapping(texts)]
     if cut:  # a layout bug, not a reason to lose the figure: the test reads this
@@ -154,7 +159,9 @@ def bar_rows(views: list[Row]) -> tuple[list[tuple[Row, list[Row]]], str | None]
 
 # --------------------------------------------------------------------------- relative speed
 def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> bool:
-    """Bars of % of baseline speed (tokens/s without a baseline), CI whiskers, seed diamonds."""
+    """Bars of % of baseline speed (tokens/s without a baseline), CI whiskers. The seed's
+    published figures are on another basis (a share of its own 100 % row): their own figure,
+    :func:`plot_seed_share`."""
     use_rel = any(v["relative_speed"] is not None for v in views)
     key, scale = ("relative_speed", 100.0) if use_rel else ("tokens_per_s", 1.0)
     rows, note = bar_rows(views)
@@ -177,14 +184,14 @@ def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> b
         elif vals[i]:
             txt = f" {vals[i]:.0f}%" if use_rel else f" {vals[i]:,.0f}"
             ax.text(max(ends[i], vals[i]), i, txt, va="center", ha="left", fontsize=9)
-    refs = _seed_marks(ax, [v for v, _ in rows]) if use_rel else []
-    if note or refs or flagged:
+    if note or flagged:
         ax.legend(loc="lower right", fontsize=8)
     ax.set_yticks(y, [_tick_label(v) for v, _ in rows], fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlabel(f"training speed, % of baseline\n(baseline: {_wrap(baseline or '?', 60)})"
+    base = next((v["plot_label"] for v in views if v["scenario"] == baseline), baseline)
+    ax.set_xlabel(f"training speed, % of baseline\n(baseline: {_wrap(base or '?', 60)})"
                   if use_rel else "tokens/s (no baseline measured)", fontsize=10)  # fmt: skip
-    top = max([*ends, *vals, *refs])
+    top = max([*ends, *vals])
     ax.set_xlim(0, top * 1.25)
     ax.set_title("Training speed per scenario" + (f"\n{note}" if note else ""), fontsize=10)
     fig.tight_layout()
@@ -214,16 +221,46 @@ def _sweep_dots(ax, rows: list[tuple[Row, list[Row]]], key: str, scale: float) -
     ax.scatter(xs, ys, s=9, color="black", alpha=0.35, zorder=4, lw=0, label="other sweep points")
 
 
-def _seed_marks(ax, views: list[Row]) -> list[float]:
-    """White diamonds at the seed document's published speed (%); returns the speeds drawn."""
-    drawn = []
-    for i, v in enumerate(views):
-        if isnum(v["reference_speed_pct"]):
-            drawn.append(float(v["reference_speed_pct"]))
-            ax.plot(drawn[-1], i, marker="D", color="black", ms=6, mfc="white", zorder=5)
-    if drawn:
-        ax.plot([], [], marker="D", color="black", mfc="white", ls="", label="seed (published)")
-    return drawn
+# --------------------------------------------------------------------------- seed share
+def plot_seed_share(seed: dict | None, path: Path) -> bool:
+    """The seed table as a figure, on the seed's own basis (a share of its 100 % row's total
+    throughput): this cluster's share with its CI (hatched where predicted), the published
+    figure as a white diamond, the tolerance band shaded. Its PNG text (SEED_KEY) lists what
+    was drawn, row by row."""
+    rows = [r for r in (seed or {}).get("rows", []) if r["scenario"] != seed.get("basis")]
+    if not rows:
+        _no_data(path, "Seed vs this cluster", "no published row other than the 100 % one")
+        return False
+    labels = [_wrap(r["label"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, _bars_height(labels, 1.6)))
+    marks = []
+    for i, r in enumerate(rows):
+        lo, hi = r["band"]
+        ax.fill_betweenx([i - 0.4, i + 0.4], 100 * lo, 100 * hi, color="#d9e7d9", zorder=1)
+        share = r["share"]
+        if share is not None:
+            bar = ax.barh(i, 100 * share, height=0.5, color=PALETTE["cpu"], zorder=2)
+            if r["how"] == "predicted":
+                bar[0].set(hatch="///", alpha=0.5)
+            ci = [100 * share - 100 * r["ci"][0], 100 * r["ci"][1] - 100 * share]
+            ax.errorbar(100 * share, i, xerr=[[max(ci[0], 0)], [max(ci[1], 0)]], fmt="none",
+                        color="black", capsize=3, lw=1, zorder=3)  # fmt: skip
+        ax.plot(float(r["seed_pct"]), i, marker="D", color="black", ms=7, mfc="white", zorder=5)
+        marks.append({"scenario": r["scenario"], "seed_pct": float(r["seed_pct"]),
+                      "share_pct": None if share is None else round(100 * share, 3)})  # fmt: skip
+    ax.plot([], [], marker="D", color="black", mfc="white", ls="", label="seed (published)")
+    ax.fill_between([], [], color="#d9e7d9", label="tolerance band")
+    ax.set_yticks(range(len(rows)), labels, fontsize=9)
+    ax.invert_yaxis()
+    basis = _wrap(seed.get("basis_label") or "the seed's 100 % row", 60)
+    ax.set_xlabel(f"share of the total throughput of {basis} (%)", fontsize=10)
+    ax.set_xlim(0, 100 * max([r["seed_pct"] / 100 for r in rows] +
+                             [r["ci"][1] or 0 for r in rows] + [r["band"][1] for r in rows]) * 1.2)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Seed vs this cluster, on the seed's basis (hatched: predicted)", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path, {SEED_KEY: json.dumps(marks)})
+    return True
 
 
 def _whiskers(ax, views: list[Row], y: np.ndarray, scale: float) -> np.ndarray:
@@ -602,11 +639,15 @@ def _draw_series(ax, steps: list) -> None:
 
 
 # --------------------------------------------------------------------------- all figures
-def make_figures(runs: pd.DataFrame, views: list[Row], figdir: Path, baseline) -> list[dict]:
-    """Every figure as a PNG under figdir (fixed names, FIGURES) and as a data: URI."""
+def make_figures(
+    runs: pd.DataFrame, views: list[Row], figdir: Path, baseline, seed: dict | None = None
+) -> list[dict]:
+    """Every figure as a PNG under figdir (fixed names, FIGURES) and as a data: URI; ``seed``:
+    the page's seed table (report.seed.seed_view), drawn by plot_seed_share."""
     figdir.mkdir(parents=True, exist_ok=True)
     sns.set_theme(style="whitegrid", context="notebook")
     specs = [
+        ("seed_share", "Seed vs this cluster", plot_seed_share, (seed,)),
         ("relative_speed", "Relative training speed", plot_relative_speed, (views, baseline)),
         ("speed_vs_gpu_memory", "Speed vs memory tradeoff", plot_speed_vs_memory, (views,)),
         ("memory_tradeoff", "GPU vs host memory, with speed", plot_memory_tradeoff, (views,)),

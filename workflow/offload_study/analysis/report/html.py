@@ -18,17 +18,21 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from offload_study.analysis.report import views
+from offload_study.core import verdict
 
 
 def environment() -> Environment:
-    """The templates of the package, autoescaped (string templates too), with the number filters."""
+    """The templates of the package, autoescaped (string templates too), with the number
+    filters and the two ways a page writes a number with its CI (``ratio``, ``ci``)."""
     env = Environment(
         loader=PackageLoader("offload_study", "templates"),
         autoescape=select_autoescape(["html", "j2", "html.j2"], default=True),
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(fmt=views.fmt, pct=views.fmt_pct, bytes=views.fmt_bytes)
+    env.filters.update(fmt=views.fmt, pct=views.fmt_pct, bytes=views.fmt_bytes, sig=views.fmt_sig,
+                       signed_pct=views.fmt_signed_pct, plain=views.plain)
+    env.globals.update(ratio=verdict.ratio_text, ci=views.fmt_ci)
     return env
 
 

@@ -42,25 +42,35 @@ def reference_of(name: str, planned: dict[str, dict]) -> str | None:
 
 
 def overhead_text(
-    row: Prediction, ref: Prediction | None, planned: dict, measured: dict
+    row: Prediction,
+    ref: Prediction | None,
+    planned: dict,
+    measured: dict,
+    labels: dict[str, str] | None = None,
 ) -> str | None:
     """An offload's cost against its physical bounds: the step time over that of the same setup
     without offload (measured when both ran, else predicted; with no such scenario, over the
-    predicted compute of this one), beside the PCIe, CPU Adam and NVMe times the model gives."""
+    predicted compute of this one), beside the PCIe, CPU Adam and NVMe times the model gives.
+    Parts that add up to more than the whole overlap in time, and the text says so."""
     setup = planned.get(row.scenario) or {}
     if row.step_time_s is None or offloads_nothing(
         setup.get("offload_optimizer"), setup.get("offload_param")
     ):
         return None
-    parts = [f"{name} {v:.2f} s" for key, name in BOUNDS if (v := getattr(row, key)) > 0.005]
+    seconds = [(name, v) for key, name in BOUNDS if (v := getattr(row, key)) > 0.005]
+    parts = [f"{name} {v:.2g} s" for name, v in seconds]
     mine, theirs = measured.get(row.scenario), measured.get(ref.scenario) if ref else None
+    ref_label = (labels or {}).get(ref.scenario, ref.scenario) if ref else None
     if ref and isnum(mine) and isnum(theirs):
-        total, of = float(mine) - float(theirs), f"measured overhead over {ref.scenario}"
+        total, of = float(mine) - float(theirs), f"measured overhead over {ref_label}"
     elif ref and ref.step_time_s is not None:
-        total, of = row.step_time_s - ref.step_time_s, f"predicted overhead over {ref.scenario}"
+        total, of = row.step_time_s - ref.step_time_s, f"predicted overhead over {ref_label}"
     else:
         total, of = row.step_time_s - row.compute_s, "predicted overhead over its compute"
-    return f"{' + '.join(parts) or 'no transfer'} of {total:.2f} s {of}"
+    if len(parts) > 1 and sum(v for _, v in seconds) > total:
+        return (f"{' and '.join(parts)}, which overlap: together more than the {total:.2g} s "
+                f"{of}")  # fmt: skip
+    return f"{' + '.join(parts) or 'no transfer'} of {total:.2g} s {of}"
 
 
 def bound_text(p: Prediction) -> str | None:
@@ -71,7 +81,7 @@ def bound_text(p: Prediction) -> str | None:
         return p.bound
     key, name = next(((k, n) for k, n in BOUNDS if k == f"{p.bound}_s"), ("compute_s", p.bound))
     part = getattr(p, key)
-    return f"{name} {part:.2f} s of {p.step_time_s:.2f} s" if part is not None else name
+    return f"{name} {part:.3g} s of {p.step_time_s:.3g} s" if part is not None else name
 
 
 def _row(p: Prediction, m: dict, label: str | None, overhead: str | None) -> dict:
@@ -94,8 +104,11 @@ def _row(p: Prediction, m: dict, label: str | None, overhead: str | None) -> dic
     }
 
 
-def predicted_view(plan: dict, summary: pd.DataFrame) -> dict | None:
-    """The section's data; None when the plan predicted nothing (no plan.csv)."""
+def predicted_view(
+    plan: dict, summary: pd.DataFrame, labels: dict[str, str] | None = None
+) -> dict | None:
+    """The section's data; None when the plan predicted nothing (no plan.csv). ``labels``:
+    each scenario's name on the page."""
     prediction = plan.get("prediction") or {}
     path = prediction.get("plan_csv")
     if not path or not Path(path).is_file():
@@ -109,8 +122,8 @@ def predicted_view(plan: dict, summary: pd.DataFrame) -> dict | None:
     views = []
     for p in rows.values():
         ref = rows.get(reference_of(p.scenario, planned) or "") if p.scenario in planned else None
-        overhead = overhead_text(p, ref, planned, steps)
-        label = planned.get(p.scenario, {}).get("label")
+        overhead = overhead_text(p, ref, planned, steps, labels)
+        label = (labels or {}).get(p.scenario) or planned.get(p.scenario, {}).get("label")
         views.append(_row(p, measured.get(p.scenario, {}), label, overhead))
     return {
         "rows": [v for v in views if not v["predict_only"]],

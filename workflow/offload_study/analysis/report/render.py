@@ -23,9 +23,25 @@ from pathlib import Path
 import pandas as pd
 
 from offload_study.analysis import collect
-from offload_study.analysis.report import engines, figures, html, predicted, seed, views
+from offload_study.analysis.report import (
+    engines,
+    figures,
+    html,
+    origin,
+    predicted,
+    seed,
+    usethis,
+    views,
+)
 from offload_study.analysis.report import recommend as recommend_view
-from offload_study.core import contracts, references
+from offload_study.core import contracts, layout, references
+
+#: The site's legend (reports/index.html, across.site) from a page at reports/<cluster>/<study>/:
+#: what the verdict words, CIs, units and flags mean is said there once, not on every page.
+LEGEND_HREF = "../../index.html#legend"
+#: Verdict lines shown on load; a study with more folds them (the tradeoff table has each
+#: scenario too): a page opens on at most ~1,200 words.
+MAX_VERDICT_LINES = 8
 
 
 def baseline_of(summary: pd.DataFrame, plan: dict) -> tuple[str | None, str | None]:
@@ -69,10 +85,12 @@ def render(
     plan: dict,
     figures_dir: str | Path,
     other_summaries: Sequence[str] = (),
+    out: str | Path | None = None,
 ) -> str:
-    """Render the report HTML (writes the figures into figures_dir)."""
+    """Render the report HTML (writes the figures into figures_dir); ``out``: where the page
+    goes (its re-render command names it)."""
     baseline, note = baseline_of(summary, plan)
-    scenarios = views.scenario_views(summary, plan, baseline)
+    scenarios = views.scenario_views(summary, plan, baseline, origin.usable_gib(runs))
     if not scenarios:
         note = "no scenario in the plan and no run collected"
     head, lines = views.verdicts(scenarios, baseline, note)
@@ -82,37 +100,49 @@ def render(
         else "?"
     )
     base_view = next((v for v in scenarios if v["is_baseline"]), None)
+    labels = {v["scenario"]: v["plot_label"] for v in scenarios}
+    model = views.model_name(plan.get("model"), plan.get("model_params"))
+    seed_view = _seed_view(plan, scenarios, baseline)
+    configs = views.config_blocks(scenarios, runs)
     template = html.environment().get_template("report.html.j2")
     return template.render(
         study=plan.get("study") or "?",
         cluster=cluster,
         description=plan.get("description") or "",
-        setup_line=views.setup_line(plan, runs),
+        setup_line=views.setup_line(plan, runs, origin.hardware(runs)),
         baseline=baseline,
         baseline_label=base_view["plot_label"] if base_view else None,
         baseline_note=note,
         verdict_head=head,
         verdict_lines=lines,
-        seed=_seed_view(plan, scenarios, baseline),
+        seed=seed_view,
+        use_this=usethis.use_this(scenarios, cluster, model),
+        surprises=usethis.surprises(scenarios),
+        downloads={c["name"]: c["files"][0] for c in configs if c["files"]},
         common_cautions=views.common_cautions(scenarios),
         scenarios=scenarios,
-        figures=figures.make_figures(runs, scenarios, Path(figures_dir), baseline),
+        figures=figures.make_figures(runs, scenarios, Path(figures_dir), baseline, seed_view),
         failures=views.failures(runs, scenarios),
         run_rows=views.run_rows(runs, scenarios),
         run_breakdown=[name for name, _ in views.RUN_BREAKDOWN],
         checks=views.sanity_rows(scenarios),
         engines=engines.engines_view(runs, summary),
-        predicted=predicted.predicted_view(plan, summary),
+        predicted=predicted.predicted_view(plan, summary, labels),
         recommend=plan.get("recommendation"),
         blocked_names={v["scenario"] for v in scenarios if v["blocking"]},
         cautioned_names={v["scenario"] for v in scenarios if v["flag_list"] and not v["blocking"]},
         any_skipped=any(views.isnum(v["skipped_steps_measured"]) for v in scenarios),
-        provenance=views.provenance_rows(runs),
-        configs=views.config_blocks(scenarios, runs),
+        provenance=origin.provenance(runs, labels),
+        dirty=origin.dirty(runs),
+        rerun=origin.rerun_command(plan.get("study") or "?", cluster),
+        rerender=origin.rerender_command(plan["records_dir"], out)
+        if out and plan.get("records_dir") else None,
+        configs=configs,
+        legend_href=LEGEND_HREF,
+        max_verdict_lines=MAX_VERDICT_LINES,
         others=views.other_clusters(cluster, scenarios, other_summaries),
         n_runs=len(runs),
         n_ok=int((runs["outcome"] == "ok").sum()) if "outcome" in runs else 0,
-        any_reference=any(v["reference"] for v in scenarios),
         versions=_versions(),
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
@@ -132,7 +162,28 @@ def _read_plan(path: str) -> dict:
         plan["prediction"]["plan_csv"] = str(beside)
     # a search's result lies beside it too (rule recommend; report.recommend)
     plan["recommendation"] = recommend_view.beside(path)
+    plan["records_dir"] = str(Path(path).parent)
+    for scenario in plan.get("scenarios") or []:
+        for key in ("ds_config", "run_spec"):
+            if scenario.get(key):
+                scenario[key] = str(found_beside(scenario[key], Path(path).parent, plan))
     return plan
+
+
+def found_beside(named: str, records: Path, plan: dict) -> Path:
+    """A file the plan names (relative to the working directory that made it), found in the
+    records folder when the study's folder was moved (committed records, an unpacked bundle):
+    its path under the study's results folder, taken from ``records``; the name as given when
+    it lies where the plan says or nowhere."""
+    path = Path(named)
+    if path.is_file():
+        return path
+    study = layout.study_dir(plan.get("cluster") or "", plan.get("study") or "")
+    try:
+        moved = records / path.relative_to(study)
+    except ValueError:
+        moved = records / layout.CONFIGS_DIR / path.name
+    return moved if moved.is_file() else path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _read_plan(a.plan),
         a.figures_dir,
         a.other_cluster_summary,
+        a.out,
     )
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from offload_study.analysis.report.views import Row, isnum
+from offload_study.analysis.report import words
+from offload_study.analysis.report.views import Row, fmt_sig, isnum
 from offload_study.core import verdict
 from offload_study.prediction import error_bands
 
@@ -96,13 +97,19 @@ def _band(name: str, reference: dict, references: Sequence) -> tuple[float, floa
 def _row(s: dict, views: dict, predictions: dict, basis, references, baseline, error) -> dict:
     name, ref = s["name"], s["reference"]
     lo, hi, band_source = _band(name, ref, references)
-    out = {"scenario": name, "label": s.get("label") or name, "seed_pct": ref["speed_pct"],
-           "seed_gpu_memory": ref.get("gpu_memory"), "band": (lo, hi),
-           "band_source": band_source, "share": None, "ci": (None, None), "how": None}  # fmt: skip
-    mine = _tokens(name, views, predictions, error)
     v = views.get(name)
+    out = {"scenario": name, "label": v["plot_label"] if v is not None else
+           words.reader_label(s.get("label") or "", name), "seed_pct": ref["speed_pct"],
+           "setup": v["gpu_setup"] if v is not None else words.gpu_setup(
+               _gpus(s), s.get("gpu_mem_gb"), None), "band": (lo, hi),
+           "band_source": band_source, "share": None, "ci": (None, None), "how": None,
+           "cautions": []}  # fmt: skip
+    mine = _tokens(name, views, predictions, error)
     if v is not None and v["blocking"]:
-        out["note"] = "flagged implausible: " + ", ".join(f["name"] for f in v["flag_list"])
+        out["note"] = "flagged implausible: " + ", ".join(f["title"] for f in v["flag_list"])
+    elif v is not None:  # a caution leaves the figure standing, said beside it
+        out["cautions"] = [f"{f['title']}: {f['detail']}" if f["detail"] else f["title"]
+                           for f in v["row_flags"] or [] if not f["blocks"]]  # fmt: skip
     if mine is None or basis is None:
         out["verdict"] = verdict.NOT_MEASURED
         return out
@@ -141,7 +148,8 @@ def seed_view(plan: dict, views: Sequence[Row], predictions: dict, references: S
     return {
         "rows": out,
         "basis": base["name"] if base else None,
-        "basis_label": (base.get("label") or base["name"]) if base else None,
+        "basis_label": next((r["label"] for r in out if r["scenario"] == base["name"]), None)
+        if base else None,
         "basis_how": basis_tokens[3] if basis_tokens else None,
         "basis_tokens_per_s": basis_tokens[0] if basis_tokens else None,
         "per_gpu": per_gpu_sentence(out, base, basis_tokens, by_name),
@@ -167,8 +175,8 @@ def per_gpu_sentence(rows: list[dict], base: dict | None, basis: tuple | None,
             continue
         per = r["share"] * base_gpus / gpus
         of = "predicted " if basis[3] == PREDICTED else ""
-        parts.append(f"{r['label']} does {r['tokens_per_s'] / gpus:,.0f} tokens/s per GPU, "
-                     f"{100 * per:.0f} % of the {base_gpus}-GPU run's {of}per-GPU speed")  # fmt: skip
+        parts.append(f"{r['label']} does {fmt_sig(r['tokens_per_s'] / gpus)} tokens/s per GPU, "
+                     f"{100 * per:.0f}% of the {base_gpus}-GPU run's {of}per-GPU speed")  # fmt: skip
     if not parts:
         return None
     return (

@@ -11,12 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from offload_study.analysis import collect, sanity
+from offload_study.analysis.report import words
 from offload_study.core import contracts, verdict
 
 
@@ -46,6 +48,49 @@ def fmt(v, digits: int = 1, suffix: str = "") -> str:
     if 0 < abs(x) < 0.1 and digits > 0:
         return f"{x:.2g}{suffix}"
     return f"{x:,.{digits}f}{suffix}"
+
+
+def fmt_sig(v, digits: int = 3, suffix: str = "") -> str:
+    """A number without a CI to its first ``digits`` significant digits: 13,941 -> '13,900',
+    21.38 -> '21.4', 0.0523 -> '0.0523'; '—' for None/NaN."""
+    if not isnum(v):
+        return "—"
+    x = float(v)
+    if x == 0:
+        return f"0{suffix}"
+    unit = 10.0 ** (math.floor(math.log10(abs(x))) - digits + 1)
+    return verdict.rounded(x, unit) + suffix
+
+
+def fmt_ci(v, lo, hi, suffix: str = "") -> str:
+    """A number with its 95 % CI to the precision the CI supports (verdict.ci_unit): '13,900
+    [13,200–14,500]'; without a CI three significant digits."""
+    if not isnum(v):
+        return "—"
+    if not (isnum(lo) and isnum(hi)) or float(hi) <= float(lo):
+        return fmt_sig(v, suffix=suffix)
+    unit = verdict.ci_unit((float(hi) - float(lo)) / 2)
+    at = lambda x: verdict.rounded(float(x), unit)  # noqa: E731
+    return f"{at(v)}{suffix} [{at(lo)}–{at(hi)}{suffix}]"
+
+
+def fmt_signed_pct(v) -> str:
+    """A relative error in whole percents with its sign: '+14%', '-4%'; '0%' where it rounds
+    to nothing (never '-0%')."""
+    if not isnum(v):
+        return "—"
+    r = round(100 * float(v))
+    return "0%" if r == 0 else f"{r:+d}%"
+
+
+#: A module's dotted path in a record's text ("by offload_study.prediction.calibrate"): a page
+#: names the tool by its last part.
+_MODULE = re.compile(r"\boffload_study\.(?:\w+\.)*(\w+)")
+
+
+def plain(text) -> str:
+    """Text a record wrote for people, with module paths cut to the tool's name."""
+    return _MODULE.sub(r"\1", str(text or ""))
 
 
 def fmt_pct(v, digits: int = 0) -> str:
@@ -110,18 +155,25 @@ def model_name(model: dict | None, params) -> str:
 
 
 # --------------------------------------------------------------------------- scenarios
-def scenario_views(summary: pd.DataFrame, plan: dict, baseline: str | None) -> list[Row]:
-    """Plan scenarios (in plan order) joined with their summary rows; unplanned rows appended."""
+def scenario_views(
+    summary: pd.DataFrame, plan: dict, baseline: str | None, usable_gib: float | None = None
+) -> list[Row]:
+    """Plan scenarios (in plan order) joined with their summary rows; unplanned rows appended.
+    ``usable_gib``: the GPU memory of the cluster's card as the runs saw it (an uncapped
+    scenario's memory)."""
     rows = {}
     if not summary.empty and "scenario" in summary:
         rows = {str(r["scenario"]): r for r in summary.to_dict("records")}
     planned = [sc for sc in plan.get("scenarios") or [] if sc.get("name")]
-    views = [scenario_view(sc, rows.get(str(sc["name"])), baseline) for sc in planned]
+    views = [scenario_view(sc, rows.get(str(sc["name"])), baseline, usable_gib) for sc in planned]
     seen = {v["scenario"] for v in views}
-    views += [scenario_view({"name": n}, r, baseline) for n, r in rows.items() if n not in seen]
+    views += [scenario_view({"name": n}, r, baseline, usable_gib) for n, r in rows.items()
+              if n not in seen]  # fmt: skip
     common = {c["name"] for c in common_cautions(views)}
+    labels = {v["scenario"]: v["plot_label"] for v in views}
     for v in views:  # a caution said once at the top is not repeated on each row
         v["row_flags"] = [f for f in v["flag_list"] if f["name"] not in common]
+        v["pair_text"], v["pair_label"] = _pair_text(v, labels), labels.get(v["pair"], v["pair"])
     return views
 
 
@@ -136,19 +188,23 @@ def common_cautions(views: list[Row]) -> list[dict]:
             if not f["blocks"]:
                 counts.setdefault(f["name"], {"flag": f, "on": []})["on"].append(v)
     return [
-        {"name": name, "meaning": c["flag"]["meaning"], "n": len(c["on"]), "of": len(measured),
+        {"name": name, "title": c["flag"]["title"], "meaning": c["flag"]["meaning"],
+         "n": len(c["on"]), "of": len(measured),
          "without": [v["plot_label"] for v in measured if v not in c["on"]]}
         for name, c in counts.items()
         if len(c["on"]) >= 2 and 2 * len(c["on"]) > len(measured)
     ]  # fmt: skip
 
 
-def scenario_view(planned: dict, row: dict | None, baseline: str | None) -> Row:
+def scenario_view(
+    planned: dict, row: dict | None, baseline: str | None, usable_gib: float | None = None
+) -> Row:
     """One scenario: its summary row, the plan's setup laid over it, and display fields."""
     v = Row({k: _clean(x) for k, x in (row or {}).items()})
     v.update({k: x for k, x in planned.items() if x not in (None, "") and k != "name"})
     v["scenario"] = str(planned["name"])
-    v["label"] = str(v["label"] or v["scenario"])
+    v["label"] = words.reader_label(str(v["label"] or ""), v["scenario"])
+    v["usable_gib"] = usable_gib
     v["sweep"] = _as_dict(v["sweep"])
     v["reference"] = v["reference"] if isinstance(v["reference"], dict) else None
     for k in ("nodes", "gpus_per_node", "world_size", "runs", "n_ok"):
@@ -167,44 +223,49 @@ def scenario_view(planned: dict, row: dict | None, baseline: str | None) -> Row:
 
 def _display_fields(v: Row) -> dict:
     unit = "rank" if v["accelerator"] == "cpu" else "GPU"
-    if not isnum(v["gpu_mem_gb"]):
-        gpu_setup = count_of(v["world_size"], unit)
-    else:
-        gpu_setup = f"{float(v['gpu_mem_gb']):g}GB" + (
-            f" × {v['world_size']}" if v["world_size"] else ""
-        )
+    cap = float(v["gpu_mem_gb"]) if isnum(v["gpu_mem_gb"]) else None
     offloads = (v["offload_optimizer"], v["offload_param"])
     kind = "nvme" if "nvme" in offloads else "cpu" if "cpu" in offloads else "none"
-    moved = [
-        f"{what}→{where}"
-        for what, where in zip(("optimizer", "params"), offloads, strict=True)
-        if where not in ("none", "?")
-    ]
-    sweep_text = _sweep_text(v)
+    sweep_text = words.sweep_words(v["scenario"], v["sweep"])
     return {
         "flag_list": sanity.parse_flags(v["flags"], v["flag_details"]),
         "blocking": sanity.blocking(v["flags"]),  # implausible: its numbers are no finding
-        "pair_text": _pair_text(v),
         "pair_verdict": _speed_verdict(v, "paired_ratio"),
         "speed_verdict": _speed_verdict(v, "relative_speed"),
         "unit": unit,
-        "gpu_setup": gpu_setup,
+        "gpu_setup": words.gpu_setup(v["world_size"], cap, v["usable_gib"] if unit == "GPU" else None, unit),
+        "memory_level_gib": cap if cap is not None else v["usable_gib"],
+        "host_budget": words.gib(v["cpu_mem_gb"]) if isnum(v["cpu_mem_gb"]) else "—",
         "offload_kind": kind,
-        "offload_text": ", ".join(moved) or "no offload",
+        "offload_text": _offload_words(*offloads),
+        "flops_word": "HFU" if v["gradient_checkpointing"] in (True, "True", "true", 1) else "MFU",
+        "outcome_words": words.outcomes(v["outcomes"]),
         "sweep_text": sweep_text,
-        "plot_label": f"{v['label']} [{sweep_text}]" if sweep_text else v["label"],
+        "plot_label": f"{v['label']}; {sweep_text}" if sweep_text else v["label"],
         "reference_speed_pct": (v["reference"] or {}).get("speed_pct"),
         "host_memory_gib": collect.host_memory_gib(v),
     }
 
 
-def _pair_text(v: Row) -> str:
-    """Which pair the paired ratio uses, in a few words (``pair_note`` says why and how), and
-    whose runs of it: the short ones made in each run's own job, when ``pairing`` says so."""
+def _offload_words(optimizer: str, param: str) -> str:
+    """'offloads the optimizer and the parameters to the CPU', 'no offload'."""
+    where: dict[str, list[str]] = {}
+    for what, to in (("the optimizer", optimizer), ("the parameters", param)):
+        if to not in ("none", "?", "", None):
+            where.setdefault("NVMe" if to == "nvme" else to.upper(), []).append(what)
+    if not where:
+        return "no offload"
+    return "offloads " + "; ".join(f"{' and '.join(w)} to the {to}" for to, w in where.items())
+
+
+def _pair_text(v: Row, labels: dict[str, str]) -> str:
+    """Which pair the paired ratio uses, in a few words, and whose runs of it: the short ones
+    made in each run's own job, when ``pairing`` says so."""
+    pair = labels.get(v["pair"], v["pair"])
     text = {
         "self": "itself (no offload)",
-        "same-settings": f"'{v['pair']}', same settings",
-        "study baseline": f"study baseline '{v['pair']}'",
+        "same-settings": f"{pair}, same settings",
+        "study baseline": f"the study baseline, {pair}",
     }.get(v["pair_kind"], "none")
     return text + (", same allocation" if v["pairing"] == "same allocation" else "")
 
@@ -230,17 +291,7 @@ def worded_ratio(word: str | None, ratio_text: str, of: str) -> str:
 
 
 def _ratio_text(ratio, lo, hi) -> str:
-    ci = f" [{fmt_pct(lo)}–{fmt_pct(hi)}]" if isnum(lo) and isnum(hi) else ""
-    return f"{fmt_pct(ratio)}{ci}"
-
-
-def _sweep_text(v: Row) -> str:
-    """The planner's short form of the sweep point ('gas-8 rbs-1e8'): the expanded scenario
-    name after its base name; 'knob=value' pairs when the name does not carry it."""
-    base = v["base_scenario"]
-    if base and v["scenario"].startswith(f"{base}__"):
-        return v["scenario"][len(base) + 2 :].replace("__", " ")
-    return ", ".join(f"{k}={x}" for k, x in v["sweep"].items())
+    return verdict.ratio_text(ratio, lo, hi)
 
 
 def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[str, list[str]]:
@@ -257,7 +308,7 @@ def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[
     mem, mem_name = ("peak_gpu_allocated_gib", "GPU memory per GPU")
     if base[mem] is None:
         mem, mem_name = ("host_memory_gib", "host memory per node")
-    head = f"Baseline {base['plot_label']}: {fmt(base['tokens_per_s'], 0)} tokens/s on " + (
+    head = f"Baseline {base['plot_label']}: {_tokens_text(base)} tokens/s on " + (
         count_of(base["world_size"], base["unit"])
         + (f", {fmt(base[mem])} GiB {mem_name}" if base[mem] is not None else "")
     )
@@ -269,9 +320,13 @@ def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[
     return head, [line for v, line in zip(views, lines, strict=True) if v is not base]
 
 
+def _tokens_text(v: Row) -> str:
+    return fmt_ci(v["tokens_per_s"], v["tokens_per_s_ci_low"], v["tokens_per_s_ci_high"])
+
+
 def _flag_text(v: Row) -> str:
     return "; ".join(
-        f"{f['name']} ({f['detail']})" if f["detail"] else f["name"] for f in v["flag_list"]
+        f"{f['title']} ({f['detail']})" if f["detail"] else f["title"] for f in v["flag_list"]
     )
 
 
@@ -282,21 +337,21 @@ def _blocked_line(v: Row) -> str | None:
 
 
 def _caution_clause(v: Row) -> str:
-    """'; caution: ci-target-missed' for the cautions of a number that stands (those the page
+    """'; caution: CI target missed' for the cautions of a number that stands (those the page
     says once at the top for most scenarios left out: common_cautions)."""
     flags = v["flag_list"] if v["row_flags"] is None else v["row_flags"]
-    names = [f["name"] for f in flags if not f["blocks"]]
+    names = [f["title"] for f in flags if not f["blocks"]]
     return f"; caution: {', '.join(names)}" if names else ""
 
 
 def _absolute_line(v: Row, blocked: set[str]) -> str:
     if v["tokens_per_s"] is None:
-        return f"{v['plot_label']}: no successful run ({v['outcomes']})."
+        return f"{v['plot_label']}: no successful run ({v['outcome_words']})."
     peak = v["peak_gpu_allocated_gib"]
     return (
-        f"{v['plot_label']}: {fmt(v['tokens_per_s'], 0)} tokens/s on "
+        f"{v['plot_label']}: {_tokens_text(v)} tokens/s on "
         f"{count_of(v['world_size'], v['unit'])}"
-        + (f", peak {fmt(peak)} GiB/GPU" if peak is not None else "")
+        + (f", peak {fmt(peak)} GiB per GPU" if peak is not None else "")
         + _pair_clause(v, blocked)
         + _caution_clause(v)
         + "."
@@ -305,10 +360,10 @@ def _absolute_line(v: Row, blocked: set[str]) -> str:
 
 def _relative_line(v: Row, base: Row, mem: str, mem_name: str, blocked: set[str]) -> str:
     if v["relative_speed"] is None:
-        return f"{v['plot_label']}: no successful run ({v['outcomes']})."
+        return f"{v['plot_label']}: no successful run ({v['outcome_words']})."
     rel = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
     if base["scenario"] in blocked:
-        t = f"{v['plot_label']}: {fmt(v['tokens_per_s'], 0)} tokens/s (the baseline is flagged)"
+        t = f"{v['plot_label']}: {_tokens_text(v)} tokens/s (the baseline is flagged)"
     else:
         t = f"{v['plot_label']}: {worded_ratio(v['speed_verdict'], _ratio_text(*rel), 'baseline speed')}"
     if v[mem] is not None and isnum(base[mem]) and base[mem] > 0:
@@ -319,23 +374,25 @@ def _relative_line(v: Row, base: Row, mem: str, mem_name: str, blocked: set[str]
 
 
 def _pair_clause(v: Row, blocked: set[str]) -> str:
-    """'; slower: 76% [70%–82%] of its no-offload pair 'x' (same settings)', with the verdict of
-    core.verdict; nothing stated against a pair whose number is blocked (a caution on it
+    """'; slower: 76% [70%–82%] of its no-offload pair, X (same settings)', with the verdict
+    of core.verdict; nothing stated against a pair whose number is blocked (a caution on it
     does not block)."""
     if v["pair_kind"] != "same-settings" or not isnum(v["paired_ratio"]):
         return ""
     if v["pair"] in blocked:
-        return f"; its no-offload pair '{v['pair']}' is flagged, so no paired ratio is stated"
+        return f"; its no-offload pair, {v['pair_label']}, is flagged, so no paired ratio is stated"
     ratio = (v["paired_ratio"], v["paired_ratio_ci_low"], v["paired_ratio_ci_high"])
     where = ", same allocation" if v["pairing"] == "same allocation" else ""
-    of = f"its no-offload pair '{v['pair']}' (same settings{where})"
+    of = f"its no-offload pair, {v['pair_label']} (same settings{where})"
     return "; " + worded_ratio(v["pair_verdict"], _ratio_text(*ratio), of)
 
 
 # --------------------------------------------------------------------------- sections
-def setup_line(plan: dict, runs: pd.DataFrame) -> str:
-    """Model, sequence length, precision, repeats and cluster, from the plan (the run spec's
-    model) and the records (model_params as the runs measured it)."""
+def setup_line(plan: dict, runs: pd.DataFrame, hardware: str | None = None) -> str:
+    """Model, sequence length, precision, repeats and the hardware, from the plan (the run
+    spec's model), the records (model_params as the runs measured it) and ``hardware`` (what
+    the records say the runs ran on: origin.hardware); the cluster's own description without
+    it."""
     params = plan.get("model_params")
     if not isnum(params) and "model_params" in runs:
         params = (
@@ -344,10 +401,10 @@ def setup_line(plan: dict, runs: pd.DataFrame) -> str:
     repeats = plan.get("repeats")
     parts = [
         f"model {model_name(plan.get('model'), params)}" if plan.get("model") or params else None,
-        f"seq_len {plan['seq_len']}" if plan.get("seq_len") else None,
+        f"sequences of {int(plan['seq_len']):,} tokens" if plan.get("seq_len") else None,
         plan.get("dtype"),
-        (count_of(repeats, "repeat") if repeats else None),
-        plan.get("cluster_description"),
+        (count_of(repeats, "repeat") + " of each scenario" if repeats else None),
+        hardware or plan.get("cluster_description"),
     ]
     return " · ".join(str(x) for x in parts if x)
 
@@ -363,14 +420,13 @@ def failures(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
                 "scenario": str(r["scenario"] or "?"),
                 "label": labels.get(r["scenario"], r["label"] or ""),
                 "repeat": _repeat(r),
-                "outcome": r["outcome"],
+                "outcome": words.outcome(r["outcome"]),
                 "excerpt": r["error_excerpt"] or "(no error excerpt)",
-                "record_dir": r["record_dir"] or "",
             })  # fmt: skip
     recorded = set(runs["scenario"].astype(str)) if "scenario" in runs else set()
     out += [
         {"scenario": v["scenario"], "label": v["plot_label"], "repeat": "—", "outcome": "not run",
-         "excerpt": "no run record was collected for this scenario", "record_dir": ""}
+         "excerpt": "no run record was collected for this scenario"}
         for v in views
         if v["scenario"] not in recorded
     ]  # fmt: skip
@@ -381,13 +437,18 @@ def sanity_rows(views: list[Row]) -> list[dict]:
     """The sanity table (sanity.CHECKS), each check with its severity (whether it blocks the
     finding) and the scenarios it flagged and why."""
     return [
-        {"name": c.name, "meaning": c.meaning, "tolerance": c.tolerance_text,
+        {"name": c.name, "title": c.title or c.name, "meaning": c.meaning,
+         "tolerance": c.tolerance_text,
          "severity": c.severity, "blocks": bool(sanity.blocking(c.name)),
          "flagged": [{"scenario": v["scenario"], "label": v["plot_label"], "detail": f["detail"]}
                      for v in views for f in v["flag_list"] if f["name"] == c.name]}
         for c in sanity.CHECKS
     ]  # fmt: skip
 
+
+#: Why a run's measurement ended (steady.py's stop reasons) in words.
+STOP_WORDS = {"fixed": "its fixed steps", "target_met": "CI target met", "max_steps": "step cap",
+              "max_time": "time cap", "target_unreachable": "CI target out of reach"}  # fmt: skip
 
 #: The step-breakdown columns of a run (DeepSpeed's wall-clock timers, medians over the measured
 #: steps): which part of the step moved between repeats or machines, beside its speed.
@@ -406,11 +467,13 @@ def run_rows(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
     machine = _machine_letters([r["machine"] for r in records])
     return [
         {"scenario": str(r["scenario"] or "?"), "label": labels.get(r["scenario"], r["label"] or ""),
-         "repeat": _repeat(r), "outcome": r["outcome"] or "?", "started": r["started_at"] or "—",
+         "repeat": _repeat(r), "ok": r["outcome"] == "ok", "outcome": words.outcome(r["outcome"]),
+         "started": r["started_at"] or "—",
          "tokens_per_s": r["tokens_per_s"], "step_time_s": r["step_time_s"],
          "ci_pct": r["step_time_ci_pct"], "warmup": r["steps_warmup"],
          "settled": r["warmup_settled"], "measured": r["steps_measured"],
-         "stop": r["stop_reason"] or "—", "machine": machine.get(r["machine"]),
+         "stop": STOP_WORDS.get(r["stop_reason"], r["stop_reason"] or "—"),
+         "machine": machine.get(r["machine"]),
          "breakdown": [r[col] for _, col in RUN_BREAKDOWN]}
         for r in records
     ]  # fmt: skip
@@ -427,49 +490,24 @@ def _repeat(run: Row) -> str:
     return str(int(run["repeat"])) if isnum(run["repeat"]) else "?"
 
 
-def provenance_rows(runs: pd.DataFrame) -> list[dict]:
-    """One row per run: where and with what it ran. Host and git commit come from the run's
-    provenance.json (its exact keys), the rest from metrics.json (the runs table)."""
-    out = []
-    for r in runs.to_dict("records"):
-        r = Row({k: _clean(x) for k, x in r.items()})
-        prov = Row(collect.read_provenance(r["record_dir"]) or {})
-        git = (prov["git_commit"] or "—")[:12] + ("+dirty" if prov["git_dirty"] else "")
-        out.append({
-            "scenario": str(r["scenario"] or "?"),
-            "repeat": _repeat(r),
-            "outcome": r["outcome"] or "?",
-            "host": prov["host"] or "—",
-            "slurm": r["slurm_job_id"] or "—",
-            "device": r["device_name"] or prov["gpu_model"] or "—",
-            "driver": prov["gpu_driver"] or "—",
-            "cuda": prov["cuda_version"] or "—",  # the CUDA runtime torch was built with
-            "torch": r["torch_version"] or "—",
-            "deepspeed": r["deepspeed_version"] or "—",
-            "git": git,
-            "sha": (r["ds_config_sha256"] or "—")[:12],
-            "started": r["started_at"] or "—",
-            "json": json.dumps(prov, indent=2, default=str) if prov else None,
-        })  # fmt: skip
-    return out
+#: A scenario's files on a page: (kind as a reader says it, plan key, downloaded as).
+CONFIG_FILES = (("config", "ds_config", ".json"), ("run spec", "run_spec", ".run.json"))
 
 
 def config_blocks(views: list[Row], runs: pd.DataFrame) -> list[dict]:
-    """Each scenario's DeepSpeed config and run spec (text, download link, sha256), and whether
-    the config's sha256 is the one the run records name."""
+    """Each scenario's engine config and run spec (text, download link, sha256), and whether
+    the config's sha256 is the one the run records name. The paths are the plan's, found
+    beside a moved plan by render (committed records)."""
     shas: dict[str, set[str]] = {}
     if {"scenario", "ds_config_sha256"} <= set(runs.columns):
         for scen, sha in runs[["scenario", "ds_config_sha256"]].dropna().itertuples(index=False):
             shas.setdefault(str(scen), set()).add(str(sha))
     out = []
     for v in views:
-        files = []
-        for kind, path in (("DeepSpeed config", v["ds_config"]), ("run spec", v["run_spec"])):
-            if path:
-                suffix = ".run.json" if kind == "run spec" else ".json"
-                files.append(_config_file(kind, path, f"{v['scenario']}{suffix}"))
+        files = [_config_file(kind, v[key], f"{v['scenario']}{suffix}")
+                 for kind, key, suffix in CONFIG_FILES if v[key]]  # fmt: skip
         for f in files:
-            if f["kind"] == "DeepSpeed config" and f.get("sha") and v["scenario"] in shas:
+            if f["kind"] == CONFIG_FILES[0][0] and f.get("sha") and v["scenario"] in shas:
                 f["match"] = f["sha"] in shas[v["scenario"]]
         out.append({"name": v["scenario"], "label": v["plot_label"], "files": files})
     return out
@@ -479,15 +517,15 @@ def _config_file(kind: str, path: str, download: str) -> dict:
     try:
         raw = Path(path).read_text()
     except OSError:
-        return {"kind": kind, "path": path, "text": None, "match": None}
+        return {"kind": kind, "text": None, "match": None}
     try:
         text = json.dumps(json.loads(raw), indent=2)
     except ValueError:
         text = raw
     uri = "data:application/json;base64," + base64.b64encode(raw.encode()).decode()
     sha = contracts.sha256_file(path, missing_ok=True)
-    return {"kind": kind, "path": path, "text": text, "download": download, "match": None,
-            "sha": sha, "uri": uri}  # fmt: skip
+    return {"kind": kind, "text": text, "download": download, "match": None, "sha": sha,
+            "uri": uri}  # fmt: skip
 
 
 def other_clusters(cluster: str, views: list[Row], paths: Sequence[str]) -> dict | None:
@@ -520,8 +558,9 @@ def _cluster_cell(v: Row | None) -> dict:
         return {"relative_speed": "—", "tokens_per_s": "—", "peak_gpu_allocated_gib": "—",
                 "status": "absent"}  # fmt: skip
     return {
-        "relative_speed": fmt_pct(v["relative_speed"]),
-        "tokens_per_s": fmt(v["tokens_per_s"], 0),
+        "relative_speed": verdict.ratio_text(
+            v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"]),
+        "tokens_per_s": _tokens_text(v),
         "peak_gpu_allocated_gib": fmt(v["peak_gpu_allocated_gib"]),
         "status": v["status"],
     }
