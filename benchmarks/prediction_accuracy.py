@@ -16,7 +16,7 @@ Kendall tau; GPU memory allocated within 3 %; torch's reserved peak (what a cap 
 8 %; host memory per node within 10 %. The fitted constants (efficiency and dispatch per layer,
 FSDP2's runtime memory, the reserved slack) are fitted leaving the judged study out
 (offload_study.prediction.accuracy.leave_one_study_out); DeepSpeed's runtime memory is measured
-(predict.FITS: runtime_gib, runtime_at_init_gib), not fitted. The pure computations are offload_study.prediction.accuracy;
+(each engine model's FITS: runtime_gib, runtime_at_init_gib), not fitted. The pure computations are offload_study.prediction.accuracy;
 this script gathers records and prints.
 """
 
@@ -30,6 +30,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from offload_study import engines  # noqa: E402
 from offload_study.analysis import collect
 from offload_study.core import units
 from offload_study.core.contracts import read_calibration, read_json, write_calibration
@@ -202,26 +203,25 @@ def noise_floor_lines(rows: list[dict]) -> list[str]:
 
 
 def _parts(spec, times) -> accuracy.StepParts:
-    fit = predict.FITS[spec.accelerator]
-    per_layer = (fsdp2_model.dispatch_s_per_layer(spec) if spec.engine == "fsdp2"
-                 else fit.dispatch_s_per_layer)  # fmt: skip
+    fit = engines.of(spec).model.FITS[spec.accelerator]
     return accuracy.StepParts(times.flops_s, times.dispatch_s, times.comm_s,
                               times.pcie_s + times.optimizer_s + times.nvme_s,
-                              fit.efficiency, per_layer)  # fmt: skip
+                              fit.efficiency, fit.dispatch_s_per_layer)  # fmt: skip
 
 
 def _step_fit(rows: list[dict]) -> dict[str, tuple[float, float]]:
-    """Engine -> (efficiency, dispatch s per layer) fitted on ``rows``: DeepSpeed's both on its
-    records; FSDP2's time per layer on its records at DeepSpeed's efficiency (the matmul rate's
-    share is the GPU's, not the engine's), DeepSpeed's constants where ``rows`` hold no FSDP2."""
+    """Engine -> (efficiency, dispatch s per layer) fitted on each engine's own records in
+    ``rows``; the shipped constants of an engine that ``rows`` hold no record of."""
 
     def samples(engine):
         return [(r["parts"], r["step"][1]) for r in rows if r["parts"] and r["engine"] == engine]
 
-    deepspeed = accuracy.fit_compute(samples("deepspeed"))
-    fsdp2 = samples("fsdp2")
-    return {"deepspeed": deepspeed,
-            "fsdp2": accuracy.fit_compute(fsdp2, (deepspeed[0],)) if fsdp2 else deepspeed}  # fmt: skip
+    def shipped(engine):
+        fit = engines.get(engine).model.FITS["cuda"]
+        return fit.efficiency, fit.dispatch_s_per_layer
+
+    return {name: accuracy.fit_compute(samples(name)) if samples(name) else shipped(name)
+            for name in engines.names()}  # fmt: skip
 
 
 def _step_error(row: dict, fits: dict[str, tuple[float, float]]) -> float | None:
@@ -232,19 +232,17 @@ def _step_error(row: dict, fits: dict[str, tuple[float, float]]) -> float | None
 
 def _runtime_gib(spec) -> float:
     """The runtime memory per rank the prediction used (each engine has its own)."""
-    if spec.engine == "fsdp2":
-        return fsdp2_model.runtime_gib(spec)
-    return predict.FITS[spec.accelerator].runtime_gib
+    return engines.of(spec).model.FITS[spec.accelerator].runtime_gib
 
 
 def _runtime_fit(rows: list[dict]) -> dict[str, float | None]:
     """Engine -> runtime bytes per rank fitted on its records in ``rows``; None for DeepSpeed,
-    whose runtime is measured (predict.FITS: runtime_gib, runtime_at_init_gib), not fitted.
+    whose runtime is measured (its model's FITS: runtime_gib, runtime_at_init_gib), not fitted.
     FSDP2 does not load DeepSpeed and its ops: its own is fitted, DeepSpeed's measured one
     where ``rows`` hold no FSDP2 record."""
     fsdp2 = [(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
              for r in rows if r["engine"] == "fsdp2"]  # fmt: skip
-    measured = units.gib_to_bytes(predict.FITS["cuda"].runtime_gib)
+    measured = units.gib_to_bytes(fsdp2_model.FITS["cuda"].runtime_gib)
     return {"deepspeed": None, "fsdp2": accuracy.fit_runtime(fsdp2) if fsdp2 else measured}
 
 
@@ -506,17 +504,17 @@ def print_summaries(rows: list[dict]) -> None:
         ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
         slack, context = _reserved_fit(ok)  # each engine's causes fitted on its records
         steps = _step_fit(ok)
-        (eff, disp), fsdp2_disp = steps["deepspeed"], steps["fsdp2"][1]
         runtimes = _runtime_fit(ok)
         fsdp2_gib = units.bytes_to_gib(runtimes["fsdp2"])
-        fits = predict.FITS["cuda"]
-        print(f"step fit over every GPU study: efficiency {eff:.2f}, dispatch {disp:.4f} s per "
-              f"layer (predict.FITS: {fits.efficiency}, {fits.dispatch_s_per_layer}); DeepSpeed's "
-              f"runtime measured, not fitted: {fits.runtime_at_init} GiB per rank at "
-              f"initialization, {fits.runtime_gib} in the steps; FSDP2 dispatch {fsdp2_disp:.4f} s per layer "
-              f"(fsdp2_model.DISPATCH_S_PER_LAYER: {fsdp2_model.DISPATCH_S_PER_LAYER['cuda']}), "
-              f"runtime {fsdp2_gib:.2f} GiB (fsdp2_model.RUNTIME_GIB: "
-              f"{fsdp2_model.RUNTIME_GIB['cuda']})")  # fmt: skip
+        for name, (eff, disp) in steps.items():
+            fits = engines.get(name).model.FITS["cuda"]
+            print(f"step fit over every GPU study, {name}: efficiency {eff:.3f}, dispatch "
+                  f"{disp:.4f} s per layer (shipped: {fits.efficiency}, "
+                  f"{fits.dispatch_s_per_layer})")  # fmt: skip
+        ds = ds_model.FITS["cuda"]
+        print(f"runtime per rank: DeepSpeed's measured, not fitted: {ds.runtime_at_init} GiB at "
+              f"initialization, {ds.runtime_gib} in the steps; FSDP2's fitted {fsdp2_gib:.2f} GiB "
+              f"(shipped: {fsdp2_model.FITS['cuda'].runtime_gib})")  # fmt: skip
         print(
             f"reserved fit over every GPU study: reserved_slack {tuple(f'{c:.4g}' for c in slack)}"
             f", CUDA context {units.bytes_to_gib(context):.3f} GiB (shared.RESERVED_FIT)"
@@ -549,7 +547,7 @@ def _shipped(study: Path) -> Path:
 
 def shipped_matmul(path: Path, shipped: Path, tmp: Path) -> Path:
     """A copy of ``path`` with the shipped calibration's matmul rate: isolates that one rate.
-    predict.FITS' efficiency is a share of the shipped H200 rate (790 TFLOP/s, a one-off
+    the engines' fitted efficiency is a share of the shipped H200 rate (790 TFLOP/s, a one-off
     8192³ probe on this machine kind); calibrate measures 646-680 at a layer's shapes and 677 at
     8192³ (model E's step-phases-lease-4/), so a lease's own rate scales the FLOPs by that
     ratio whatever the machine did."""

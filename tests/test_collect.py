@@ -189,7 +189,7 @@ def test_host_memory_is_the_process_trees_else_the_ranks_own():
     """A record with the process trees (a worker process counted) shows the trees; one from
     before them shows the ranks' own peaks."""
     tree = {"host_peak_tree_gib": 9.5, "host_peak_tree_gib_per_node": [9.5],
-            "host_peak_tree_gib_per_rank": [9.5], "host_tree_measure": "pss"}  # fmt: skip
+            "host_peak_tree_gib_per_rank": [9.5], "host_tree_measure": "rss+uss"}  # fmt: skip
     rows = [
         {"scenario": "superoffload", "outcome": "ok", "host_peak_rss_gib": 6.0, **tree},
         {"scenario": "older", "outcome": "ok", "host_peak_rss_gib": 7.0},

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 import re
+from pathlib import Path
 
 import pytest
 from conftest import make_spec

@@ -182,11 +182,11 @@ def vm_rss_bytes(pid: int) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's /proc")
-@pytest.mark.parametrize("prefer_pss", [True, False], ids=["pss", "rss"])
-def test_the_host_memory_sampler_counts_the_ranks_worker_process(prefer_pss):
+@pytest.mark.parametrize("unique", [True, False], ids=["rss+uss", "rss"])
+def test_the_host_memory_sampler_counts_the_ranks_worker_process(unique):
     """The rank (this process) starts a worker holding 200 MiB, as SuperOffload's optimizer
     worker holds the Adam moments: the tree's peak exceeds the rank's own by about that."""
-    sampler = probes.HostMemorySampler(interval_s=0.05, prefer_pss=prefer_pss).start()
+    sampler = probes.HostMemorySampler(interval_s=0.05, unique=unique).start()
     worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -197,10 +197,10 @@ def test_the_host_memory_sampler_counts_the_ranks_worker_process(prefer_pss):
     finally:
         worker.stdin.close()
         worker.wait(timeout=30)
-    assert sampler.measure == ("pss" if prefer_pss else "rss") == recorded["host_tree_measure"]
+    assert sampler.measure == ("rss+uss" if unique else "rss") == recorded["host_tree_measure"]
     assert recorded["host_peak_tree_bytes"] == sampler.tree_peak
     worker_part = sampler.tree_peak - sampler.own_peak
-    # the 200 MiB, and at most what /proc says the worker holds (PSS <= RSS) and some slack
+    # the 200 MiB, and at most what /proc says the worker holds (USS <= RSS) and some slack
     # for this process's own memory moving between samples
     assert WORKER_BYTES <= worker_part <= worker_rss + 8 * 2**20
 
@@ -214,13 +214,13 @@ def test_memory_own_and_tree_per_rank_and_per_node():
     def rank(r, tree):
         return RankStats(rank=r, local_rank=r, world_size=2, host="h", pid=1,
                          host_peak_rss_bytes=3 * gib, host_peak_tree_bytes=tree,
-                         host_tree_measure="pss" if tree else None)  # fmt: skip
+                         host_tree_measure="rss+uss" if tree else None)  # fmt: skip
 
     m = metrics_of(spec, {0: rank(0, 5 * gib), 1: rank(1, 4 * gib)})
     assert m["host_peak_rss_gib_per_rank"] == [3.0, 3.0] and m["host_peak_rss_gib"] == 6.0
     assert m["host_peak_tree_gib_per_rank"] == [5.0, 4.0]
     assert m["host_peak_tree_gib_per_node"] == [9.0] and m["host_peak_tree_gib"] == 9.0
-    assert m["host_tree_measure"] == "pss"
+    assert m["host_tree_measure"] == "rss+uss"
     m = metrics_of(spec, {0: rank(0, 5 * gib), 1: rank(1, None)})  # rank 1 died before its stats
     assert m["host_peak_tree_gib_per_node"] == [None] and m["host_peak_tree_gib"] is None
     assert m["host_peak_rss_gib"] == 6.0

@@ -480,7 +480,7 @@ class RankStats:
     nvml_used_bytes: int | None = None
     host_peak_rss_bytes: int | None = None  # this process's own peak (getrusage)
     # the peak of this process and its children summed (SuperOffload's optimizer worker),
-    # sampled (probes.HostMemorySampler); host_tree_measure: "pss" or "rss", what was summed
+    # sampled (probes.HostMemorySampler); host_tree_measure: "rss+uss" or "rss", what was summed
     host_peak_tree_bytes: int | None = None
     host_tree_measure: str | None = None
     steps_done: int | None = None

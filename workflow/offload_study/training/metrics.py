@@ -216,7 +216,7 @@ def _host_trees(stats: dict[int, RankStats], world: int, node_of: dict) -> dict:
         "host_peak_tree_gib_per_rank": per_rank,
         "host_peak_tree_gib_per_node": per_node if whole else [None] * len(per_node),
         "host_peak_tree_gib": max(per_node) if whole else None,
-        "host_tree_measure": ("rss" if "rss" in measures else "pss") if measures else None,
+        "host_tree_measure": ("rss" if "rss" in measures else "rss+uss") if measures else None,
     }
 
 

@@ -91,18 +91,15 @@ def host_peak_rss_bytes() -> int:
 
 
 # ------------------------------------------------------------------------ the rank's process tree
-def pss_bytes(pid: int) -> int | None:
-    """Proportional set size of a process (a page that n processes map counts 1/n in each: a
-    library, a tensor shared with a worker process), from /proc/<pid>/smaps_rollup; None where
-    unreadable."""
+def uss_bytes(pid: int) -> int | None:
+    """Unique set size of a process: the pages only it maps (psutil reads /proc/<pid>/smaps);
+    None where unreadable."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024  # kB -> bytes
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(psutil.Process(pid).memory_full_info().uss)
+    except (psutil.Error, AttributeError):
+        return None
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -119,26 +116,27 @@ class HostMemorySampler:
     descendant: DeepSpeed SuperOffload's optimizer worker holds the Adam moments) in a
     background thread and keeps both peaks (bytes).
 
-    PSS where this process's smaps_rollup is readable (``measure`` "pss": a page the rank shares
-    with its worker counts once over the tree; a child whose rollup is unreadable counts its
-    RSS), else RSS. Reading a rollup walks the process's page tables (about 20 ms per GiB
-    resident on a slow host): the thread waits ``interval_s``, and at least DUTY times the
-    last sample's own time, between samples, so it takes a small share of one core whatever
-    the size of the processes, off the training thread.
+    The rank counts its resident set (RSS, the figure every record has), each descendant its
+    unique set (``measure`` "rss+uss": the pages only the worker maps, so a library the rank
+    has mapped already is not counted twice); a descendant whose smaps is unreadable counts its
+    RSS (``measure`` "rss", an upper bound). Reading smaps walks the process's page tables
+    (about 20 ms per GiB resident on a slow host): the thread waits ``interval_s``, and at
+    least DUTY times the last sample's own time, between samples, so it takes a small share of
+    one core whatever the size of the processes, off the training thread.
     """
 
     DUTY = 50  # waits >= 50x a sample's time: at most 2 % of one core
 
-    def __init__(self, interval_s: float = 1.0, pid: int | None = None, prefer_pss: bool = True):
+    def __init__(self, interval_s: float = 1.0, pid: int | None = None, unique: bool = True):
         self.pid, self.interval_s = pid or os.getpid(), interval_s
-        self.measure = "pss" if prefer_pss and pss_bytes(self.pid) is not None else "rss"
+        self.measure = "rss+uss" if unique and uss_bytes(self.pid) is not None else "rss"
         self.own_peak = self.tree_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="host-memory-sampler", daemon=True)
 
-    def size(self, pid: int) -> int:
-        """Bytes of one process as ``measure`` counts them (0: it is gone)."""
-        got = pss_bytes(pid) if self.measure == "pss" else None
+    def child_size(self, pid: int) -> int:
+        """Bytes a descendant adds, as ``measure`` counts them (0: it is gone)."""
+        got = uss_bytes(pid) if self.measure == "rss+uss" else None
         return got if got is not None else rss_bytes(pid) or 0
 
     def sample(self) -> None:
@@ -148,8 +146,8 @@ class HostMemorySampler:
             children = psutil.Process(self.pid).children(recursive=True)
         except psutil.Error:
             children = []
-        own = self.size(self.pid)
-        tree = own + sum(self.size(child.pid) for child in children)
+        own = rss_bytes(self.pid) or 0
+        tree = own + sum(self.child_size(child.pid) for child in children)
         self.own_peak, self.tree_peak = max(self.own_peak, own), max(self.tree_peak, tree)
 
     def _run(self) -> None:
