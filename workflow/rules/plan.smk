@@ -21,9 +21,15 @@ rule engine_config:
         write_scenario_files(params.spec, output.ds_config, output.spec)
 
 
+# The plan rule's input as a path, not rules.plan_summary.output[0]: in a rule that names another
+# rule's output, Snakemake hashes the whole `specs` list once per spec while it builds the job
+# (a million file hashes at 1,000 runs).
+PLAN_SUMMARY = f"{RESULTS}/plan.unchecked.json"
+
+
 rule plan_summary:
     output:
-        f"{RESULTS}/plan.unchecked.json",
+        PLAN_SUMMARY,
     log:
         f"{RESULTS}/logs/plan_summary.log",
     params:
@@ -110,7 +116,7 @@ rule plan:
     step time predicted (plan.csv; infeasible ones are not launched), before anything trains.
     """
     input:
-        summary=rules.plan_summary.output[0],
+        summary=PLAN_SUMMARY,
         specs=expand(layout.run_spec_path(RESULTS, "{scenario}"), scenario=SCENARIOS),
         calibration=CALIBRATION,
     output:

@@ -239,12 +239,25 @@ def sha256_tree(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
+#: JSON leaves, returned as they are (most of a run spec's values: checked first, by exact type)
+_LEAF_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """A dataclass's field names (None for any other class), looked up once per class."""
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+
+
 def plain_data(value: Any) -> Any:
     """``dataclasses.asdict`` for the plain data of contracts (dataclasses, dicts, lists, tuples
     of JSON values), without its deep copy of every leaf: a 1,000-run dry run converts each run
-    spec twice while Snakemake parses the workflow (benchmarks/dryrun_overhead.py)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    spec twice while Snakemake builds its jobs (benchmarks/dryrun_overhead.py)."""
+    if type(value) in _LEAF_TYPES:
+        return value
+    names = _field_names(type(value))
+    if names is not None:
+        return {name: plain_data(getattr(value, name)) for name in names}
     if isinstance(value, dict):
         return {k: plain_data(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -126,10 +126,19 @@ def load_schema(name: str) -> dict:
     return copy.deepcopy(_parsed_schema(name))
 
 
+#: libyaml's safe loader where PyYAML has it: the same documents, ~6x faster than the pure-Python
+#: one (the study schema is parsed while Snakemake parses the workflow, in every job too)
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _yaml(text: str):
+    return yaml.load(text, Loader=_SAFE_LOADER)
+
+
 @functools.cache
 def _parsed_schema(name: str) -> dict:
     folder = resources.files("offload_study") / "schemas"
-    for suffix, parse in ((".schema.json", json.loads), (".schema.yaml", yaml.safe_load)):
+    for suffix, parse in ((".schema.json", json.loads), (".schema.yaml", _yaml)):
         path = folder / f"{name}{suffix}"
         if path.is_file():
             return parse(path.read_text())

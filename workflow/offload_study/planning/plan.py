@@ -305,8 +305,10 @@ class Plan:
 
     def run_spec(self, scenario: str) -> dict:
         """The run spec with its ds_config path, as the plain dict of run.json: Snakemake compares
-        a rule's params between runs only when they are plain data (not a dataclass)."""
-        return self.by_name[scenario].with_ds_config(self.ds_config_path(scenario)).to_dict()
+        a rule's params between runs only when they are plain data (not a dataclass). The dict of
+        ``with_ds_config(path).to_dict()``, made without copying the spec (once per job of a dry
+        run)."""
+        return {**self.by_name[scenario].to_dict(), "ds_config": self.ds_config_path(scenario)}
 
     def summary(self) -> dict:
         """plan.json: what the report needs to know of each scenario."""
