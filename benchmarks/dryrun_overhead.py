@@ -7,7 +7,7 @@
    to `--runs` runs in total, against the same dry run of a trivial workflow of `--runs` jobs
    (one rule: one output, no params, no resources) made in a temp folder; also, for reference,
    a trivial workflow with as many jobs as the study's dry run plans (each run is two jobs:
-   deepspeed_config and train). Each is run `--repeats` times, interleaved so drifting machine
+   engine_config and train). Each is run `--repeats` times, interleaved so drifting machine
    load hits all alike; prints every wall time, the medians (and the CPU time the dry runs
    used, which moves less with other work on a shared machine) and the ratio study / trivial
    of the wall-time medians against the target (at most 1.3x), and
