@@ -134,10 +134,17 @@ BAD_INPUT = [
         ["scenarios[0].sweep.reduce_bucket_size", "engine fsdp2"],
     ),
     ("scenarios[3].engine", "fsdp2", ["scenarios[3].offload_optimizer", "nvme", "fsdp2"]),
+    # optimizer-only CPU offload on fsdp2 (torchao) needs a CUDA GPU: the CPU cluster refuses it
     (
         "scenarios[1].engine",
         "fsdp2",
-        ["scenarios[1].offload_param", "CPUOffloadPolicy", "together"],
+        ["scenarios[1].offload_optimizer", "CUDA GPU", "CPUOffloadPolicy"],
+    ),
+    (
+        "scenarios[1].engine",
+        Together("fsdp2", {"scenarios[1].offload_optimizer": "none",
+                           "scenarios[1].offload_param": "cpu"}),  # fmt: skip
+        ["scenarios[1].offload_optimizer", "no offload path", "allowed"],
     ),
     (
         "scenarios[1].engine",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -114,30 +113,37 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
 
 
 def test_the_report_puts_engines_side_by_side(tmp_path):
-    """A study with both engines: per kind (no offload, CPU offload) each engine's speed with CI,
-    memory and step parts, and the paired ratio across engines; one engine: no such block."""
+    """A study with two engines: every engine x offload path in words with its CI, memory and
+    step parts; at each GPU memory level the fastest engine against the next engine's best, by
+    the paired ratio; one engine: no such block."""
     from builders import build_report, make_record
 
     parts = {"deepspeed": {"forward": 100.0, "backward": 200.0, "optimizer": 400.0},
              "fsdp2": {"forward": 90.0, "backward": 180.0, "optimizer": 900.0}}  # fmt: skip
     paths = []
     for k in range(2):
-        for engine, off, speed in [
-            ("deepspeed", "none", 1000),
-            ("fsdp2", "none", 1050),
-            ("deepspeed", "cpu", 600),
-            ("fsdp2", "cpu", 400),
+        for engine, opt, param, speed, gib in [
+            ("deepspeed", "none", "none", 1000, 30.0),
+            ("fsdp2", "none", "none", 1050, 31.0),
+            ("deepspeed", "cpu", "cpu", 600, 8.0),
+            ("fsdp2", "cpu", "cpu", 400, 9.0),
         ]:
-            extra = {"engine": engine, "step_breakdown_ms": parts[engine]}
-            paths.append(make_record(tmp_path, f"{engine}-{off}", k, tokens_per_s=speed * (1 + k / 100),
-                                     offload_optimizer=off, offload_param=off, seed=k,
-                                     label=f"{engine} {off}", extra=extra))  # fmt: skip
+            name = f"{engine}-{opt}-{param}"
+            extra = {"engine": engine, "step_breakdown_ms": parts[engine],
+                     "peak_gpu_reserved_gib": gib + 1}  # fmt: skip
+            paths.append(make_record(tmp_path, name, k, tokens_per_s=speed * (1 + k / 100),
+                                     offload_optimizer=opt, offload_param=param, seed=k,
+                                     peak_gpu_gib=gib, label=name, extra=extra))  # fmt: skip
     html, _, _ = build_report(tmp_path, paths)
     block = html[html.index('id="engines"') : html.index('id="figures"')]
-    assert 'id="engines-no-offload"' in block and 'id="engines-CPU-offload"' in block
-    assert re.search(r"fsdp2 cpu against deepspeed cpu: 6[67](\.\d)?% \[", block), block
-    assert "<b>slower</b>" in block
-    assert "optimizer step: 500 ms more per step" in block
+    assert "CPUOffloadPolicy" in block and "optimizer and parameter offload to the CPU" in block
+    levels = block[block.index('id="engine-levels"') : block.index('id="engines-all"')]
+    # within 9 GiB only ZeRO-3's offload ran; within 10 both engines' offload: ZeRO-3 faster
+    assert "Within 9.0 GiB" in levels and "no other engine ran within it" in levels
+    assert "Within 10.0 GiB" in levels and "against FSDP2" in levels and "150% [" in levels
+    assert "optimizer step: 500 ms less per step" in levels
+    # with the whole card FSDP2 without offload is the fastest, against ZeRO-3 without offload
+    assert "Within 32.0 GiB" in levels and "<b>FSDP2</b>, no offload" in levels
     single, _, _ = build_report(tmp_path / "one", paths[:1] + paths[2:3])
     assert 'id="engines"' not in single
 

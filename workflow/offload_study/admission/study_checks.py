@@ -134,7 +134,7 @@ def _count_errors(values: list, where: str) -> list[str]:
     ]
 
 
-def scenario_key_problems(scenario: dict, cluster: dict, where: str) -> list[str]:
+def scenario_key_problems(study: dict, scenario: dict, cluster: dict, where: str) -> list[str]:
     """Sweep values of the batch knobs that are not counts, then what the scenario's engine
     says of its keys (offload_study.engines: its knobs, modes, offload path, folders)."""
     errors = [
@@ -143,7 +143,8 @@ def scenario_key_problems(scenario: dict, cluster: dict, where: str) -> list[str
         if knob in BATCH_KNOBS
         for problem in _count_errors(values, f"{where}.sweep.{knob}")
     ]
-    return errors + engines.get(scenario["engine"]).scenario_problems(scenario, cluster, where)
+    engine = engines.get(scenario["engine"])
+    return errors + engine.scenario_problems(study, scenario, cluster, where)
 
 
 def measure_problems(study: dict, scenario: dict, where: str) -> list[str]:
@@ -213,7 +214,7 @@ def scenario_problems(study: dict, cluster: dict, runs: list[RunSpec]) -> list[s
         where = f"scenarios[{index}]"
         problems += _every(
             (_name_problems, scenario, seen, where),
-            (scenario_key_problems, scenario, cluster, where),
+            (scenario_key_problems, study, scenario, cluster, where),
             (measure_problems, study, scenario, where),
         )
         for run in unless_refused(_runs_of, scenario, runs):

@@ -60,7 +60,8 @@ class OffloadPath:
 
     ``devices`` is (offload_optimizer, offload_param) as a study writes them; ``keys`` the
     further scenario keys the path takes (``offload_optimizer_ratio``); ``problems`` says why a
-    scenario cannot use it on a cluster (scenario, cluster, key path -> "key: why" lines);
+    scenario of a study cannot use it on a cluster (study, scenario, cluster, key path ->
+    "key: why" lines);
     ``parts`` is what the engine's own code asks of the path (its trainer's and model's hooks).
     """
 
@@ -69,7 +70,7 @@ class OffloadPath:
     label: str
     devices: tuple[str, str]
     keys: frozenset[str] = frozenset()
-    problems: Callable[[dict, dict, str], list[str]] = lambda scenario, cluster, where: []
+    problems: Callable[[dict, dict, dict, str], list[str]] = lambda study, scenario, cluster, where: []
     parts: object = None
     grid: tuple[dict, ...] = ()  # scenario keys a recommendation may try on this path
 
@@ -82,9 +83,9 @@ class Engine:
     name: str  # the scenario key's value
     label: str  # what pages call it ("ZeRO-3")
     summary: str  # one sentence, for the study schema's description of ``engine``
-    # admission (study keys): (study) and (scenario, cluster, key path) -> "key: why" lines
+    # admission (study keys): (study) and (study, scenario, cluster, key path) -> "key: why"
     study_problems: Callable[[dict], list[str]]
-    scenario_problems: Callable[[dict, dict, str], list[str]]
+    scenario_problems: Callable[[dict, dict, dict, str], list[str]]
     # rule plan: (spec, config) -> why the engine's own parser refuses the config, or None
     config_problem: Callable[[object, dict], str | None]
     ops_needed: Callable[[object], list[str]]  # (spec) -> compiled ops it loads, in order

@@ -1,50 +1,67 @@
-"""The report's engines block: DeepSpeed ZeRO-3 and PyTorch FSDP2 side by side, for each kind of
-scenario both ran (no offload; CPU offload), only where a study has more than one engine.
+"""The report's engines block, for a study with more than one engine: every engine x offload path
+it ran side by side, and at each GPU memory level the fastest engine.
 
-Per scenario: tokens/s with its 95 % CI (collect's summary), peak GPU memory (allocated,
-reserved), peak host memory per node, and where a step's time goes (the harness' forward, backward
-and optimizer parts, timed alike for both engines: steps.csv, metrics.json
-``step_breakdown_ms``). Per FSDP2 scenario and DeepSpeed scenario of the same kind and
-settings (contracts.SAME_SETTINGS_KEYS): the paired ratio of their tokens/s, repeat k with
+Per scenario: its engine and offload path in words (the engine registry's labels), tokens/s with
+its 95 % CI (collect's summary), peak GPU memory (allocated, reserved), peak host memory per node
+(each rank with its worker processes), and where a step's time goes (the harness's forward,
+backward and optimizer parts, timed alike for every engine: metrics.json ``step_breakdown_ms``).
+
+A memory level is a scenario's measured peak reserved GPU memory: at each level, among the
+scenarios on the same GPUs that stayed within it, the fastest of each engine; the fastest engine
+is compared with the next engine's best by the paired ratio of their tokens/s, repeat k with
 repeat k (collect.paired_ratio, the rule of the vs-pair column), with its verdict word
-(core.verdict), and the part of the step whose time differs most.
+(core.verdict) and the part of the step whose time differs most. A level whose answer is the
+level below's is left out.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
+from offload_study import engines
 from offload_study.analysis import collect
 from offload_study.core import contracts, verdict
 
-#: Scenario kinds compared across engines: name -> (offload_optimizer, offload_param) test.
-KINDS = {
-    "no offload": contracts.offloads_nothing,
-    "CPU offload": lambda opt, param: "cpu" in (opt, param) and "nvme" not in (opt, param),
-}
 PART_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer step"}
 N_BOOT = 2000
 
 
+def path_label(engine: str, offload_optimizer, offload_param) -> str:
+    """An offload path in words: the engine's own label for it, else the offload keys."""
+    try:
+        path = engines.get(engine).path(offload_optimizer, offload_param)
+    except engines.UnknownEngine:
+        path = None
+    if path is not None:
+        return path.label
+    return f"optimizer offload: {offload_optimizer}, parameter offload: {offload_param}"
+
+
+def _num(row: Mapping, key: str) -> float | None:
+    return verdict.finite_or_none(row.get(key))
+
+
 def _row_view(row: Mapping) -> dict:
-    parts = {
-        p: verdict.finite_or_none(row.get(f"step_breakdown_ms.{p}")) for p in collect.STEP_PARTS
-    }
+    engine = contracts.engine_of(row)
     return {
         "scenario": row["scenario"],
         "label": row.get("label") or row["scenario"],
-        "engine": contracts.engine_of(row),
-        "n_ok": int(verdict.finite_or_none(row.get("n_ok")) or 0),
-        "tokens_per_s": verdict.finite_or_none(row.get("tokens_per_s")),
-        "ci_low": verdict.finite_or_none(row.get("tokens_per_s_ci_low")),
-        "ci_high": verdict.finite_or_none(row.get("tokens_per_s_ci_high")),
-        "gpu_allocated_gib": verdict.finite_or_none(row.get("peak_gpu_allocated_gib")),
-        "gpu_reserved_gib": verdict.finite_or_none(row.get("peak_gpu_reserved_gib")),
+        "engine": engines.label(engine),
+        "engine_name": engine,
+        "path": path_label(engine, row.get("offload_optimizer"), row.get("offload_param")),
+        "world_size": _num(row, "world_size"),
+        "n_ok": int(_num(row, "n_ok") or 0),
+        "tokens_per_s": _num(row, "tokens_per_s"),
+        "ci_low": _num(row, "tokens_per_s_ci_low"),
+        "ci_high": _num(row, "tokens_per_s_ci_high"),
+        "gpu_allocated_gib": _num(row, "peak_gpu_allocated_gib"),
+        "gpu_reserved_gib": _num(row, "peak_gpu_reserved_gib"),
         "host_gib": collect.host_memory_gib(row),
-        "parts_ms": parts,
+        "parts_ms": {p: _num(row, f"step_breakdown_ms.{p}") for p in collect.STEP_PARTS},
     }
 
 
@@ -68,36 +85,65 @@ def _biggest_difference(mine: dict, theirs: dict) -> str | None:
     return f"{PART_NAMES[part]}: {abs(signed):.0f} ms {more} per step"
 
 
-def _ratio_view(runs: pd.DataFrame, fsdp: dict, ds: dict) -> dict:
-    mine, theirs = _ok_runs(runs, fsdp["scenario"]), _ok_runs(runs, ds["scenario"])
+def _ratio_view(runs: pd.DataFrame, mine: dict, theirs: dict) -> dict:
+    a, b = _ok_runs(runs, mine["scenario"]), _ok_runs(runs, theirs["scenario"])
     point, lo, hi, pairs, how = collect.paired_ratio(
-        mine, theirs, _steps(pd.concat([mine, theirs])), N_BOOT, seed=0
+        a, b, _steps(pd.concat([a, b])), N_BOOT, seed=0
     )
+    known = verdict.finite_or_none(point) is not None
     return {
-        "fsdp2": fsdp["label"], "deepspeed": ds["label"], "ratio": verdict.finite_or_none(point),
-        "ci_low": verdict.finite_or_none(lo), "ci_high": verdict.finite_or_none(hi), "pairs": pairs, "how": how,
-        "word": verdict.speed(point, lo, hi) if verdict.finite_or_none(point) else None,
-        "text": verdict.ratio_text(point, lo, hi) if verdict.finite_or_none(point) else None,
-        "difference": _biggest_difference(fsdp["parts_ms"], ds["parts_ms"]),
+        "ratio": verdict.finite_or_none(point), "pairs": pairs, "how": how,
+        "word": verdict.speed(point, lo, hi) if known else None,
+        "text": verdict.ratio_text(point, lo, hi) if known else None,
+        "difference": _biggest_difference(mine["parts_ms"], theirs["parts_ms"]),
     }  # fmt: skip
 
 
-def engines_view(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict] | None:
-    """One block per scenario kind both engines ran; None when the study has one engine."""
-    if summary.empty or "engine" not in summary:
+def _measured(view: dict) -> bool:
+    return view["n_ok"] > 0 and view["tokens_per_s"] is not None
+
+
+def _fastest_by_engine(views: list[dict]) -> list[dict]:
+    """Each engine's fastest scenario among ``views``, the fastest engine first."""
+    best: dict[str, dict] = {}
+    for v in views:
+        if v["engine_name"] not in best or v["tokens_per_s"] > best[v["engine_name"]]["tokens_per_s"]:
+            best[v["engine_name"]] = v
+    return sorted(best.values(), key=lambda v: -v["tokens_per_s"])
+
+
+def levels_view(runs: pd.DataFrame, views: list[dict]) -> list[dict]:
+    """Per GPU count and memory level (ascending), the fastest engine within it against the
+    next engine's best (None when only one engine ran within the level)."""
+    out = []
+    measured = [v for v in views if _measured(v) and v["gpu_reserved_gib"] is not None]
+    for gpus in sorted({v["world_size"] or 0 for v in measured}):
+        mine = [v for v in measured if (v["world_size"] or 0) == gpus]
+        previous = None
+        for level in sorted({v["gpu_reserved_gib"] for v in mine}):
+            ranked = _fastest_by_engine([v for v in mine if v["gpu_reserved_gib"] <= level])
+            key = tuple(v["scenario"] for v in ranked[:2])
+            if key == previous:
+                continue
+            previous = key
+            runner_up = ranked[1] if len(ranked) > 1 else None
+            out.append({
+                "gpus": int(gpus), "level_gib": math.ceil(level * 10) / 10, "fastest": ranked[0],
+                "runner_up": runner_up,
+                "ratio": _ratio_view(runs, ranked[0], runner_up) if runner_up else None,
+            })  # fmt: skip
+    return out
+
+
+def engines_view(runs: pd.DataFrame, summary: pd.DataFrame) -> dict | None:
+    """Every scenario by GPU memory, and the fastest engine at each memory level; None when the
+    study ran one engine."""
+    if summary.empty:
         return None
     rows = summary.to_dict("records")
     if len({contracts.engine_of(r) for r in rows}) < 2:
         return None
-    blocks = []
-    for kind, test in KINDS.items():
-        same_kind = [_row_view(r) | {"settings": contracts.settings_of(r)} for r in rows
-                     if test(r.get("offload_optimizer"), r.get("offload_param"))]  # fmt: skip
-        fsdp = [r for r in same_kind if r["engine"] == "fsdp2"]
-        ds = [r for r in same_kind if r["engine"] == "deepspeed"]
-        if not fsdp or not ds:
-            continue
-        ratios = [_ratio_view(runs, f, d) for f in fsdp for d in ds
-                  if f["settings"] is not None and f["settings"] == d["settings"]]  # fmt: skip
-        blocks.append({"kind": kind, "rows": ds + fsdp, "ratios": ratios})
-    return blocks or None
+    views = [_row_view(r) for r in rows]
+    views.sort(key=lambda v: (v["world_size"] or 0, v["gpu_reserved_gib"] or math.inf,
+                              -(v["tokens_per_s"] or 0)))  # fmt: skip
+    return {"rows": views, "levels": levels_view(runs, views)}

@@ -17,7 +17,7 @@ def study_problems(study: dict) -> list[str]:
     )
 
 
-def scenario_problems(scenario: dict, cluster: dict, where: str) -> list[str]:
+def scenario_problems(study: dict, scenario: dict, cluster: dict, where: str) -> list[str]:
     """ZeRO knobs the installed DeepSpeed knows, modes it has, a folder for NVMe offload."""
     errors = config.check_zero_keys(scenario.get("zero", {}), f"{where}.zero")
     for knob, values in scenario.get("sweep", {}).items():

@@ -18,7 +18,7 @@ def _paths_text(engine) -> str:
     )
 
 
-def scenario_problems(scenario: dict, cluster: dict, where: str) -> list[str]:
+def scenario_problems(study: dict, scenario: dict, cluster: dict, where: str) -> list[str]:
     from offload_study import engines
 
     engine = engines.get(scenario["engine"])
@@ -40,4 +40,4 @@ def scenario_problems(scenario: dict, cluster: dict, where: str) -> list[str]:
                       f"offload_optimizer: {devices[0]} with offload_param: {devices[1]}; "
                       f"allowed: {_paths_text(engine)}")  # fmt: skip
         return errors
-    return errors + path.problems(scenario, cluster, where)
+    return errors + path.problems(study, scenario, cluster, where)

@@ -1,0 +1,122 @@
+"""FSDP2 with only the optimizer offloaded to the CPU (``engine: fsdp2``, ``offload_optimizer:
+cpu``, ``offload_param: none``): the sharded fp32 weights and their gradients stay on the GPU,
+so gradient accumulation runs there; the Adam moments, an fp32 copy of each weight shard and the
+optimizer step live on the host, through torchao's ``CPUOffloadOptimizer`` (torchao 0.18).
+
+Why torchao: FSDP2 calls the post-accumulate-grad hooks of its sharded DTensor parameters itself
+after each reduce-scatter, and torchao copies each gradient to its pinned host copy from that
+hook, on a side stream, while the backward goes on; its host copies and fused CPU AdamW work on
+FSDP2's DTensors as shipped, and it installs beside torch with no other package. Megatron-core's
+``HybridDeviceOptimizer`` has a partial ``offload_fraction``, but pins a clone of each DTensor
+(``NYI: aten._pin_memory``) and needs Python 3.12 and triton: so this path has no partial
+fraction, and a scenario's ``offload_optimizer_ratio`` is refused naming the key.
+
+What it needs: a CUDA GPU (torchao copies through CUDA streams and refuses to start without one)
+and torchao on the node that trains (``pip install torchao==0.18.0``); bf16 or fp32, since fp16's
+grad scaler would unscale the GPU gradients after torchao has already copied them to the host.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from offload_study import engines
+from offload_study.core.contracts import Calibration, RunSpec
+from offload_study.engines.fsdp2.paths import FP32, Fsdp2Path, host_adam_rate, shard_params
+from offload_study.prediction.shared import GB, ModelShape, pow2_bytes
+
+#: torchao keeps a tensor with fewer elements than this on the GPU, stepped there (its
+#: ``minimal_size``): the norms' weights.
+MINIMAL_SIZE = 4096
+INSTALL = "pip install torchao==0.18.0"
+
+
+def small_tensors(spec: RunSpec, shape: ModelShape) -> int:
+    """Elements of the shards torchao keeps on the GPU."""
+    shards = (-(-n // spec.world_size) for n in shape.tensors)
+    return sum(n for n in shards if n < MINIMAL_SIZE)
+
+
+class CpuOptimizerPath(Fsdp2Path):
+    """torchao's CPUOffloadOptimizer over FSDP2's sharded parameters."""
+
+    steps_on_device = False
+
+    def optimizer(self, model, spec: RunSpec, on_gpu: bool):
+        import torch
+        from torchao.optim import CPUOffloadOptimizer
+
+        cls = torch.optim.AdamW if spec.optimizer.type == "AdamW" else torch.optim.Adam
+        opt = CPUOffloadOptimizer(model.parameters(), cls, minimal_size=MINIMAL_SIZE,
+                                  lr=spec.optimizer.lr, weight_decay=spec.optimizer.weight_decay,
+                                  fused=True)  # fmt: skip
+        return opt, f"torchao CPUOffloadOptimizer, fused CPU {cls.__name__}"
+
+    def effective(self, spec: RunSpec) -> dict:
+        return {"pin_memory_optimizer": True, "pin_memory_param": None,
+                "offload_policy": "OffloadPolicy",
+                "optimizer_offload": "torchao CPUOffloadOptimizer"}  # fmt: skip
+
+    def gpu_held(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """The fp32 weight shards, and the Adam moments of the tensors kept on the GPU."""
+        return {"parameters (fp32 shard)": FP32 * shard_params(spec, shape),
+                "Adam moments of the small tensors (fp32)":
+                    2 * FP32 * small_tensors(spec, shape)}  # fmt: skip
+
+    def host_states(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """Per offloaded tensor a pinned fp32 copy of its shard and of its gradient (torch's
+        pinned allocator rounds each up to a power of two) and the Adam moments (pageable)."""
+        shards = [FP32 * -(-n // spec.world_size) for n in shape.tensors]
+        offloaded = [b for b in shards if b / FP32 >= MINIMAL_SIZE]
+        return {
+            "parameters (fp32 copy, pinned)": sum(map(pow2_bytes, offloaded)),
+            "gradients (fp32 copy, pinned)": sum(map(pow2_bytes, offloaded)),
+            "Adam moments (fp32)": 2.0 * sum(offloaded),
+        }
+
+    def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
+                          device_rate: float | None) -> float:  # fmt: skip
+        """AdamW over every offloaded shard on the node's cores, one tensor after another."""
+        return shard_params(spec, shape) * spec.gpus_per_node / host_adam_rate(cal)
+
+    def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """The updated weights back to the GPU once per step, each tensor's copy overlapping
+        the next one's CPU step: only the largest one's shows; the gradients' copies to the
+        host overlap the backward."""
+        if not cal.h2d_gb_s:
+            return 0.0
+        largest = FP32 * max(-(-n // spec.world_size) for n in shape.tensors)
+        return largest / (cal.h2d_gb_s * GB)
+
+
+def problems(study: dict, scenario: dict, cluster: dict, where: str) -> list[str]:
+    """Where the path cannot run: no CUDA GPU, no torchao on a machine that trains here, fp16
+    (its grad scaler would unscale gradients torchao copies to the host at the same time)."""
+    key, errors = f"{where}.offload_optimizer", []
+    if cluster["accelerator"] != "cuda":
+        errors.append(
+            f"{key}: optimizer-only CPU offload on engine fsdp2 needs a CUDA GPU (torchao's "
+            f"CPUOffloadOptimizer copies through CUDA streams); cluster {cluster['name']} has "
+            f"accelerator {cluster['accelerator']}: set offload_param: cpu too (CPUOffloadPolicy), "
+            "or use engine deepspeed"
+        )
+    elif cluster["scheduler"] == "local" and importlib.util.find_spec("torchao") is None:
+        errors.append(f"{key}: optimizer-only CPU offload on engine fsdp2 needs torchao on this "
+                      f"machine: {INSTALL}")  # fmt: skip
+    if study["dtype"] == "fp16":
+        errors.append(f"{key}: optimizer-only CPU offload on engine fsdp2 takes dtype bf16 or "
+                      "fp32, not fp16 (the grad scaler would unscale gradients while torchao "
+                      "copies them to the host)")  # fmt: skip
+    return errors
+
+
+PATH = engines.register_path(
+    engines.OffloadPath(
+        engine="fsdp2",
+        name="cpu-optimizer",
+        label="optimizer offload to the CPU, weights and gradients on the GPU (torchao)",
+        devices=("cpu", "none"),
+        problems=problems,
+        parts=CpuOptimizerPath(),
+    )
+)
