@@ -9,7 +9,9 @@ What ``benchmarks/raw_deepspeed.py`` is for DeepSpeed: reads the run spec the wo
 no tee, no progress/stat files, no per-part synchronizations): the transformers config from the
 spec, random init on the CPU, gradient checkpointing, ``fully_shard`` per decoder layer then the
 root with a ``MixedPrecisionPolicy`` (param_dtype the study's, reduce in fp32) and, when the spec
-offloads, ``CPUOffloadPolicy(pin_memory)``; torch AdamW, fused on the GPU, foreach on the CPU;
+offloads both, ``CPUOffloadPolicy(pin_memory)``, and when it offloads the optimizer alone,
+torchao's ``CPUOffloadOptimizer`` (fused CPU AdamW, the weights on the GPU: the folder
+engines/fsdp2_cpu_optimizer); else torch AdamW, fused on the GPU, foreach on the CPU;
 the same seeded synthetic tokens (``torch.Generator`` seeded ``seed * 1000 + rank``), and
 ``warmup + steps`` optimizer steps (gas micro-steps each, the loss divided by gas) with a
 device synchronize before and after each. tokens/s = global_batch x seq_len / median measured
@@ -59,8 +61,9 @@ def build(spec: dict, mesh, torch):
             param_dtype=getattr(torch, compute) if compute else None, reduce_dtype=torch.float32
         ),
     }
-    offload = "cpu" in (spec.get("offload_optimizer"), spec.get("offload_param"))
-    if offload:
+    devices = (spec.get("offload_optimizer"), spec.get("offload_param"))
+    offload = {("none", "none"): None, ("cpu", "cpu"): "policy", ("cpu", "none"): "optimizer"}[devices]
+    if offload == "policy":
         pin = spec.get("accelerator") == "cuda" and spec.get("pin_memory") is not False
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=pin)
     for layer in model.model.layers:
@@ -96,10 +99,15 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl" if is_cuda else "gloo")
     mesh = init_device_mesh(device.type, (world,))
     model, n_params, offload = build(spec, mesh, torch)
-    impl = {"fused": True} if is_cuda and not offload else {"foreach": True}
+    impl = {"fused": True} if is_cuda and offload != "policy" else {"foreach": True}
     opt_cls = torch.optim.AdamW if spec["optimizer"]["type"] == "AdamW" else torch.optim.Adam
-    optimizer = opt_cls(model.parameters(), lr=spec["optimizer"]["lr"],
-                        weight_decay=spec["optimizer"]["weight_decay"], **impl)  # fmt: skip
+    hyper = {"lr": spec["optimizer"]["lr"], "weight_decay": spec["optimizer"]["weight_decay"]}
+    if offload == "optimizer":  # torchao's own example: the optimizer class, fused CPU AdamW
+        from torchao.optim import CPUOffloadOptimizer
+
+        optimizer = CPUOffloadOptimizer(model.parameters(), opt_cls, **hyper, **impl)
+    else:
+        optimizer = opt_cls(model.parameters(), **hyper, **impl)
     scaler = None
     if spec["dtype"] == "fp16":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler

@@ -71,6 +71,8 @@ setup() {
   export PATH=/tmp/pybin:$SITE/bin:$PATH
   export PYTHONPATH=$SITE:$REPO/workflow
   export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 TORCH_EXTENSIONS_DIR=/tmp/ts_ext
+  # torchao's CUDA kernels are built for another torch; its CPUOffloadOptimizer is Python alone
+  export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
   # libaio (async_io op, NVMe offload): Debian's .debs unpacked privately

@@ -7,6 +7,12 @@
 # RAW_FSDP2 space-separated fsdp2 scenarios of the first study: after the studies, the plain FSDP2
 #           loop (benchmarks/raw_fsdp2.py, 3 warm-up + 8 steps) on each one's run spec, the
 #           fidelity reference; its JSON lines and workflow/raw ratios come back in extra.tar.gz.
+# PAIRED=1 the first study's runs one at a time instead of all at once: repeat by repeat, each
+#           scenario in study order (the study's interleaved run order), and each one named in
+#           RAW_FSDP2 followed at once by its plain loop on the same repeat, so a workflow run and
+#           its plain loop run minutes apart on one machine; then collect and report
+#           (PAIRED_REPEATS="1": those repeats only, e.g. one a call when a call holds one).
+# OPS       the DeepSpeed ops built ahead (default: cpu_adam fused_adam; "" for FSDP2 alone).
 # CALIBRATE_AT CLUSTER:STUDY_YAML: after the studies, measure CLUSTER's calibration at the sizes
 #           and shapes of STUDY's runs (calibrate --study) into results/CLUSTER/calibration.at-<study>.json,
 #           beside (not instead of) the calibration the plans used; it comes back with the records.
@@ -62,18 +68,32 @@ pack() {
   tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw 2>/dev/null)
 }
 
-raw_fsdp2() { # raw_fsdp2 RESULTS_DIR SCENARIO: the plain loop, then workflow (rep0) / raw tokens/s
-  local out=/tmp/raw/fsdp2/$2.json
+raw_fsdp2() { # raw_fsdp2 RESULTS_DIR SCENARIO [REPEAT]: the plain loop, then workflow / raw tokens/s
+  local rep=${3:-0} out=/tmp/raw/fsdp2/$2.rep${3:-0}.json
   mkdir -p /tmp/raw/fsdp2
   OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 1 \
     --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) benchmarks/raw_fsdp2.py \
-    --spec "$1/configs/$2.run.json" --out "$out" --warmup 3 --steps 8 >"${out%.json}.log" 2>&1 || return
-  python3 - "$out" "$1/$2/rep0/metrics.json" <<'EOF'
+    --spec "$1/configs/$2.run.json" --out "$out" --warmup "${RAW_WARMUP:-3}" \
+    --steps "${RAW_STEPS:-8}" >"${out%.json}.log" 2>&1 || return
+  python3 - "$out" "$1/$2/rep$rep/metrics.json" <<'EOF'
 import json, sys
 raw, wf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 print(f"FIDELITY {raw['scenario']}: workflow {wf['tokens_per_s']:.1f} tok/s, raw "
       f"{raw['tokens_per_s']:.1f} tok/s, ratio {wf['tokens_per_s'] / raw['tokens_per_s']:.3f}")
 EOF
+}
+
+paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 beside its plain loop
+  local study=$1 res k s
+  res=$(results_dir "$study")
+  timed "plan $study" 300 snake "$study" plan || return
+  for k in ${PAIRED_REPEATS:-$(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').repeats)")}; do
+    for s in $(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').scenarios)"); do
+      timed "$s rep$k" 300 snake "$study" "$res/$s/rep$k/metrics.json"
+      [[ " ${RAW_FSDP2:-} " == *" $s "* ]] && timed "raw $s rep$k" 150 raw_fsdp2 "$res" "$s" "$k"
+    done
+  done
+  [ -z "${PAIRED_REPEATS:-}" ] && timed "collect and report $study" 300 snake "$study"
 }
 
 summary() {
@@ -87,26 +107,34 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake versions build_ops table raw_fsdp2
+export -f elapsed say left snake versions build_ops table raw_fsdp2 paired
 
 keep_outside
 requeue_cancelled
 setup
 timed versions 60 versions
-timed ops 240 build_ops cpu_adam fused_adam
+# shellcheck disable=SC2086
+[ -n "${OPS-cpu_adam fused_adam}" ] && timed ops 240 build_ops ${OPS-cpu_adam fused_adam}
 if [ -n "${CALIBRATE:-}" ] && [ ! -f "results/$CALIBRATE/calibration.json" ]; then
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   timed calibrate 180 python3 -m offload_study.prediction.calibrate --cluster "$CALIBRATE" \
     --cores $((CORES / (gpus > 0 ? gpus : 1))) --out "results/$CALIBRATE/calibration.json"
   cat "results/$CALIBRATE/calibration.json"
 fi
-for item in $STUDIES; do
+first=${STUDIES%% *}
+if [ -n "${PAIRED:-}" ]; then
+  paired "${first%%:*}"
+  STUDIES_LEFT=${STUDIES#"$first"}
+else
+  STUDIES_LEFT=$STUDIES
+fi
+for item in $STUDIES_LEFT; do
   study=${item%%:*} target=
   [[ $item == *:* ]] && target=${item#*:}
   # shellcheck disable=SC2086
   timed "$study ${target:-all}" 600 snake "$study" ${target//,/ }
 done
-first=${STUDIES%% *}
+[ -n "${PAIRED:-}" ] && RAW_FSDP2=
 for s in ${RAW_FSDP2:-}; do
   timed "raw_fsdp2 $s" 120 raw_fsdp2 "$(results_dir "${first%%:*}")" "$s"
 done
