@@ -33,6 +33,7 @@ from conftest import SMALL_LLAMA, copy_repo_for_run, place_calibration, record_f
 from runs import tmpfs
 from slurm_cluster import SlurmCluster, profile_snakemake, write_profile
 
+from offload_study.analysis.report import words
 from offload_study.core import layout
 from offload_study.core.contracts import PROGRESS_FILE, read_json, sha256_tree
 from offload_study.core.study import load_study
@@ -391,7 +392,7 @@ def judge(chaos: ChaosRun) -> Verdict:
         + [
             f"{scenario} retried:{n}"
             for scenario, n in retries_by_scenario(retried).items()
-            if f"retried:{n}" not in html
+            if words.outcomes(f"retried:{n}") not in html
         ],  # fmt: skip
     )
 

@@ -23,6 +23,7 @@ from browser import SCREEN, page_requests, read_pages, words
 from conftest import REPO
 from PIL import Image
 
+from offload_study import engines
 from offload_study.across import headlines
 from offload_study.analysis.report import figures
 from offload_study.core import contracts, verdict
@@ -96,7 +97,7 @@ def test_every_page_is_whole_and_speaks_the_readers_words(reading, page):
         found = re.search(pattern, prose)
         assert not found, f"{what}: …{prose[max(found.start() - 80, 0) : found.end() + 80]}…"
     plan = contracts.read_json(records(page) / "plan.json")
-    ids = [s["name"] for s in plan["scenarios"] if s["name"] not in contracts.ENGINES]
+    ids = [s["name"] for s in plan["scenarios"] if s["name"] not in engines.names()]
     named = [n for n in ids if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", prose)]
     assert not named, f"scenario names (ids) on the page: {named}"
 

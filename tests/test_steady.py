@@ -378,7 +378,8 @@ def overflowing_engine(out: str) -> None:
 
     import deepspeed
 
-    from offload_study.training import harness, launch, zero3
+    from offload_study.engines.deepspeed import train as zero3
+    from offload_study.training import harness, launch
     from offload_study.training.tokens import Batches
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()), RANK="0",

@@ -11,7 +11,8 @@
 #           scenario in study order (the study's interleaved run order), and each one named in
 #           RAW_FSDP2 followed at once by its plain loop on the same repeat, so a workflow run and
 #           its plain loop run minutes apart on one machine; then collect and report
-#           (PAIRED_REPEATS="1": those repeats only, e.g. one a call when a call holds one).
+#           (PAIRED_REPEATS="1": those repeats only, e.g. one a call when a call holds one;
+#           PAIRED_SCENARIOS="a b": those scenarios only). Every study of STUDIES is run so.
 # OPS       the DeepSpeed ops built ahead (default: cpu_adam fused_adam; "" for FSDP2 alone).
 # CALIBRATE_AT CLUSTER:STUDY_YAML: after the studies, measure CLUSTER's calibration at the sizes
 #           and shapes of STUDY's runs (calibrate --study) into results/CLUSTER/calibration.at-<study>.json,
@@ -89,6 +90,7 @@ paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 
   timed "plan $study" 300 snake "$study" plan || return
   for k in ${PAIRED_REPEATS:-$(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').repeats)")}; do
     for s in $(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').scenarios)"); do
+      [ -n "${PAIRED_SCENARIOS:-}" ] && [[ " $PAIRED_SCENARIOS " != *" $s "* ]] && continue
       timed "$s rep$k" 300 snake "$study" "$res/$s/rep$k/metrics.json"
       [[ " ${RAW_FSDP2:-} " == *" $s "* ]] && timed "raw $s rep$k" 150 raw_fsdp2 "$res" "$s" "$k"
     done
@@ -123,8 +125,8 @@ if [ -n "${CALIBRATE:-}" ] && [ ! -f "results/$CALIBRATE/calibration.json" ]; th
 fi
 first=${STUDIES%% *}
 if [ -n "${PAIRED:-}" ]; then
-  paired "${first%%:*}"
-  STUDIES_LEFT=${STUDIES#"$first"}
+  for item in $STUDIES; do paired "${item%%:*}"; done
+  STUDIES_LEFT=
 else
   STUDIES_LEFT=$STUDIES
 fi
