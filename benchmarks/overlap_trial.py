@@ -4,7 +4,7 @@
 
 Runs benchmarks/prediction_accuracy.py with the micro-steps' time as the p-norm of FLOPs,
 dispatch and collectives (p = 1: their sum, p = inf: the longest, as `offload_study.prediction.shared.micro_steps_s`
-takes it), in the prediction and in the leave-one-study-out fit alike. A trial, not a model:
+takes it), in the prediction and in the leave-one-model-out fit alike. A trial, not a model:
 docs/benchmarks.md ("Partial overlap ...") says what it found and why it was left out.
 """
 

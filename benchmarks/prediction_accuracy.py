@@ -10,14 +10,21 @@ run spec checked against the record's own setup (micro-batch, accumulation, offl
 sequence, dtype), and the prediction made from the DeepSpeed config the run used and the
 cluster's calibration (config/calibration/<cluster>.json for the H200 machines).
 
-Per study and overall (the targets): step time within 10 % of every ok record; of the
-pairs of configs whose measured speeds differ beyond their CIs, >= 90 % ordered right, and
-Kendall tau; GPU memory allocated within 3 %; torch's reserved peak (what a cap limits) within
-8 %; host memory per node within 10 %. The fitted constants (efficiency and dispatch per layer,
-FSDP2's runtime memory, the reserved slack) are fitted leaving the judged study out
-(offload_study.prediction.accuracy.leave_one_study_out); DeepSpeed's runtime memory is measured
-(each engine model's FITS: runtime_gib, runtime_at_init_gib), not fitted. The pure computations are offload_study.prediction.accuracy;
-this script gathers records and prints.
+Leaving one MODEL out (the headline): a model is its shape (hidden, layers, heads, key/value
+heads, FFN, vocab: shared.model_shape), and every record of the judged model, whichever study
+holds it, leaves the fit. The fitted constants (each engine's efficiency and dispatch per layer,
+FSDP2's runtime memory, the reserved slack weights and the CUDA context) are refitted without it
+(:func:`fit_constants` per fold of offload_study.prediction.accuracy.folds), and the ranking's
+predicted speeds use the same fold's constants, never the shipped ones. What is not fitted is
+the same in every fold and printed as such (FIXED_BY_DESIGN): the reserved causes and the
+step's parts, the calibrations, DeepSpeed's measured runtime, the device optimizer rate.
+
+Per engine, per offload path (in words) and overall against the targets: step time within 10 %
+on >= 80 % of the ok records; GPU memory allocated within 3 % on >= 95 %; torch's reserved peak
+(without the CUDA context) within 8 % on >= 90 %; host memory per node within 10 % on >= 95 %;
+of the pairs of configs of one model in one study measured more than 15 % apart, >= 90 % ordered
+right. Per study: the same errors, and Kendall tau. The pure computations are
+offload_study.prediction.accuracy; this script gathers records and prints.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import hashlib
 import json
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from offload_study import engines  # noqa: E402
@@ -46,7 +53,25 @@ from offload_study.prediction import (
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
+#: the tolerance of each quantity, and (pairs) the share of clear pairs ordered right
 TARGETS = {"step": 0.10, "gpu": 0.03, "reserved": 0.08, "host": 0.10, "pairs": 0.90}
+#: the share of ok records each quantity's tolerance must hold for
+SHARES = {"step": 0.80, "gpu": 0.95, "reserved": 0.90, "host": 0.95}
+#: two configs are clearly different when one measured more than this much faster
+CLEAR_APART = 0.15
+#: the quantities by name, in the order printed
+QUANTITIES = {"step": "step time", "gpu": "GPU allocated", "reserved": "GPU reserved",
+              "host": "host per node"}  # fmt: skip
+#: what no fold refits: the same for every model judged, so no record chose it
+FIXED_BY_DESIGN = (
+    "the reserved causes (shared.RESERVED_CAUSES: named from allocator traces of traced runs, "
+    "docs/results/h200-1gpu/allocator-traces-*) and each engine's step parts are fixed by "
+    "design, not selected from these records; only their weights are fitted, inside each fold "
+    "(a cause no record of the other models has weighs 0 there)",
+    "not fitted on records: the calibrations (probes on the machine), DeepSpeed's runtime "
+    "memory (measured by benchmarks/raw_deepspeed.py), the device optimizer rate, the grids "
+    "the step fit searches",
+)
 #: committed record folder -> the study that made it
 GPU_RECORDS = {
     "docs/results/h200-1gpu/model-a": "config/studies/h200-1gpu.yaml",
@@ -135,6 +160,9 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
     low, high = _speed_ci(m) if m.get("step_time_s") else (None, None)
     return {
         "study": record_dir.name, "config": m["scenario"], "engine": spec.engine,
+        "model": model_key(spec), "model_words": model_words(spec), "params": spec.model_params,
+        "mode": f"{engines.label(spec.engine)}, {offload_words(spec, ds_config)}",
+        "tokens": m["global_batch"] * m["seq_len"],
         "record": f"{record_dir.name}/{m['scenario']}/rep{m['repeat']}",
         "setup": _setup(spec, ds_config),
         "kind": "GPU" if cuda else "CPU", "outcome": m["outcome"],
@@ -167,6 +195,37 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
     }  # fmt: skip
 
 
+def model_key(spec) -> tuple:
+    """A model by its shape, whatever study holds it: (hidden, layers, heads, key/value heads,
+    FFN, vocab); its parameter count where the shape is unknown."""
+    shape = shared.model_shape(spec)
+    if shape is None:
+        return ("parameters", spec.model_params)
+    return (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.ffn, shape.vocab)
+
+
+def model_words(spec) -> str:
+    """'1.35B: hidden 2048, 24 layers, 16 heads (16 key/value), FFN 5504, vocab 32,000'."""
+    key, size = model_key(spec), f"{(spec.model_params or 0) / 1e9:.2f}B"
+    if key[0] == "parameters":
+        return f"{size} (shape unknown)"
+    hidden, layers, heads, kv_heads, ffn, vocab = key
+    return (f"{size}: hidden {hidden}, {layers} layers, {heads} heads ({kv_heads} key/value), "
+            f"FFN {ffn}, vocab {vocab:,}")  # fmt: skip
+
+
+def offload_words(spec, config: dict) -> str:
+    """The run's offload path in words (its engine's own label) and DeepSpeed's mode on it."""
+    path = engines.of(spec).path(spec.offload_optimizer, spec.offload_param)
+    words = path.label if path else f"offload {spec.offload_optimizer}/{spec.offload_param}"
+    k = ds_model.knobs(config)  # an FSDP2 config holds none of ZeRO's keys: no mode
+    if k.super_offload:
+        return f"SuperOffload, {words}"
+    if k.zenflow is not None:
+        return f"ZenFlow, {words}"
+    return f"partial {words} (a ratio below 1)" if k.ratio < 1 else words
+
+
 def _setup(spec, ds_config: dict) -> str:
     """What makes two records the same run for a predictor: the engine, the model, the batch,
     the offloads and the whole DeepSpeed config (a study's name and its cap do not)."""
@@ -188,7 +247,8 @@ def noise_floor_lines(rows: list[dict]) -> list[str]:
     floor = accuracy.noise_floor(by_setup, TARGETS["step"])
     again = sum(len(v) for v in by_setup.values() if len(v) > 1)
     setup, spread = floor.widest
-    # the out-of-sample prediction of each record (its LOSO error applied to what it measured)
+    # the out-of-sample prediction of each record (its error, model left out, applied to what
+    # it measured)
     predicted = [(r["step"][1] * (1 + r["step_error"]), by_setup[r["setup"]])
                  for r in ok if r.get("step_error") is not None]  # fmt: skip
     in_spread = sum(accuracy.within_spread(p, m, TARGETS["step"]) for p, m in predicted)
@@ -197,7 +257,8 @@ def noise_floor_lines(rows: list[dict]) -> list[str]:
         f"with another (repeats, other studies' leases); the best one value per setup is within "
         f"{TARGETS['step']:.0%} of {floor.hits}/{floor.records}; widest spread {spread:+.0%} "
         f"({', '.join(sorted(names[setup]))})",
-        f"GPU step time against the noise: {in_spread}/{len(predicted)} predictions (LOSO) within "
+        f"GPU step time against the noise: {in_spread}/{len(predicted)} predictions (model left "
+        f"out) within "
         f"{TARGETS['step']:.0%} of the range their setup measured",
     ]
 
@@ -211,16 +272,15 @@ def _parts(spec, times) -> accuracy.StepParts:
 
 def _step_fit(rows: list[dict]) -> dict[str, tuple[float, float]]:
     """Engine -> (efficiency, dispatch s per layer) fitted on each engine's own records in
-    ``rows``; the shipped constants of an engine that ``rows`` hold no record of."""
+    ``rows``; an engine ``rows`` hold no record of takes the fit over every engine's records
+    (never its shipped constants, which were fitted on every record)."""
 
-    def samples(engine):
-        return [(r["parts"], r["step"][1]) for r in rows if r["parts"] and r["engine"] == engine]
+    def samples(engine=None):
+        return [(r["parts"], r["step"][1]) for r in rows
+                if r["parts"] and engine in (None, r["engine"])]  # fmt: skip
 
-    def shipped(engine):
-        fit = engines.get(engine).model.FITS["cuda"]
-        return fit.efficiency, fit.dispatch_s_per_layer
-
-    return {name: accuracy.fit_compute(samples(name)) if samples(name) else shipped(name)
+    pooled = accuracy.fit_compute(samples())
+    return {name: accuracy.fit_compute(samples(name)) if samples(name) else pooled
             for name in engines.names()}  # fmt: skip
 
 
@@ -242,7 +302,7 @@ def _runtime_fit(rows: list[dict]) -> dict[str, float | None]:
     where ``rows`` hold no FSDP2 record."""
     fsdp2 = [(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
              for r in rows if r["engine"] == "fsdp2"]  # fmt: skip
-    measured = units.gib_to_bytes(fsdp2_model.FITS["cuda"].runtime_gib)
+    measured = units.gib_to_bytes(ds_model.FITS["cuda"].runtime_gib)
     return {"deepspeed": None, "fsdp2": accuracy.fit_runtime(fsdp2) if fsdp2 else measured}
 
 
@@ -269,36 +329,50 @@ def _reserved_fit(rows: list[dict]) -> tuple[tuple[float, ...], float]:
     return slack, context
 
 
-def _reserved_error(row: dict, fit) -> float | None:
-    """Error of torch's reserved peak (the prediction less its CUDA context), with ``fit``."""
-    if not (row["reserved_measured"] and row["features"]):
-        return None
-    slack, _ = fit
+def _reserved_bytes(row: dict, slack: tuple[float, ...]) -> float:
+    """torch's reserved peak predicted with ``slack`` (without the CUDA context)."""
     slack_bytes = shared.allocator_slack_bytes(slack, row["features"])
-    predicted = row["allocated_bytes"] + row["known_reserved_bytes"] + slack_bytes
-    return accuracy.rel_error(predicted, row["reserved_measured"])
+    return row["allocated_bytes"] + row["known_reserved_bytes"] + slack_bytes
 
 
-def add_out_of_sample_errors(rows: list[dict]) -> None:
-    """Each ok GPU row's step, host and reserved errors with the fitted constants (efficiency
-    and dispatch per layer, FSDP2's runtime memory, reserved slack) fitted on the other studies
-    only (DeepSpeed's runtime memory is measured)."""
+@dataclass(frozen=True)
+class Constants:
+    """What the records fit: engine -> (efficiency, dispatch s per layer); engine -> runtime
+    bytes per rank (None: measured); the reserved slack weights; the CUDA context, bytes."""
+
+    steps: dict[str, tuple[float, float]]
+    runtimes: dict[str, float | None]
+    slack: tuple[float, ...]
+    context: float
+
+
+def fit_constants(rows: list[dict]) -> Constants:
+    """Every fitted constant, fitted on ``rows`` (ok GPU records) only."""
+    return Constants(_step_fit(rows), _runtime_fit(rows), *_reserved_fit(rows))
+
+
+def add_out_of_sample_errors(rows: list[dict]) -> dict[tuple, Constants]:
+    """Each ok GPU row's step, host, reserved (torch's, and nvml's with the CUDA context)
+    errors and its predicted speed with the constants fitted leaving its model out: every
+    record of that model, whatever study holds it. Returns model -> its fold's constants ({}
+    with fewer than two models)."""
     gpu = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
-    if len({r["study"] for r in gpu}) < 2:
-        return
-    for key, (fit, evaluate) in OUT_OF_SAMPLE.items():
-        judged = accuracy.leave_one_study_out(gpu, fit, evaluate)
-        for r, err in zip(gpu, judged, strict=True):
-            r[key] = err
-
-
-#: error key -> (fit, evaluate) of the constants refitted leaving the judged study out (the
-#: step's per engine; the reserved slack's causes are each one engine's)
-OUT_OF_SAMPLE = {
-    "step_error": (_step_fit, _step_error),
-    "host_error": (_runtime_fit, _host_error),
-    "reserved_error": (_reserved_fit, _reserved_error),
-}
+    if len({r["model"] for r in gpu}) < 2:
+        return {}
+    folds = accuracy.folds(gpu, fit_constants, "model")
+    for r in gpu:
+        fit = folds[r["model"]]
+        r["step_error"] = _step_error(r, fit.steps)
+        r["host_error"] = _host_error(r, fit.runtimes)
+        if r["reserved_measured"] and r["features"]:
+            reserved = _reserved_bytes(r, fit.slack)
+            r["reserved_error"] = accuracy.rel_error(reserved, r["reserved_measured"])
+            # nvml reads at the end, after memory was freed: below the peak it says nothing
+            if r["nvml_measured"] and r["nvml_measured"] >= r["reserved_measured"]:
+                r["nvml_error"] = accuracy.rel_error(reserved + fit.context, r["nvml_measured"])
+        if r["parts"]:
+            r["speed_out"] = r["tokens"] / r["parts"].total(*fit.steps[r["engine"]])
+    return folds
 
 
 def _cell(pair) -> str:
@@ -313,7 +387,7 @@ def _cell(pair) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print("| record | outcome | offload opt/param | GPU GiB pred / meas | reserved err "
-          "(LOSO) | DeepSpeed estimator GiB | host GiB | step s | bound |")  # fmt: skip
+          "(model left out) | DeepSpeed estimator GiB | host GiB | step s | bound |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         outcome = r["outcome"] if r["feasible"] else f"{r['outcome']} (predicted infeasible)"
@@ -348,8 +422,9 @@ def speeds(rows: list[dict]) -> list[accuracy.Speed]:
     out = []
     for name, rs in sorted(by_config.items()):
         measured = [r["speed"][1] for r in rs]
+        predicted = rs[0].get("speed_out", rs[0]["speed"][0])  # the model left out, if fitted
         out.append(accuracy.Speed(
-            name, rs[0]["speed"][0], sum(measured) / len(measured),
+            name, predicted, sum(measured) / len(measured),
             min(r["speed"][2] for r in rs), max(r["speed"][3] for r in rs),
         ))  # fmt: skip
     return out
@@ -358,22 +433,21 @@ def speeds(rows: list[dict]) -> list[accuracy.Speed]:
 def summary_lines(rows: list[dict], label: str) -> list[str]:
     """Per target: how many ok records meet it and the worst error; pairs and Kendall tau."""
     lines = []
-    names = {"step": "step time", "gpu": "GPU allocated", "reserved": "GPU reserved",
-             "host": "host per node"}  # fmt: skip
     for key, errs in errors(rows).items():
         if not errs:
             continue
         hits = sum(abs(e) <= TARGETS[key] for e in errs)
         verdict = "met" if hits == len(errs) else "MISSED"
-        lines.append(f"{label} {names[key]}: {hits}/{len(errs)} within {TARGETS[key]:.0%}, "
+        lines.append(f"{label} {QUANTITIES[key]}: {hits}/{len(errs)} within {TARGETS[key]:.0%}, "
                      f"worst {max(errs, key=abs):+.1%} -> {verdict}")  # fmt: skip
     configs = speeds(rows)
-    right, total, wrong = accuracy.clear_pairs(configs)
+    right, total, wrong = accuracy.clear_pairs(configs, CLEAR_APART)
     tau = accuracy.kendall_tau([s.predicted for s in configs], [s.measured for s in configs])
     if total:
         share = right / total
         lines.append(
-            f"{label} ranking: {right}/{total} clearly different pairs ordered right "
+            f"{label} ranking: {right}/{total} clearly different pairs (> {CLEAR_APART:.0%} "
+            f"apart) ordered right "
             f"({share:.0%}, target {TARGETS['pairs']:.0%} -> "
             f"{'met' if share >= TARGETS['pairs'] else 'MISSED'})"
             + (f"; wrong: {', '.join(f'{a} > {b}' for a, b in wrong)}" if wrong else "")
@@ -384,12 +458,124 @@ def summary_lines(rows: list[dict], label: str) -> list[str]:
 
 
 def pairs_overall(rows: list[dict]) -> tuple[int, int]:
-    """Clearly different pairs ordered right, over the pairs inside each study."""
-    right = total = 0
-    for study in sorted({r["study"] for r in rows}):
-        r_, t_, _ = accuracy.clear_pairs(speeds([r for r in rows if r["study"] == study]))
-        right, total = right + r_, total + t_
-    return right, total
+    """Clearly different pairs ordered right, over the pairs of one model inside each study."""
+    pairs = [pair for pair, _ in judged_pairs(rows)]
+    return sum(p.right for p in pairs), len(pairs)
+
+
+def judged_pairs(rows: list[dict]) -> list[tuple[accuracy.Pair, tuple[dict, dict]]]:
+    """The clearly different pairs of configs of one model measured in one study (one lease's
+    conditions), each with a record of either config (fast, slow)."""
+    out = []
+    for study, model in sorted({(r["study"], r["model"]) for r in rows}):
+        same = [r for r in rows if (r["study"], r["model"]) == (study, model)]
+        by_config = {r["config"]: r for r in same}
+        for pair in accuracy.judged_pairs(speeds(same), CLEAR_APART):
+            out.append((pair, (by_config[pair.fast.name], by_config[pair.slow.name])))
+    return out
+
+
+def models_lines(rows: list[dict]) -> list[str]:
+    """The models the GPU records hold, by shape, with their ok records and studies."""
+    gpu = [r for r in rows if r["kind"] == "GPU"]
+    lines = [f"Models found (by shape): {len({r['model'] for r in gpu})}"]
+    params = {r["model"]: r["params"] or 0 for r in gpu}
+    for model in sorted(params, key=lambda m: (params[m], str(m))):
+        of = [r for r in gpu if r["model"] == model]
+        ok = sum(r["outcome"] == "ok" for r in of)
+        studies = ", ".join(sorted({r["study"] for r in of}))
+        lines.append(f"  {of[0]['model_words']}: {len(of)} records ({ok} ok), in {studies}")
+    return lines
+
+
+def _count(errs: list[float], key: str) -> str:
+    if not errs:
+        return "—"
+    hits = sum(abs(e) <= TARGETS[key] for e in errs)
+    return f"{hits}/{len(errs)} (worst {max(errs, key=abs):+.1%})"
+
+
+def _pairs_cell(pairs: list[accuracy.Pair]) -> str:
+    return f"{sum(p.right for p in pairs)}/{len(pairs)}" if pairs else "—"
+
+
+def headline_lines(rows: list[dict], folds: dict[tuple, Constants]) -> list[str]:
+    """Leaving one model out: what fits and what does not, the models, a table per engine and
+    offload path, and each target overall (met or MISSED)."""
+    ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
+    pairs = judged_pairs(ok)
+    lines = [
+        "Leaving one model out: every record of the judged model leaves the fit; each engine's "
+        "efficiency and dispatch per layer, FSDP2's runtime memory, the reserved slack weights "
+        "and the CUDA context are refitted on the other models' records, and the ranking "
+        "predicts with the same constants (never the shipped ones).",
+        *(f"The feature choice: {line}." for line in FIXED_BY_DESIGN),
+        *models_lines(rows),
+        *fold_lines(folds, ok),
+        "",
+        f"| engine, offload | ok records | step ≤ {TARGETS['step']:.0%} | allocated ≤ "
+        f"{TARGETS['gpu']:.0%} | reserved ≤ {TARGETS['reserved']:.0%} | host ≤ "
+        f"{TARGETS['host']:.0%} | clear pairs right (involving it) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    groups = []  # each engine, then its offload paths
+    for engine in sorted({r["engine"] for r in ok}):
+        groups.append((engines.label(engine), lambda r, e=engine: r["engine"] == e))
+        modes = sorted({r["mode"] for r in ok if r["engine"] == engine})
+        groups += [(m, lambda r, m=m: r["mode"] == m) for m in modes]
+    for label, member in groups:
+        errs = errors([r for r in ok if member(r)])
+        involving = [p for p, (a, b) in pairs if member(a) or member(b)]
+        cells = " | ".join(_count(errs[k], k) for k in QUANTITIES)
+        lines.append(f"| {label} | {sum(map(member, ok))} | {cells} | {_pairs_cell(involving)} |")
+    return lines + ["", *target_lines(ok, pairs)]
+
+
+def target_lines(ok: list[dict], pairs: list[tuple[accuracy.Pair, tuple]]) -> list[str]:
+    """Each quantity overall against its target share (met or MISSED)."""
+    lines = []
+    for key, errs in errors(ok).items():
+        hits = sum(abs(e) <= TARGETS[key] for e in errs)
+        share = hits / len(errs) if errs else 0.0
+        lines.append(
+            f"GPU model left out, {QUANTITIES[key]}: {hits}/{len(errs)} within "
+            f"{TARGETS[key]:.0%} ({share:.0%}, target >= {SHARES[key]:.0%}) -> "
+            f"{'met' if share >= SHARES[key] else 'MISSED'}"
+        )
+    right = sum(p.right for p, _ in pairs)
+    share = right / len(pairs) if pairs else 0.0
+    wrong = [f"{a['study']}/{p.fast.name} > {p.slow.name}" for p, (a, _) in pairs if not p.right]
+    lines.append(
+        f"GPU model left out, clear pairs: {right}/{len(pairs)} more than {CLEAR_APART:.0%} "
+        f"apart ordered right ({share:.0%}, target >= {TARGETS['pairs']:.0%}) -> "
+        f"{'met' if share >= TARGETS['pairs'] else 'MISSED'}"
+        + (f"; wrong (measured faster first): {', '.join(wrong)}" if wrong else "")
+    )
+    nvml = [r["nvml_error"] for r in ok if r.get("nvml_error") is not None]
+    lines.append(
+        f"GPU model left out, GPU used as nvml reads it (torch's reserved and the CUDA context; "
+        f"the records nvml read at or above torch's peak), within {TARGETS['reserved']:.0%}: "
+        f"{_count(nvml, 'reserved')}"
+    )
+    return lines
+
+
+def fold_lines(folds: dict[tuple, Constants], ok: list[dict]) -> list[str]:
+    """The constants each model was judged with."""
+    words = {r["model"]: r["model_words"].split(":")[0] for r in ok}
+    params = {r["model"]: r["params"] or 0 for r in ok}
+    lines = []
+    for model, fit in sorted(folds.items(), key=lambda item: (params[item[0]], str(item[0]))):
+        steps = ", ".join(f"{engines.label(e)} {eff:.2f} / {disp:.4f} s"
+                          for e, (eff, disp) in fit.steps.items())  # fmt: skip
+        runtime = fit.runtimes.get("fsdp2")
+        lines.append(
+            f"  fitted without {words[model]}: efficiency / dispatch per layer {steps}; "
+            f"FSDP2 runtime {units.bytes_to_gib(runtime or 0):.2f} GiB; reserved slack "
+            f"({', '.join(f'{c:.3g}' for c in fit.slack)}); CUDA context "
+            f"{units.bytes_to_gib(fit.context):.3f} GiB"
+        )
+    return lines
 
 
 def bands(rows: list[dict], kind: str = "GPU") -> dict:
@@ -452,9 +638,12 @@ def main(argv=None) -> int:
     if a.cpu_study_dir:
         cal = a.cpu_calibration or a.cpu_study_dir.parent / "calibration.json"
         rows += record_rows(a.cpu_study_dir, a.cpu_study, cal, a.cpu_cluster_dir)
-    add_out_of_sample_errors(rows)
+    folds = add_out_of_sample_errors(rows)
     print_table(rows)
     print()
+    if folds:
+        print("\n".join(headline_lines(rows, folds)))
+        print()
     print_summaries(rows)
     with tempfile.TemporaryDirectory() as tmp:
         print_lease_calibrations(Path(tmp))
@@ -482,43 +671,51 @@ def uncalibrated_rows() -> list[dict]:
 
 
 def print_summaries(rows: list[dict]) -> None:
-    print("GPU step time, host and reserved memory: out of sample (their fitted constants "
-          "fitted leaving the study out); CPU and the lease calibration's lines: constants as "
-          "committed")  # fmt: skip
+    print("GPU step time, host and reserved memory and the rankings: the model left out (its "
+          "fitted constants fitted on the other models' records); CPU and the lease "
+          "calibration's lines: constants as committed")  # fmt: skip
     for kind in ("GPU", "CPU"):
         of_kind = [r for r in rows if r["kind"] == kind]
         for study in sorted({r["study"] for r in of_kind}):
             print("\n".join(summary_lines([r for r in of_kind if r["study"] == study], study)))
-        if not of_kind:
-            continue
-        for line in summary_lines(of_kind, f"{kind} overall")[:4]:  # pairs: within studies
-            print(line)
-        right, total = pairs_overall(of_kind)
-        if total:
-            print(f"{kind} overall ranking: {right}/{total} clearly different pairs (within "
-                  f"each study) ordered right ({right / total:.0%})")  # fmt: skip
-        if kind == "GPU":
+        if kind == "CPU" and of_kind:  # the GPU's overall lines lead (headline_lines)
+            for line in summary_lines(of_kind, f"{kind} overall")[:4]:  # pairs: within studies
+                print(line)
+            right, total = pairs_overall(of_kind)
+            if total:
+                print(f"{kind} overall ranking: {right}/{total} clearly different pairs (> "
+                      f"{CLEAR_APART:.0%} apart, within each study) ordered right "
+                      f"({right / total:.0%})")  # fmt: skip
+        if kind == "GPU" and of_kind:
             print("\n".join(noise_floor_lines(of_kind)))
             print(step_timer_line(of_kind))
     if any(r["kind"] == "GPU" for r in rows):
-        ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
-        slack, context = _reserved_fit(ok)  # each engine's causes fitted on its records
-        steps = _step_fit(ok)
-        runtimes = _runtime_fit(ok)
-        fsdp2_gib = units.bytes_to_gib(runtimes["fsdp2"])
-        for name, (eff, disp) in steps.items():
-            fits = engines.get(name).model.FITS["cuda"]
-            print(f"step fit over every GPU study, {name}: efficiency {eff:.3f}, dispatch "
-                  f"{disp:.4f} s per layer (shipped: {fits.efficiency}, "
-                  f"{fits.dispatch_s_per_layer})")  # fmt: skip
-        ds = ds_model.FITS["cuda"]
-        print(f"runtime per rank: DeepSpeed's measured, not fitted: {ds.runtime_at_init} GiB at "
-              f"initialization, {ds.runtime_gib} in the steps; FSDP2's fitted {fsdp2_gib:.2f} GiB "
-              f"(shipped: {fsdp2_model.FITS['cuda'].runtime_gib})")  # fmt: skip
-        print(
-            f"reserved fit over every GPU study: reserved_slack {tuple(f'{c:.4g}' for c in slack)}"
-            f", CUDA context {units.bytes_to_gib(context):.3f} GiB (shared.RESERVED_FIT)"
-        )
+        print("\n".join(all_records_fit_lines(rows)))
+
+
+def all_records_fit_lines(rows: list[dict]) -> list[str]:
+    """The constants fitted on every ok GPU record (what the shipped ones are), beside them."""
+    fit = fit_constants([r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"])
+    lines = []
+    for name, (eff, disp) in fit.steps.items():
+        shipped = engines.get(name).model.FITS["cuda"]
+        lines.append(f"step fit over every GPU record, {name}: efficiency {eff:.3f}, dispatch "
+                     f"{disp:.4f} s per layer (shipped: {shipped.efficiency}, "
+                     f"{shipped.dispatch_s_per_layer})")  # fmt: skip
+    ds = ds_model.FITS["cuda"]
+    lines.append(
+        f"runtime per rank: DeepSpeed's measured, not fitted: {ds.runtime_at_init} GiB at "
+        f"initialization, {ds.runtime_gib} in the steps; FSDP2's fitted "
+        f"{units.bytes_to_gib(fit.runtimes['fsdp2']):.2f} GiB (shipped: "
+        f"{fsdp2_model.FITS['cuda'].runtime_gib})"
+    )
+    lines.append(
+        f"reserved fit over every GPU record: reserved_slack "
+        f"({', '.join(f'{c:.4g}' for c in fit.slack)}), CUDA context "
+        f"{units.bytes_to_gib(fit.context):.3f} GiB (shipped, shared.RESERVED_FIT: "
+        f"{shared.RESERVED_FIT['reserved_slack']}, {shared.RESERVED_FIT['cuda_context_gib']})"
+    )
+    return lines
 
 
 def step_timer_line(rows: list[dict]) -> str:
@@ -630,7 +827,8 @@ def write_bands(path: Path, rows: list[dict], uncalibrated: list[dict], argv) ->
         "uncalibrated": bands(uncalibrated),
         "statistic": "largest absolute relative error over the ok DeepSpeed GPU records, the fitted "
         "constants (efficiency, dispatch per layer, reserved slack) fitted leaving the record's "
-        "study out; the runtime memory measured, not fitted",
+        "model out (every record of that model, whatever study holds it); the runtime memory "
+        "measured, not fitted",
         "calibration": "calibrated: config/calibration/<cluster>.json (shipped); uncalibrated: "
         "the GPU catalog's values (python -m offload_study.prediction.catalog --cpu catalog)",
         "measured_by": command.strip(),

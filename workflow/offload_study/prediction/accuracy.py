@@ -2,12 +2,14 @@
 pairs, used by benchmarks/prediction_accuracy.py and its tests.
 
 - :func:`rel_error`: predicted / measured - 1.
-- :func:`clear_pairs`: of the pairs of configs whose measured speeds differ beyond their
-  confidence intervals, how many the prediction orders the same way.
+- :func:`clear_pairs`: of the pairs of configs whose measured speeds clearly differ (beyond their
+  confidence intervals, or more than a given share apart), how many the prediction orders the
+  same way; :func:`judged_pairs`: each such pair and whether it was ordered right.
 - :func:`kendall_tau`: rank agreement of predicted and measured speeds (tau-b: ties count
   neither way).
 - :func:`band`: the error band, the largest absolute relative error (or a quantile of them).
-- :func:`leave_one_study_out`: evaluate constants fitted on every other study's records only.
+- :func:`folds`: constants fitted without each group's records (a model's: every record of the
+  judged model leaves the fit), what that group's rows are judged with.
 - :func:`fit_reserved`, :func:`fit_context`: the constants of predict.gpu_reserved_bytes.
 - :func:`noise_floor`: how many records any one prediction per setup could meet at best, when
   the same setup measured more than once (repeats, other leases) spreads; :func:`within_spread`:
@@ -20,8 +22,11 @@ import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from offload_study.prediction import shared
+
+T = TypeVar("T")
 
 
 def rel_error(predicted: float | None, measured: float | None) -> float | None:
@@ -44,26 +49,44 @@ class Speed:
     high: float
 
 
-def clearly_different(a: Speed, b: Speed) -> bool:
-    """Their measured intervals do not overlap."""
+def clearly_different(a: Speed, b: Speed, apart: float | None = None) -> bool:
+    """Their measured intervals do not overlap (``apart`` None), else the faster measured more
+    than ``apart`` (a share: 0.15 = 15 %) above the slower."""
+    if apart is not None:
+        return max(a.measured, b.measured) > (1 + apart) * min(a.measured, b.measured)
     return a.high < b.low or b.high < a.low
 
 
-def clear_pairs(speeds: Sequence[Speed]) -> tuple[int, int, list[tuple[str, str]]]:
-    """(pairs ordered right, clearly different pairs, the wrong ones as (measured faster,
-    measured slower)) over every pair of ``speeds`` whose measured CIs do not overlap."""
-    right, total, wrong = 0, 0, []
+@dataclass(frozen=True)
+class Pair:
+    """Two clearly different configs, the one measured faster first."""
+
+    fast: Speed
+    slow: Speed
+
+    @property
+    def right(self) -> bool:
+        return self.fast.predicted > self.slow.predicted
+
+
+def judged_pairs(speeds: Sequence[Speed], apart: float | None = None) -> list[Pair]:
+    """Every pair of ``speeds`` that is :func:`clearly_different`."""
+    pairs = []
     for i, a in enumerate(speeds):
         for b in speeds[i + 1 :]:
-            if not clearly_different(a, b):
-                continue
-            total += 1
-            fast, slow = (a, b) if a.measured > b.measured else (b, a)
-            if fast.predicted > slow.predicted:
-                right += 1
-            else:
-                wrong.append((fast.name, slow.name))
-    return right, total, wrong
+            if clearly_different(a, b, apart):
+                pairs.append(Pair(*((a, b) if a.measured > b.measured else (b, a))))
+    return pairs
+
+
+def clear_pairs(
+    speeds: Sequence[Speed], apart: float | None = None
+) -> tuple[int, int, list[tuple[str, str]]]:
+    """(pairs ordered right, clearly different pairs, the wrong ones as (measured faster,
+    measured slower)) over the :func:`judged_pairs` of ``speeds``."""
+    pairs = judged_pairs(speeds, apart)
+    wrong = [(p.fast.name, p.slow.name) for p in pairs if not p.right]
+    return len(pairs) - len(wrong), len(pairs), wrong
 
 
 def kendall_tau(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
@@ -143,16 +166,10 @@ def within_spread(predicted: float, measured: Sequence[float], tol: float) -> bo
     return min(measured) * (1 - tol) <= predicted <= max(measured) * (1 + tol)
 
 
-def leave_one_study_out(
-    rows: Sequence[dict], fit: Callable[[list[dict]], object],
-    evaluate: Callable[[dict, object], float | None], study_key: str = "study",
-) -> list[float | None]:  # fmt: skip
-    """``evaluate(row, constants)`` for every row, with ``constants = fit(rows of the other
-    studies)``: nothing a row is judged by was fitted on its own study."""
-    constants = {}
-    for study in {r[study_key] for r in rows}:
-        constants[study] = fit([r for r in rows if r[study_key] != study])
-    return [evaluate(r, constants[r[study_key]]) for r in rows]
+def folds(rows: Sequence[dict], fit: Callable[[list[dict]], T], group: str) -> dict[object, T]:
+    """Each value of ``row[group]`` -> ``fit`` over the rows of every other value: what a
+    group's rows are judged with when none of them was fitted on."""
+    return {key: fit([r for r in rows if r[group] != key]) for key in {r[group] for r in rows}}
 
 
 def fit_reserved(samples: Sequence[tuple[Sequence[float], float]]) -> tuple[float, ...]:

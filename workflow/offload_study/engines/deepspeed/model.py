@@ -91,17 +91,17 @@ from offload_study.prediction.shared import (
 )
 
 #: This engine's constants per accelerator kind. H200 records (docs/results): ZeRO-3's matmuls
-#: reach ~56 % of the calibrated rate (benchmarks/prediction_accuracy.py's step fit); the
-#: 134M-1.3B models take ~0.02 s per layer and micro-step whatever their size (ZeRO-3's hooks per
-#: parameter); FusedAdam updates ~3e10 parameters/s. A rank's runtime is measured, not fitted:
-#: its resident memory without offload once deepspeed.initialize returns, 1.44 GiB, and after the
-#: first step, 2.04 GiB (benchmarks/raw_deepspeed.py's host_memory_gib_by_stage, 134M and 1.35B
-#: alike: docs/results/h200-1gpu/host-runtime-2026-12-02/). CPU: the calibrated matmul rate as
-#: measured (no efficiency), the host time per layer from the calibration's probe (0.004 s only
-#: for a calibration without one), ~0.55 GiB per rank before the model (the default study's
-#: records on the 2-core development machine, docs/benchmarks.md).
+#: reach ~56 % of the calibrated rate and take 0.0225 s per layer and micro-step whatever the
+#: model's size (ZeRO-3's hooks per parameter): benchmarks/prediction_accuracy.py's step fit over
+#: every committed GPU record; FusedAdam updates ~3e10 parameters/s. A rank's runtime is
+#: measured, not fitted: its resident memory without offload once deepspeed.initialize returns,
+#: 1.44 GiB, and after the first step, 2.04 GiB (benchmarks/raw_deepspeed.py's
+#: host_memory_gib_by_stage, 134M and 1.35B alike: docs/results/h200-1gpu/host-runtime-2026-12-02/).
+#: CPU: the calibrated matmul rate as measured (no efficiency), the host time per layer from the
+#: calibration's probe (0.004 s only for a calibration without one), ~0.55 GiB per rank before the
+#: model (the default study's records on the 2-core development machine, docs/benchmarks.md).
 FITS = {
-    "cuda": EngineFit(0.56, 0.020, 3e10, 2.04, runtime_at_init_gib=1.44),
+    "cuda": EngineFit(0.56, 0.0225, 3e10, 2.04, runtime_at_init_gib=1.44),
     "cpu": EngineFit(1.0, 0.004, None, 0.55),
 }
 
