@@ -52,7 +52,7 @@ checkpoint recommend_select:
 
 
 rule recommend:
-    """The fastest measured config within the budget: its DeepSpeed JSON, margin, reasons."""
+    """The fastest measured config within the budget: its engine's config, margin, reasons."""
     input:
         space=rules.recommend_space.output[0],
         # every round's selection (the last measured nothing) and its runs' records; named
