@@ -208,7 +208,8 @@ def next_round(space_: dict, previous: dict, metrics: Sequence[str]) -> dict:
     bands = list(previous.get("bands") or [])
     chosen: list[dict] = []
     if not ended:
-        chosen, band = _choose(space_, tries, bands[0]["step_time_band"], len(ran), rnd)
+        first = bands[0]["step_time_band"] if bands else None  # one band for the search
+        chosen, band = _choose(space_, tries, first, len(ran), rnd)
         bands.append(band)
     for row in rows:
         if row in chosen:
