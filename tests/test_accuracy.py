@@ -99,13 +99,15 @@ def test_reserved_prediction_adds_the_allocator_slack_and_the_context(gpu_spec):
     context = 2**30 * shared.ACCELERATOR_FITS["cuda"].cuda_context_gib
     assert reserved > sum(memory.gpu.values()) + context * 0.99
     row = predict.predict(spec, ds, None)
-    assert row.gpu_reserved_bytes == reserved
+    assert row.gpu_reserved_with_context_gib == pytest.approx(reserved / 2**30, abs=1e-3)
+    assert row.gpu_reserved_gib == pytest.approx((reserved - context) / 2**30, abs=1e-3)
     # the gate refuses on the reserved prediction: a budget the allocated peak fits in, but
     # not what the allocator reserves, refuses the run
     allocated = row.gpu_gib
     tight = dataclasses.replace(row, gpu_budget_gib=allocated * 1.05)
     assert predict.refusal(dataclasses.replace(spec, force=False), tight) is not None
-    older = dataclasses.replace(tight, gpu_reserved_bytes=None)  # a plan.csv before the column
+    older = dataclasses.replace(tight, gpu_reserved_gib=None,  # a plan.csv before the columns
+                                gpu_reserved_with_context_gib=None)  # fmt: skip
     assert predict.refusal(dataclasses.replace(spec, force=False), older) is None
 
 

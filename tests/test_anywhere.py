@@ -155,14 +155,14 @@ def test_a_search_says_what_it_spent_and_what_the_whole_grid_would_cost():
                     "(4 feasible configs) would take 30.0 GPU-minutes predicted, saved 18.0")  # fmt: skip
 
 
-def test_recommend_measures_three_candidates_by_default():
+def test_recommend_measures_four_candidates_at_most_by_default():
     from offload_study.core.study import load_schema
 
     rec = load_schema("study")["properties"]["recommend"]
     props = rec.get("properties") or next(
         o["properties"] for o in rec.get("anyOf", rec.get("oneOf", [])) if "properties" in o
     )
-    assert props["top_n"]["default"] == 3
+    assert props["max_measured"]["default"] == 4 and props["top_n"]["default"] is None
 
 
 @pytest.mark.slow

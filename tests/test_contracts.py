@@ -160,3 +160,32 @@ def test_planning_without_deepspeed_fails_loudly(monkeypatch):
             admitted_plan(REPO_ROOT / "config/config.yaml")
     finally:
         dsconfig.installed_key_names.cache_clear()
+
+
+def test_plan_csv_names_its_reserved_columns_and_reads_the_older_ones(tmp_path):
+    """plan.csv holds torch's reserved peak (gpu_reserved_gib, what a cap limits) and the same
+    with the CUDA context (gpu_reserved_with_context_gib); a plan.csv written before held one
+    column, gpu_reserved_bytes (with the context, in bytes), and an older one GB for NVMe."""
+    import dataclasses
+
+    from offload_study.core.contracts import (
+        PREDICTION_COLUMNS,
+        Prediction,
+        read_predictions,
+        write_predictions,
+    )
+
+    assert {"gpu_reserved_gib", "gpu_reserved_with_context_gib"} <= set(PREDICTION_COLUMNS)
+    assert "gpu_reserved_bytes" not in PREDICTION_COLUMNS
+    blank = {f.name: None for f in dataclasses.fields(Prediction)}
+    row = Prediction(**{**blank, "scenario": "a", "predict_only": False, "force": False,
+                        "world_size": 1, "feasible": True, "gpu_reserved_gib": 13.25,
+                        "gpu_reserved_with_context_gib": 13.75})  # fmt: skip
+    write_predictions(tmp_path / "plan.csv", [row])
+    assert read_predictions(tmp_path / "plan.csv")["a"] == row
+    older = tmp_path / "older.csv"
+    older.write_text("scenario,predict_only,force,world_size,gpu_gib,nvme_gb,feasible,"
+                     f"gpu_reserved_bytes\na,False,False,1,12.0,2.0,True,{14 * 2**30}\n")  # fmt: skip
+    read = read_predictions(older)["a"]
+    assert read.gpu_reserved_with_context_gib == 14.0 and read.gpu_reserved_gib is None
+    assert read.nvme_gib == pytest.approx(2e9 / 2**30) and read.gpu_gib == 12.0

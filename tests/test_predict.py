@@ -507,11 +507,11 @@ def row_for(spec, **numbers):
 
 def test_refusal_only_beyond_the_margin_and_never_when_forced():
     spec = gpu_spec({"gpu_mem_gb": 40})
-    # a plan.csv written before gpu_reserved_bytes: the allocated peak is judged
-    just_over = row_for(spec, gpu_gib=40 * (1 + predict.MARGINS["gpu"]) - 0.01,
-                        gpu_reserved_bytes=None)  # fmt: skip
+    # a plan.csv written before the reserved columns: the allocated peak is judged
+    older = {"gpu_reserved_gib": None, "gpu_reserved_with_context_gib": None}
+    just_over = row_for(spec, gpu_gib=40 * (1 + predict.MARGINS["gpu"]) - 0.01, **older)
     assert predict.refusal(spec, just_over) is None
-    far_over = row_for(spec, gpu_gib=52.1, gpu_reserved_bytes=None)
+    far_over = row_for(spec, gpu_gib=52.1, **older)
     assert predict.refusal(spec, far_over).startswith("needs 52.1 GiB per GPU, has 40")
     assert predict.refusal(dataclasses.replace(spec, force=True), far_over) is None
     host = row_for(spec, host_gib=1000.0, host_budget_gib=10.0)

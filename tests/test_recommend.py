@@ -4,7 +4,9 @@ a real search on CPU that must pick the faster of two runs whose difference is f
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +16,15 @@ import pytest
 import yaml
 from conftest import SMALL_LLAMA, place_calibration, with_clusters
 
+from offload_study import engines
 from offload_study.core.contracts import Prediction, read_json
-from offload_study.core.study import StudyError, load_schema, load_study
+from offload_study.core.study import StudyError, load_cluster, load_schema, load_study
 from offload_study.planning import candidates
 from offload_study.planning.plan import Plan
-from offload_study.prediction import recommend
+from offload_study.prediction import recommend, shared
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DS, FSDP2 = "deepspeed", "fsdp2"
 
 
 def study(**recommend_block) -> dict:
@@ -34,74 +38,196 @@ def study(**recommend_block) -> dict:
     }  # fmt: skip
 
 
-def test_offload_modes_are_the_schemas_enum():
+def local_cpu() -> dict:
+    return load_cluster("local-cpu")
+
+
+def test_every_grid_entry_of_the_registry_is_one_of_the_schemas_offload_modes():
+    """An engine folder's grid entries are the offload modes a study's grid names (a new
+    folder's entry outside them would never be tried: this says so)."""
+    enum = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"][
+        "offload"]["items"]["enum"]  # fmt: skip
+    assert candidates.MODES == tuple(enum)
+    found = candidates.entries()
+    assert found and all(entry.mode in enum for entry in found), [
+        (e.engine.name, e.path.name, e.keys) for e in found if e.mode not in enum]  # fmt: skip
+    assert len({e.base for e in found}) == len(found)  # distinct names
     grid = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]
-    assert list(candidates.OFFLOAD_MODES) == grid["offload"]["items"]["enum"]
+    assert grid["engine"]["items"]["enum"] == list(engines.names())
 
 
 def test_the_grid_becomes_capped_candidate_scenarios():
-    grid = {"offload": ["optimizer", "zenflow"], "offload_optimizer_ratio": [0.5, 1.0],
-            "micro_batch": [1, 2], "zero": {"reduce_bucket_size": ["5e8"]}}  # fmt: skip
-    found = candidates.candidates(load_study(study(grid=grid)))
+    grid = {"engine": [DS], "offload": ["optimizer", "zenflow"],
+            "offload_optimizer_ratio": [0.5, 1.0], "micro_batch": [1, 2],
+            "zero": {"reduce_bucket_size": ["5e8"]}}  # fmt: skip
+    found = candidates.candidates(load_study(study(grid=grid)), local_cpu())
+    opt = f"rec-{DS}-cpu-none"
     assert [c["name"] for c in found] == [
-        f"rec-{mode}__mb-{mb}__rbs-5e8" for mode in ("opt", "opt-r0.5", "zenflow") for mb in (1, 2)
+        f"{base}__mb-{mb}__rbs-5e8"
+        for base in (opt, f"{opt}__ratio-0.5", f"{opt}-zenflow") for mb in (1, 2)
     ]
-    assert {c["gpu_mem_gb"] for c in found} == {40}
+    assert {c["gpu_mem_gb"] for c in found} == {40} and {c["engine"] for c in found} == {DS}
     assert found[2]["offload_optimizer_ratio"] == 0.5 and found[4]["zenflow"] == {}
     assert found[0]["zero"] == {"reduce_bucket_size": 500_000_000}  # YAML's '5e8' made a number
-    with_them = candidates.with_candidates(load_study(study(grid=grid)))
+    assert found[0]["label"] == "ZeRO-3 — optimizer offload to the CPU"
+    assert found[4]["label"] == "ZeRO-3 — optimizer offload to the CPU with ZenFlow"
+    with_them = candidates.with_candidates(load_study(study(grid=grid)), local_cpu())
     assert [s["name"] for s in with_them["scenarios"]][1:] == [c["name"] for c in found]
-    space = recommend.space(Plan(study(grid=grid)))  # the plan has them, with their modes
-    assert space["candidates"]["rec-opt-r0.5__mb-2__rbs-5e8"] == "opt-r0.5"
-    assert set(space["candidates"].values()) == {"opt", "opt-r0.5", "zenflow"}
+    space = recommend.space(Plan(study(grid=grid)))  # the plan has them, with their groups
+    assert space["candidates"][f"{opt}__ratio-0.5__mb-2__rbs-5e8"] == {
+        "engine": DS, "group": f"{opt}__ratio-0.5", "capped": True}  # the budget caps each
+    assert {c["group"] for c in space["candidates"].values()} == {
+        opt, f"{opt}__ratio-0.5", f"{opt}-zenflow"}  # fmt: skip
     assert space["references"] == []  # the only own scenario is predict-only
+    assert space["max_measured"] == 4 and space["top_n"] is None
+
+
+def test_a_grid_that_names_no_engine_searches_every_engine():
+    """Each engine contributes its offload paths (the registry's grids); one that cannot run on
+    the cluster is left out with its engine's reason; an engine without a ZeRO block is searched
+    without the grid's ZeRO knobs."""
+    grid = {"offload": ["none", "optimizer", "optimizer+param"], "micro_batch": [2, 4],
+            "zero": {"reduce_bucket_size": [5e8, 2e8]}}  # fmt: skip
+    found, left_out = candidates.grid(load_study(study(grid=grid)), local_cpu())
+    by_engine: dict[str, set] = {}
+    for c in found:
+        by_engine.setdefault(c.engine, set()).add(c.scenario["name"])
+    assert set(by_engine) == set(engines.names()) >= {DS, FSDP2}
+    assert by_engine[FSDP2] == {f"rec-{FSDP2}-{path}__mb-{mb}" for mb in (2, 4)
+                                for path in ("none", "cpu-offload-policy")}  # fmt: skip
+    assert len(by_engine[DS]) == 3 * 2 * 2  # none, optimizer, optimizer+param x mb x bucket
+    labels = {c.scenario["label"] for c in found if c.engine == FSDP2}
+    assert labels == {"FSDP2 — no offload", "FSDP2 — parameters, gradients and optimizer states "
+                      "offloaded to the CPU together (CPUOffloadPolicy)"}  # fmt: skip
+    # every path registered is picked up: FSDP2's optimizer-only offload needs a CUDA GPU
+    (out,) = left_out
+    assert out["engine"] == FSDP2 and out["label"].startswith("FSDP2 — optimizer offload")
+    assert "needs a CUDA GPU" in out["why"]
+    only = {**grid, "engine": [FSDP2]}
+    assert {c.engine for c in candidates.grid(load_study(study(grid=only)), local_cpu())[0]} == {
+        FSDP2}  # fmt: skip
+    plan = Plan(study(grid=grid))  # admitted as a study: every candidate its engine takes
+    space = recommend.space(plan)
+    assert {c["engine"] for c in space["candidates"].values()} == {DS, FSDP2}
+    assert space["left_out"] == left_out
 
 
 @pytest.mark.refuses_bad_input
 def test_a_grid_too_large_or_a_clashing_name_is_refused():
-    big = {"micro_batch": list(range(1, 9)), "offload": ["optimizer", "optimizer+param"]}
+    big = {"engine": [DS], "micro_batch": list(range(1, 9)),
+           "offload": ["optimizer", "optimizer+param"]}  # fmt: skip
     with pytest.raises(StudyError, match="recommend.grid: 16 candidates, more than recommend.max"):
-        candidates.with_candidates(load_study(study(grid=big, max_candidates=10)))
-    clash = study()
-    clash["scenarios"].append({"name": "rec-opt__mb-2", "gpus_per_node": 1})
-    with pytest.raises(StudyError, match="'rec-opt__mb-2': the prefix 'rec-' is recommend's"):
-        candidates.with_candidates(load_study(clash))
+        candidates.with_candidates(load_study(study(grid=big, max_candidates=10)), local_cpu())
+    clash = study(grid={"engine": [DS], "offload": ["optimizer"]})
+    clash["scenarios"].append({"name": f"rec-{DS}-cpu-none__mb-2", "gpus_per_node": 1})
+    with pytest.raises(StudyError, match=f"'rec-{DS}-cpu-none__mb-2': the prefix 'rec-' is "):
+        candidates.with_candidates(load_study(clash), local_cpu())
+    typo = study(grid={"engine": [DS], "zero": {"reduce_bucket_sise": [5e8]}})
+    with pytest.raises(StudyError, match="recommend.grid.zero.reduce_bucket_sise: "):
+        candidates.with_candidates(load_study(typo), local_cpu())
 
 
-def _prediction(name: str, tps: float, feasible: bool = True, gpu_gib: float = 30) -> Prediction:
+def _prediction(name: str, tps: float, feasible: bool = True, gpu_gib: float = 30,
+                band: float | None = None) -> Prediction:  # fmt: skip
     fields = {f.name: None for f in dataclasses.fields(Prediction)}
     return Prediction(**{**fields, "scenario": name, "predict_only": False, "force": False,
                          "world_size": 1, "tokens_per_s": tps, "feasible": feasible,
-                         "gpu_gib": gpu_gib, "gpu_budget_gib": 40,
+                         "gpu_gib": gpu_gib, "gpu_budget_gib": 40, "step_time_band": band,
                          "reason": None if feasible else "GPU 50 GiB > 40 GiB"})  # fmt: skip
 
 
+def a_space(groups: dict[str, str], max_measured=10, top_n=None, rounds=2, engine=DS,
+            references=("ref",), band=None) -> dict:  # fmt: skip
+    """space.json of candidates name -> group (all of one engine unless the group says
+    'engine:group')."""
+    cands = {}
+    for name, group in groups.items():
+        eng, _, grp = group.rpartition(":")
+        cands[name] = {"engine": eng or engine, "group": grp, "capped": True}
+    return {"max_measured": max_measured, "top_n": top_n, "rounds": rounds,
+            "step_time_band": band, "references": list(references), "candidates": cands}  # fmt: skip
+
+
 def test_the_checkpoint_measures_the_best_of_each_mode_first():
-    space = {"top_n": 3, "references": ["ref"],
-             "candidates": {"a1": "opt", "a2": "opt", "b1": "opt-r0.5", "c1": "zenflow",
-                            "c2": "zenflow"}}  # fmt: skip
+    space = a_space({"a1": "opt", "a2": "opt", "b1": "opt-r0.5", "c1": "zenflow",
+                     "c2": "zenflow"}, max_measured=3, band=0.5)  # fmt: skip
     preds = {"a1": _prediction("a1", 900), "a2": _prediction("a2", 800),
              "b1": _prediction("b1", 700), "c1": _prediction("c1", 1000, feasible=False),
              "c2": _prediction("c2", 600)}  # fmt: skip
-    chosen = recommend.select(space, preds)
+    chosen = recommend.select(space, preds)  # ±50 %: at least 600 tokens/s, all of them
     assert chosen["measure"] == ["a1", "b1", "c2", "ref"]  # a2 beats b1 and c2, but a1 is opt too
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
     assert why["c1"] == "predicted not to fit: GPU 50 GiB > 40 GiB"
-    assert why["a2"] == "not measured: predicted 800 tokens/s, rank 2, below the top 3"
+    assert why["a2"] == (
+        "not measured: predicted 800 tokens/s, rank 2: within the model's ±50 % step-time error "
+        "of the best predicted (900 tokens/s), but the budget, recommend.max_measured (3), was "
+        "spent on those ranked before it (the best of each engine and offload mode first)")
+
+
+def test_every_candidate_within_the_band_is_measured_up_to_the_budget():
+    """The band of the best predicted one's step time (here ±25 %: at least 1000 / 1.25 = 800
+    tokens/s) decides which may be the fastest; max_measured how many of them are measured, the
+    best of each engine and offload path first."""
+    groups = {"ds-a-mb4": "deepspeed:opt", "ds-a-mb8": "deepspeed:opt",
+              "fsdp-none-mb4": "fsdp2:none", "fsdp-policy-mb8": "fsdp2:policy",
+              "ds-b-mb8": "deepspeed:optparam", "fsdp-none-mb8": "fsdp2:none"}  # fmt: skip
+    speeds = {"ds-a-mb4": 1000, "ds-a-mb8": 900, "fsdp-none-mb4": 850, "fsdp-policy-mb8": 820,
+              "ds-b-mb8": 790, "fsdp-none-mb8": 2000}  # fmt: skip
+    preds = {n: _prediction(n, tps, band=0.25) for n, tps in speeds.items()}
+    preds["fsdp-none-mb8"] = _prediction("fsdp-none-mb8", 2000, feasible=False)
+    round0 = recommend.select(a_space(groups, max_measured=3), preds)
+    assert round0["measure"] == ["ds-a-mb4", "fsdp-none-mb4", "fsdp-policy-mb8", "ref"]
+    rows = {r["scenario"]: r for r in round0["candidates"]}
+    assert [n for n, r in rows.items() if r.get("in_band")] == [
+        "ds-a-mb4", "ds-a-mb8", "fsdp-none-mb4", "fsdp-policy-mb8"]  # fmt: skip
+    assert rows["ds-b-mb8"]["why"] == (
+        "not measured: predicted 790 tokens/s, rank 5: slower than the best predicted "
+        "(1,000 tokens/s) by more than the model's ±25 % step-time error")  # fmt: skip
+    assert rows["ds-a-mb8"]["why"].endswith("recommend.max_measured (3), was spent on those "
+                                            "ranked before it (the best of each engine and "
+                                            "offload mode first)")  # fmt: skip
+    assert rows["fsdp-none-mb4"]["why"] == (
+        "measured in round 0 (predicted 850 tokens/s, rank 3: within the model's ±25 % "
+        "step-time error of the best predicted (1,000 tokens/s))")  # fmt: skip
+    (band,) = round0["bands"]
+    assert band["best"] == "ds-a-mb4" and band["floor_tokens_per_s"] == 800
+    assert (band["in_band"], band["chosen"], band["limited_by"]) == (4, 3, "max_measured")
+    # a larger budget measures the whole band, never one below it
+    assert recommend.select(a_space(groups, max_measured=10), preds)["measure"] == [
+        "ds-a-mb4", "fsdp-none-mb4", "fsdp-policy-mb8", "ds-a-mb8", "ref"]  # fmt: skip
+    # the study's own band (step_time_band) over the model's: 12 % keeps 1000 and 900 only
+    narrow = recommend.select(a_space(groups, band=0.12), preds)
+    assert narrow["measure"] == ["ds-a-mb4", "ds-a-mb8", "ref"]
+    # top_n caps a round, and the budget is over the whole search
+    assert recommend.select(a_space(groups, max_measured=3, top_n=2), preds)["measure"] == [
+        "ds-a-mb4", "fsdp-none-mb4", "ref"]  # fmt: skip
+
+
+def test_memory_is_judged_as_the_gate_judges_it_reserved_with_the_context_as_the_cap_counts_it():
+    row = dataclasses.replace(_prediction("a", 1000, gpu_gib=30.0), gpu_reserved_gib=41.0,
+                              gpu_reserved_with_context_gib=41.5)  # fmt: skip
+    capped = recommend._row("a", {"engine": DS, "group": "g", "capped": True}, row)
+    whole = recommend._row("a", {"engine": DS, "group": "g", "capped": False}, row)
+    assert capped["predicted_gpu_reserved_gib"] == 41.0 and capped["over_budget"]
+    assert whole["predicted_gpu_reserved_gib"] == 41.5
+    older = dataclasses.replace(row, gpu_reserved_gib=None)  # plan.csv's one reserved column
+    assert recommend._row("a", {"engine": DS, "group": "g", "capped": True}, older)[
+        "predicted_gpu_reserved_gib"] == pytest.approx(41.5 - shared.ACCELERATOR_FITS[
+            "cuda"].cuda_context_gib)  # fmt: skip
 
 
 def test_a_candidate_predicted_over_its_budget_is_measured_after_those_under_it():
-    # 43 GiB of a 40 GiB budget is feasible (within the model's 10 % error) but likelier to OOM
-    space = {"top_n": 2, "references": [],
-             "candidates": {"fast-over": "opt-r0.5", "mid": "opt-r0.6", "slow": "opt-r0.7"}}  # fmt: skip
+    # 43 GiB of a 40 GiB budget is feasible (within the model's memory error) but likelier to OOM
+    space = a_space({"fast-over": "opt-r0.5", "mid": "opt-r0.6", "slow": "opt-r0.7"},
+                    max_measured=2, references=())  # fmt: skip
     preds = {"fast-over": _prediction("fast-over", 1000, gpu_gib=43.4),
              "mid": _prediction("mid", 900, gpu_gib=38.8),
              "slow": _prediction("slow", 800, gpu_gib=32.8)}  # fmt: skip
     chosen = recommend.select(space, preds)
     assert chosen["measure"] == ["mid", "slow"]
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
-    assert why["fast-over"] == ("not measured: predicted 1,000 tokens/s, 43.4 GiB: over the budget "
-                                "within the model's error, rank 3, below the top 2")  # fmt: skip
+    assert why["fast-over"].startswith("not measured: predicted 1,000 tokens/s, 43.4 GiB: over "
+                                       "the budget within the model's error, rank 3: ")  # fmt: skip
     preds["mid"] = _prediction("mid", 900, gpu_gib=41)  # over too: speed decides among them
     assert recommend.select(space, preds)["measure"] == ["slow", "fast-over"]
 
@@ -119,8 +245,7 @@ def _two_gpu_40g_space(top_n=2, rounds=2):
     of 40 GiB, the next ones (32.8-33.9 GiB) fit."""
     preds = {"r06-mb8": (9885, 38.8), "r05-mb4": (9755, 38.4), "r07-mb8": (9586, 32.8),
              "r06-mb4": (9535, 33.9), "r08-mb8": (9373, 28.3), "r05-mb8": (10122, 43.4)}  # fmt: skip
-    space = {"top_n": top_n, "rounds": rounds, "references": ["ref"],
-             "candidates": {n: "opt-r0." + n[2] for n in preds}}  # fmt: skip
+    space = a_space({n: "opt-r0." + n[2] for n in preds}, top_n=top_n, rounds=rounds)
     return space, {n: _prediction(n, tps, gpu_gib=gib) for n, (tps, gib) in preds.items()}
 
 
@@ -136,19 +261,22 @@ def test_a_second_round_skips_candidates_at_least_as_large_as_one_that_ran_out(t
     why = {r["scenario"]: r["why"] for r in round1["candidates"]}
     assert why["r05-mb8"] == ("not measured: predicted 43.4 GiB, not below 38.4 GiB of a "
                               "candidate that ran out of GPU memory")  # fmt: skip
-    assert why["r06-mb8"] == "measured in round 0 (predicted 9,885 tokens/s, rank 1)"
-    assert why["r07-mb8"] == "measured in round 1 (predicted 9,586 tokens/s, rank 3)"
+    assert why["r06-mb8"] == "measured in round 0 (predicted 9,885 tokens/s, rank 1: the best predicted)"
+    assert why["r07-mb8"] == "measured in round 1 (predicted 9,586 tokens/s, rank 3: the best predicted)"
+    assert [b["best"] for b in round1["bands"]] == ["r06-mb8", "r07-mb8"]
     records += [_record(tmp_path, "r07-mb8", "ok", 12329.0),
                 _record(tmp_path, "r06-mb4", "gpu_oom")]  # fmt: skip
     round2 = recommend.next_round({**space, "rounds": 5}, round1, records)
     assert round2["measure"] == [] and round2["ended"] == "a candidate ran ok: r07-mb8"
 
 
-def test_the_search_ends_when_its_rounds_are_spent_or_nothing_is_left(tmp_path):
+def test_the_search_ends_when_its_rounds_or_its_budget_are_spent_or_nothing_is_left(tmp_path):
     space, preds = _two_gpu_40g_space(top_n=2, rounds=1)
     round0 = recommend.select(space, preds)
     failed = [_record(tmp_path, n, "gpu_oom") for n in ("r06-mb8", "r05-mb4")]
     assert recommend.next_round(space, round0, failed)["ended"] == "recommend.rounds (1) spent"
+    spent = {**space, "rounds": 3, "max_measured": 2}
+    assert recommend.next_round(spent, round0, failed)["ended"] == "recommend.max_measured (2) spent"
     space["top_n"] = 6  # round 0 measures every candidate: none is left for round 1
     round0 = recommend.select(space, preds)
     space["rounds"] = 3
@@ -194,20 +322,23 @@ def test_recommend_on_a_study_without_the_block_says_so(tmp_path):
 def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     """Micro-batch 1 (8 micro-steps per optimizer step) against micro-batch 8 (one) at the same
     global batch: on CPU the tiny model's per-micro-step overhead makes micro-batch 1 several
-    times slower. The search must measure both (top_n 2) and recommend the faster."""
+    times slower. The search must measure both (a band wide enough to hold both predictions,
+    max_measured 2) and recommend the faster. FSDP2's optimizer-only offload is left out: it
+    needs a CUDA GPU."""
     path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study(top_n=2, grid={"offload": ["optimizer"],
-                                                        "micro_batch": [1, 8]})))  # fmt: skip
+    path.write_text(yaml.safe_dump(study(max_measured=2, step_time_band=10.0,
+                                         grid={"offload": ["optimizer"],
+                                               "micro_batch": [1, 8]})))  # fmt: skip
     place_calibration(tmp_path, "local-cpu", cpu_calibration)  # measured once per session
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
            str(with_clusters(tmp_path)), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results/local-cpu/rec-test"
+    names = [f"rec-{DS}-cpu-none__mb-{mb}" for mb in (1, 8)]
     measured = read_json(out / "recommend/selected.round0.json")["measure"]
-    assert sorted(measured) == ["rec-opt__mb-1", "rec-opt__mb-8"]  # top_n 2 of 2 candidates
-    speed = {name: read_json(out / name / "rep0/metrics.json")["tokens_per_s"]
-             for name in ("rec-opt__mb-1", "rec-opt__mb-8")}  # fmt: skip
+    assert sorted(measured) == names  # both candidates: both within the band
+    speed = {name: read_json(out / name / "rep0/metrics.json")["tokens_per_s"] for name in names}
     faster = max(speed, key=speed.get)
     result = read_json(out / "recommend/recommendation.json")
     assert result["winner"] == faster and result["runner_up"] == min(speed, key=speed.get)
@@ -220,7 +351,10 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     assert json.loads((out / "recommend/recommended.ds_config.json").read_text()) == json.loads(
         (out / f"configs/{faster}.json").read_text()
     )
-    assert faster in (tmp_path / "reports/local-cpu/rec-test/recommend.html").read_text()
+    page = (tmp_path / "reports/local-cpu/rec-test/recommend.html").read_text()
+    words = f"ZeRO-3 — optimizer offload to the CPU; micro-batch {faster.rsplit('-', 1)[1]}"
+    assert f"<strong>{words}</strong>" in page and f"rec-{DS}" not in page
+    assert "needs a CUDA GPU" in page  # FSDP2's optimizer-only offload, left out
 
 
 @pytest.mark.slow
@@ -242,7 +376,7 @@ def test_a_search_whose_first_round_fails_measures_a_second(tmp_path, cpu_calibr
     rounds = [read_json(out / f"recommend/selected.round{r}.json") for r in range(3)]
     first, second = rounds[0]["measure"], rounds[1]["measure"]
     assert len(first) == len(second) == 1 and {*first, *second} == {
-        "rec-zenflow__mb-8", "rec-super__mb-8"}  # fmt: skip
+        f"rec-{DS}-cpu-none-zenflow__mb-8", f"rec-{DS}-cpu-none-super__mb-8"}  # fmt: skip
     assert rounds[2]["measure"] == [] and rounds[2]["ended"] == "recommend.rounds (2) spent"
     rec = read_json(out / "recommend/recommendation.json")
     assert rec["winner"] is None and rec["rounds"] == 2 and rec["device_time"]["runs"] == 2
@@ -334,8 +468,6 @@ def a_recommendation(margin_ci=(1.05, 1.15)) -> dict:
 
 
 def cell(page: str, element_id: str) -> str:
-    import re
-
     start = page.index(">", page.index(f'id="{element_id}"')) + 1
     return " ".join(re.sub(r"<[^>]+>", "", page[start : page.index("</t", start)]).split())
 
@@ -346,7 +478,6 @@ def test_the_recommend_page_shows_budget_memory_config_and_provenance(tmp_path):
     other candidate, and the winner's provenance (GPU, driver, CUDA runtime, torch, DeepSpeed,
     commit); ratios are worded by the one verdict rule."""
     import base64
-    import re
 
     from builders import assert_self_contained
 
@@ -387,3 +518,61 @@ def test_a_winner_over_its_budget_is_said_not_to_meet_it(tmp_path):
     view.write_page(page_of_nothing, tmp_path / "none.html", study_dir)
     met = cell((tmp_path / "none.html").read_text(), "recommend-met")
     assert met == "not met: no candidate ran ok within the budget", met
+
+
+def test_the_page_names_the_best_config_of_each_engine_and_what_was_measured_why(tmp_path):
+    """A search over both engines, decided from records (builders.make_record): the page's
+    first screen says which engine, offload and micro-batch won, at what speed and memory; the
+    best of each engine beside it in words; what was measured and why (the band)."""
+    from builders import make_record
+
+    from offload_study.analysis.report import recommend as view
+
+    ds4, ds8 = f"rec-{DS}-cpu-none__mb-4", f"rec-{DS}-cpu-none__mb-8"
+    none4, policy4 = f"rec-{FSDP2}-none__mb-4", f"rec-{FSDP2}-cpu-offload-policy__mb-4"
+    space = {**a_space({ds4: f"{DS}:opt", ds8: f"{DS}:opt", none4: f"{FSDP2}:none",
+                        policy4: f"{FSDP2}:policy"}, max_measured=3, band=0.25,
+                       references=()),
+             "study": "s", "cluster": "c", "gpu_mem_gb": 16,
+             "left_out": [{"engine": FSDP2, "label": "FSDP2 — optimizer offload to the CPU",
+                           "why": "offload_optimizer: needs a CUDA GPU"}]}  # fmt: skip
+    preds = {ds4: _prediction(ds4, 1000, gpu_gib=12), ds8: _prediction(ds8, 700, gpu_gib=14),
+             none4: _prediction(none4, 1100, gpu_gib=15),
+             policy4: _prediction(policy4, 900, gpu_gib=9)}  # fmt: skip
+    selected = recommend.select(space, preds)
+    assert selected["measure"] == [none4, ds4, policy4]  # 700 < 1100 / 1.25: ds8 is not
+    made = {ds4: ("ok", 1000.0, DS), none4: ("ok", 1300.0, FSDP2),
+            policy4: ("gpu_oom", None, FSDP2)}  # fmt: skip
+    metrics = [str(make_record(tmp_path, name, rep, outcome=outcome, tokens_per_s=tps,
+                               gpu_mem_gb=16, world_size=1, gpus_per_node=1, peak_gpu_gib=11.0,
+                               label=name, seed=rep, extra={"engine": engine}))
+               for name, (outcome, tps, engine) in made.items() for rep in (0, 1)]  # fmt: skip
+    rec = recommend.decide(space, selected, metrics)
+    assert rec["winner"] == none4 and rec["winner_engine"] == FSDP2
+    assert rec["winner_memory"]["gpu_reserved_gib"] == pytest.approx(13.0)
+    best = {b["engine"]: b for b in rec["best_of_engines"]}
+    assert list(best)[0] == FSDP2 and best[FSDP2]["winner"]  # the winner's engine first
+    assert best[DS]["scenario"] == ds4 and best[DS]["measured"]
+    assert best[DS]["tokens_per_s"] == pytest.approx(1000, rel=0.05)
+    assert [m["scenario"] for m in rec["measured"]] == [none4, ds4, policy4]  # by rank
+    assert rec["selection"]["measured"] == 3 and rec["selection"]["candidates"] == 4
+    view.write_page(rec, tmp_path / "page.html")  # no plan: each name in words from the registry
+    page = (tmp_path / "page.html").read_text()
+    assert "rec-" not in page and "mb-4" not in page
+    assert "<strong>FSDP2 — no offload; micro-batch 4</strong>, 1,300 [" in page
+    assert "13.0 GiB of GPU memory reserved per GPU" in cell(page, "use-this")
+    start = page.index('id="recommend-engines"')
+    table = page[start : page.index("</table>", start)]
+    rows = [" ".join(re.sub(r"<[^>]+>", " ", r).split()) for r in table.split("<tr>")[2:]]
+    assert rows[0].startswith("FSDP2 no offload; micro-batch 4 1,300 measured 13.0 GiB")
+    assert rows[0].endswith("the recommendation")
+    assert rows[1].startswith("ZeRO-3 optimizer offload to the CPU; micro-batch 4 1,000 measured")
+    assert "of the recommendation's speed" in rows[1]
+    start = page.index('id="recommend-measured-why">')
+    why = html.unescape(page[page.index(">", start) + 1 : page.index("</p>", start)])
+    assert why == (
+        "3 of 4 candidates measured: the prediction's step time errs by up to ±25 %, so every "
+        "feasible candidate predicted within that of the best predicted one (FSDP2 — no "
+        "offload; micro-batch 4, 1,100 tokens/s), at least 880 tokens/s, may be the fastest; 3 "
+        "were predicted within it.")  # fmt: skip
+    assert "ran out of GPU memory" in page and "needs a CUDA GPU" in page

@@ -1,7 +1,8 @@
 # `snakemake recommend` for a study with a recommend block (offload_study.prediction.recommend): predict every
-# candidate (rule plan), measure the best few for real (the checkpoint decides which runs to make,
-# round by round while none ran ok; rule train makes them), write the fastest config within the
-# GPU-memory budget.
+# candidate of every engine (rule plan), measure for real those predicted within the model's
+# step-time error of the best (the checkpoint decides which runs to make, round by round while
+# none ran ok, up to recommend.max_measured; rule train makes them), write the fastest config
+# within the GPU-memory budget.
 # (its input functions and recommend_search: rules/common.smk)
 
 
@@ -24,8 +25,9 @@ rule recommend_space:
 
 
 checkpoint recommend_select:
-    """Round 0: rank the candidates by their prediction; the top ones and the references get
-    measured. Round r > 0: the next ones, while no candidate measured so far ran ok."""
+    """Round 0: rank the candidates by their prediction; those within the step-time error band
+    of the best and the references get measured. Round r > 0: the band of the best left, while
+    no candidate measured so far ran ok."""
     input:
         unpack(recommend_round_inputs),
         space=rules.recommend_space.output[0],
@@ -52,7 +54,7 @@ checkpoint recommend_select:
 
 
 rule recommend:
-    """The fastest measured config within the budget: its DeepSpeed JSON, margin, reasons."""
+    """The fastest measured config within the budget: its engine's config, margin, reasons."""
     input:
         space=rules.recommend_space.output[0],
         # every round's selection (the last measured nothing) and its runs' records; named

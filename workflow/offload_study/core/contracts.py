@@ -773,9 +773,12 @@ class Prediction:
     # band for that case (workflow/offload_study/data/error_bands.json)
     calibration: str | None = None
     step_time_band: float | None = None
-    # peak of torch's caching allocator (what a per-process cap limits) plus the CUDA context,
-    # per GPU, in bytes (predict.gpu_reserved_bytes; None: not a GPU run, or an older plan.csv)
-    gpu_reserved_bytes: int | None = None
+    # peak of torch's caching allocator per GPU (what a per-process cap limits: torch's
+    # max_memory_reserved, as metrics.json's peak_gpu_reserved_gib), and the same with the CUDA
+    # context (what the whole card must hold), GiB (predict.gpu_reserved_bytes; None: not a GPU
+    # run, or an older plan.csv: its gpu_reserved_bytes column held the one with the context)
+    gpu_reserved_gib: float | None = None
+    gpu_reserved_with_context_gib: float | None = None
 
 
 PREDICTION_COLUMNS: list[str] = [f.name for f in dataclasses.fields(Prediction)]
@@ -810,20 +813,24 @@ def write_predictions(path: str | Path, rows: Iterable[Prediction]) -> None:
     write_atomic(path, write)
 
 
-#: plan.csv columns of older plans, in GB (1e9 B) -> the GiB field they fill
-_GB_COLUMNS = {"nvme_gb": "nvme_gib", "nvme_budget_gb": "nvme_budget_gib"}
+#: plan.csv columns of older plans -> (the GiB field they fill, bytes in one of their units)
+_OLD_COLUMNS = {
+    "nvme_gb": ("nvme_gib", units.GB),  # GB (1e9 B)
+    "nvme_budget_gb": ("nvme_budget_gib", units.GB),
+    "gpu_reserved_bytes": ("gpu_reserved_with_context_gib", 1),  # bytes, with the context
+}
 
 
 def read_predictions(path: str | Path) -> dict[str, Prediction]:
-    """scenario -> its row of plan.csv (an older plan's GB columns read as GiB)."""
+    """scenario -> its row of plan.csv (an older plan's columns read into today's fields)."""
     kinds = {f.name: str(f.type) for f in dataclasses.fields(Prediction)}
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     out = {}
     for row in rows:
-        for gb, gib in _GB_COLUMNS.items():
-            if gib not in row and row.get(gb):
-                row[gib] = str(units.bytes_to_gib(float(row[gb]) * units.GB))
+        for old, (gib, unit) in _OLD_COLUMNS.items():
+            if gib not in row and row.get(old):
+                row[gib] = str(units.bytes_to_gib(float(row[old]) * unit))
         values = {k: _prediction_cell(row.get(k, ""), kinds[k]) for k in PREDICTION_COLUMNS}
         out[values["scenario"]] = Prediction(**values)
     return out

@@ -23,6 +23,8 @@ STUDY_ENGINE = re.compile(
     r"(?P<default>(?P=indent)  default: \S+\n)(?P=indent)  description: >-\n"
     r"(?:(?P=indent)    .*\n)+"
 )
+#: the recommend grid's ``engine`` key: the engines a search may try
+GRID_ENGINE = re.compile(r'(\n +engine:\n +type: \[array, "null"\]\n +items: \{enum: \[)[^\]]*(\]\})')
 #: the JSON records that name the engine that trained: (file, property)
 RECORD_SCHEMAS = ("metrics.schema.json", "provenance.schema.json")
 
@@ -54,8 +56,10 @@ def synced_study(text: str) -> str:
                 f"{body}\n")  # fmt: skip
 
     synced, found = STUDY_ENGINE.subn(block, text)
-    if found != 1:
-        raise RuntimeError("study.schema.yaml: the scenario key engine was not found once")
+    synced, in_grid = GRID_ENGINE.subn(lambda m: f"{m[1]}{names}{m[2]}", synced)
+    if (found, in_grid) != (1, 1):
+        raise RuntimeError("study.schema.yaml: the scenario key engine or the recommend grid's "
+                           "was not found once")  # fmt: skip
     return synced
 
 

@@ -257,10 +257,12 @@ class Plan:
     def __init__(
         self, config: dict | str | Path, cluster_dir: str | Path | None = None, source=None
     ):
-        # a study with a recommend block: its candidate grid joins the scenarios
-        self.study = with_candidates(load_study(config, source=source), source)
+        study = load_study(config, source=source)
         kwargs = {"cluster_dir": cluster_dir} if cluster_dir else {}
-        self.cluster = load_cluster(self.study["cluster"], **kwargs)
+        self.cluster = load_cluster(study["cluster"], **kwargs)
+        # a study with a recommend block: its candidate grid (what can run on the cluster)
+        # joins the scenarios
+        self.study = with_candidates(study, self.cluster, source)
         #: every expanded run, trained or predicted only (what admission judges)
         self.planned = expand_plan(self.study, self.cluster)
         planned = self.planned

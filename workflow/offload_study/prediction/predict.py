@@ -68,12 +68,23 @@ def capped(spec: RunSpec) -> bool:
 
 
 def gpu_need_gib(spec: RunSpec, row: Prediction) -> float | None:
-    """What the GPU budget must hold: the reserved prediction (less the CUDA context when a cap
-    stands for the card: the cap does not count it), else the allocated one (an older plan)."""
-    if row.gpu_reserved_bytes is None:
-        return row.gpu_gib
-    context = units.gib_to_bytes(ACCELERATOR_FITS["cuda"].cuda_context_gib) if capped(spec) else 0
-    return units.bytes_to_gib(row.gpu_reserved_bytes - context)
+    """What the GPU budget must hold: the reserved prediction, the CUDA context counted as the
+    cap counts it (:func:`need_gib`)."""
+    return need_gib(row, capped(spec))
+
+
+def need_gib(row: Prediction, is_capped: bool) -> float | None:
+    """The reserved prediction without the CUDA context when a cap stands for the card (the cap
+    does not count it), with it when the run has the whole card; the allocated one for a plan
+    older than the reserved columns. The feasibility gate and recommend's ranking both use it."""
+    with_context = row.gpu_reserved_with_context_gib
+    if not is_capped and with_context is not None:
+        return with_context
+    if is_capped and row.gpu_reserved_gib is not None:
+        return row.gpu_reserved_gib
+    if is_capped and with_context is not None:  # a plan.csv with the one reserved column
+        return with_context - ACCELERATOR_FITS["cuda"].cuda_context_gib
+    return row.gpu_gib
 
 
 def predict_memory(spec: RunSpec, config: dict, cal: Calibration | None = None) -> Memory | None:
@@ -181,12 +192,16 @@ def predict(
     times = model.step_time(spec, config, cal) if cal else None
     ds = model.own_estimate(spec) if with_own_estimate else None
     limit, step = budget_gib(spec), (times.total if times else None)
+    reserved = gpu_reserved_bytes(spec, memory, config)
+    reserved_gib = units.bytes_to_gib(reserved) if reserved is not None else None
+    context_gib = ACCELERATOR_FITS["cuda"].cuda_context_gib
     row = Prediction(
         scenario=spec.scenario, predict_only=spec.predict_only, force=spec.force,
         world_size=spec.world_size,
         gpu_gib=_rounded(memory.gpu_gib) if memory and spec.accelerator == "cuda" else None,
         gpu_budget_gib=limit["gpu"],
-        gpu_reserved_bytes=gpu_reserved_bytes(spec, memory, config),
+        gpu_reserved_gib=_rounded(reserved_gib - context_gib) if reserved_gib else None,
+        gpu_reserved_with_context_gib=_rounded(reserved_gib),
         host_gib=_rounded(memory.host_gib) if memory else None,
         host_budget_gib=_rounded(limit["host"]),
         nvme_gib=_rounded(memory.nvme_gib) if memory and memory.nvme else None,

@@ -3,25 +3,32 @@
 A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a search:
 
 1. :func:`~offload_study.planning.candidates.with_candidates` (called by
-   :class:`offload_study.planning.plan.Plan`) turns the grid (offload
-   mode x partial-offload ratio x micro-batch x ZeRO knobs such as the bucket sizes) into
-   candidate scenarios named ``rec-...``, each capped at the budget; the study's own scenarios
-   are the references (e.g. plain CPU optimizer offload, uncapped no offload).
+   :class:`offload_study.planning.plan.Plan`) turns every engine's offload paths (the engine
+   registry's grids) x the study's grid (engines, offload modes, partial-offload ratio,
+   micro-batch, ZeRO knobs) into candidate scenarios named ``rec-...``, each capped at the
+   budget; the study's own scenarios are the references (e.g. plain CPU optimizer offload,
+   uncapped no offload).
 2. ``rule plan`` predicts every candidate (plan.csv: memory, tokens/s, feasible).
-3. ``checkpoint recommend_select`` (:func:`select`), round 0, keeps the feasible ones, ranks
-   them by predicted tokens/s and picks the top_n to measure: the best predicted of each offload
-   mode first (the prediction is coarse across modes: it states in its note what it cannot know,
-   e.g. ZenFlow's selection or SuperOffload's worker overhead), then the next best.
+3. ``checkpoint recommend_select`` (:func:`select`), round 0, keeps the feasible ones and ranks
+   them by predicted tokens/s, a candidate predicted over its budget (feasible only within the
+   model's memory error) after every one predicted to fit. The prediction's step time errs by up
+   to the model's measured band (error_bands.json, ±37 % calibrated), so every candidate
+   predicted within that band of the best predicted one may be the fastest: all of them are
+   measured, up to ``recommend.max_measured``, the best predicted of each engine and offload
+   mode first (the prediction is coarser across them than within one), then the next best.
+   GPU memory is judged as the feasibility gate judges it: the reserved prediction, with the
+   CUDA context counted as the cap counts it (:func:`~offload_study.prediction.predict.need_gib`).
 4. The normal ``rule train`` measures them and the references. When no candidate measured so far
-   ran ok (all ran out of GPU memory, say: the memory model predicts what PyTorch allocates, not
-   what its caching allocator reserves), round r+1 of the checkpoint (:func:`next_round`) picks
-   the next top_n the same way, skipping every candidate predicted to need at least as much GPU
-   memory as one that ran out of it; up to ``recommend.rounds`` rounds.
+   ran ok (all ran out of GPU memory, say), round r+1 of the checkpoint (:func:`next_round`)
+   picks those within the band of the best predicted one left, skipping every candidate
+   predicted to need at least as much GPU memory as one that ran out of it; up to
+   ``recommend.rounds`` rounds and ``recommend.max_measured`` candidates in all.
 5. ``rule recommend`` (:func:`decide`) collects those records (collect's statistics), picks the
    fastest measured candidate or reference within the budget and unflagged, and writes
-   ``recommend/recommendation.json`` (its measured speed, its margin over the runner-up with a
-   paired 95 % CI and its verdict (core.verdict.speed), the ratio to every reference, why each other
-   candidate lost, the search's device time), the DeepSpeed JSON to use, and an HTML page.
+   ``recommend/recommendation.json`` (its measured speed and memory, its margin over the
+   runner-up with a paired 95 % CI and its verdict (core.verdict.speed), the best config of each
+   engine, what was measured and why, the ratio to every reference, why each other candidate
+   lost, the search's device time), the winner's engine config, and an HTML page.
 """
 
 from __future__ import annotations
@@ -38,35 +45,41 @@ import pandas as pd
 
 from offload_study.analysis import collect, sanity
 from offload_study.core import layout, verdict
-from offload_study.core.contracts import read_json, read_predictions, write_json
+from offload_study.core.contracts import Prediction, read_json, read_predictions, write_json
 from offload_study.core.study import StudyError
 
-# the grid -> candidate scenarios is study expansion (planning); recommend names them
-from offload_study.planning.candidates import PREFIX
+# the grid -> candidate scenarios is study expansion (planning)
+from offload_study.planning import candidates
+from offload_study.prediction import error_bands, predict
 
 
 def space(plan) -> dict:
-    """recommend/space.json: the search's budget, candidates (with their offload mode) and
-    references, from a :class:`~offload_study.planning.plan.Plan` of a recommend study."""
+    """recommend/space.json: the search's budget and limits, its candidates (each with its
+    engine, its group: engine x offload path x mode, and whether a cap stands for its card),
+    those left out and why, and the references, from a
+    :class:`~offload_study.planning.plan.Plan` of a recommend study."""
     rec = plan.study["recommend"]
     if not rec:
         raise StudyError(
             f"recommend: study {plan.study['study']!r} has no recommend block (recommend: "
             "{gpu_mem_gb: ..., gpus_per_node: ..., grid: ...})"
         )
-    mode_of = {}
-    for run in plan.runs:
-        if run.base_scenario.startswith(PREFIX):
-            mode_of[run.scenario] = run.base_scenario[len(PREFIX) :].split("__")[0]
+    found, left_out = candidates.grid(plan.study, plan.cluster)
+    runs = plan.by_name
+    grid = {c.scenario["name"]: {"engine": c.engine, "group": c.group,
+                                 "capped": predict.capped(runs[c.scenario["name"]])}
+            for c in found if c.scenario["name"] in runs}  # fmt: skip
+    references = [s for s in plan.scenarios if s not in grid]
     return {
         "study": plan.study["study"],
         "cluster": plan.cluster["name"],
         "gpu_mem_gb": rec["gpu_mem_gb"],
-        "top_n": rec["top_n"],
-        "rounds": rec["rounds"],
+        **{key: rec[key] for key in ("max_measured", "top_n", "rounds", "step_time_band")},
         "repeats": plan.study["repeats"],
-        "candidates": mode_of,
-        "references": [s for s in plan.scenarios if s not in mode_of],
+        "candidates": grid,
+        "left_out": left_out,
+        "references": references,
+        "reference_engines": {s: runs[s].engine for s in references},
     }
 
 
@@ -89,92 +102,158 @@ def search_rounds(get_round) -> list[str]:
 
 
 # --------------------------------------------------------------------------- 3. the checkpoint
-def select(space_: dict, predictions: dict) -> dict:
-    """recommend/selected.json: every candidate's rank and why it is (not) measured, and the
-    scenarios to train (the top_n candidates and every reference)."""
-    rows = []
-    for name, mode in space_["candidates"].items():
-        p = predictions.get(name)
-        tps = p.tokens_per_s if p else None
-        rows.append({"scenario": name, "mode": mode, "predicted_tokens_per_s": tps,
-                     "predicted_gpu_gib": p.gpu_gib if p else None,
-                     "over_budget": _over_budget(p),
-                     "feasible": bool(p.feasible) if p else True,
-                     "reason": p.reason if p else "no prediction"})  # fmt: skip
+def step_time_band(space_: dict, predictions: dict[str, Prediction]) -> float | None:
+    """The relative step-time error the ranking allows: the study's recommend.step_time_band,
+    else the band plan.csv states beside its predictions, else the model's calibrated band
+    (error_bands.json; None where it was never measured)."""
+    if space_.get("step_time_band") is not None:
+        return float(space_["step_time_band"])
+    stated = [p.step_time_band for p in predictions.values() if p.step_time_band is not None]
+    if stated:
+        return max(stated)
+    return error_bands.bands(calibrated=True)["step_time"]
+
+
+def _row(name: str, info: dict, p: Prediction | None) -> dict:
+    """A candidate's line in selected.json: its prediction, GPU memory as the gate judges it."""
+    need = predict.need_gib(p, info["capped"]) if p else None
+    budget = p.gpu_budget_gib if p else None
+    return {"scenario": name, "engine": info["engine"], "group": info["group"],
+            "predicted_tokens_per_s": p.tokens_per_s if p else None,
+            # reserved, the CUDA context counted as the cap counts it (allocated: older plans)
+            "predicted_gpu_reserved_gib": need,
+            # feasible allows the model's own error over the budget (predict.MARGINS)
+            "over_budget": bool(need and budget and need > budget),
+            "feasible": bool(p.feasible) if p else True,
+            "reason": p.reason if p else "no prediction"}  # fmt: skip
+
+
+def select(space_: dict, predictions: dict[str, Prediction]) -> dict:
+    """recommend/selected.json: every candidate's rank and why it is (not) measured, the band
+    that chose them, and the scenarios to train (the chosen candidates and every reference)."""
+    rows = [_row(name, info, predictions.get(name))
+            for name, info in space_["candidates"].items()]  # fmt: skip
     feasible = [r for r in rows if r["feasible"]]
-    # Feasible allows the model's own error over the budget (predict.MARGINS); a run predicted
-    # over it is likelier to OOM than one predicted under it, so it ranks after all of those.
+    # a run predicted over its budget is likelier to OOM than one predicted under it: it ranks
+    # after all of those
     feasible.sort(key=lambda r: (r["over_budget"], -(r["predicted_tokens_per_s"] or 0.0)))
     for rank, row in enumerate(feasible, 1):
         row["rank"] = rank
-    chosen = _top(feasible, space_["top_n"])
+    chosen, band = _choose(space_, feasible, step_time_band(space_, predictions), 0, 0)
     for row in rows:
         row["round"] = 0 if row in chosen else None
-        row["why"] = _selection_why(row, space_["top_n"])
+        row["why"] = _selection_why(row, band)
     measure = [r["scenario"] for r in chosen] + list(space_["references"])
-    return {"round": 0, "candidates": rows, "measure": measure, "ended": None}
+    return {"round": 0, "candidates": rows, "measure": measure, "ended": None, "bands": [band]}
 
 
-def _top(ranked: list[dict], top_n: int) -> list[dict]:
-    """The best of each offload mode first, then the next best: top_n of ``ranked``."""
+def _choose(space_: dict, ranked: list[dict], band: float | None, measured: int,
+            rnd: int) -> tuple[list[dict], dict]:  # fmt: skip
+    """Round ``rnd``'s candidates from ``ranked`` (best first), ``measured`` having been measured
+    before it: every one predicted within ``band`` of the best one's step time (all of them
+    without a band), the best of each group first, up to max_measured in all and top_n a round;
+    and what decided it (selected.json's ``bands``)."""
+    left = space_["max_measured"] - measured
+    limit = max(0, min(left, space_.get("top_n") or left))
+    best = ranked[0] if ranked else None
+    best_tps = best["predicted_tokens_per_s"] if best else None
+    floor = best_tps / (1 + band) if best_tps and band is not None else None
+    in_band = [r for r in ranked if floor is None or (r["predicted_tokens_per_s"] or 0) >= floor]
+    for row in ranked:
+        row["in_band"] = row in in_band
+    chosen = _top(in_band, limit)
+    limited_by = "top_n" if space_.get("top_n") and space_["top_n"] < left else "max_measured"
+    return chosen, {"round": rnd, "step_time_band": band, "best": best and best["scenario"],
+                    "best_tokens_per_s": best_tps, "floor_tokens_per_s": floor,
+                    "in_band": len(in_band), "chosen": len(chosen), "measured_before": measured,
+                    "limit": limit, "limited_by": limited_by,
+                    "limit_value": space_[limited_by]}  # fmt: skip
+
+
+def _top(ranked: list[dict], n: int) -> list[dict]:
+    """The best of each group (engine x offload path x mode) first, then the next best: n of
+    ``ranked``."""
     ranked = sorted(ranked, key=lambda r: r["rank"])
-    firsts = list({r["mode"]: r for r in reversed(ranked)}.values())[::-1]  # best per mode
+    firsts = list({r["group"]: r for r in reversed(ranked)}.values())[::-1]  # best per group
     firsts.sort(key=lambda r: r["rank"])
-    return (firsts + [r for r in ranked if r not in firsts])[:top_n]
+    return (firsts + [r for r in ranked if r not in firsts])[:n]
 
 
 def next_round(space_: dict, previous: dict, metrics: Sequence[str]) -> dict:
     """Round r+1 of the checkpoint from round r's selected.json and the records of every run so
-    far: nothing to measure once a candidate ran ok (or the rounds are spent, or none is left);
-    else the next top_n, skipping candidates predicted to need at least as much GPU memory as
-    one that ran out of it (the prediction orders candidates by memory better than it sizes
-    them: 2 H200s at 40 GB, predicted 38.4 and 38.8 GiB ran out, 32.8 ran)."""
+    far: nothing to measure once a candidate ran ok (or the rounds or max_measured are spent, or
+    none is left); else those within the band of the best predicted one left, skipping
+    candidates predicted to need at least as much GPU memory as one that ran out of it (the
+    prediction orders candidates by memory better than it sizes them: 2 H200s at 40 GB,
+    predicted 38.4 and 38.8 GiB ran out, 32.8 ran)."""
     rnd = previous["round"] + 1
     rows = [dict(r) for r in previous["candidates"]]
     outcome = {rec["scenario"]: rec for rec in map(collect.read_record, metrics)}
     ran = [r for r in rows if r["round"] is not None]
     ok = [r["scenario"] for r in ran if _ran_ok(outcome.get(r["scenario"]))]
     oom = [r for r in ran if (outcome.get(r["scenario"]) or {}).get("outcome") == "gpu_oom"]
-    floor = min((r["predicted_gpu_gib"] for r in oom if r["predicted_gpu_gib"]), default=None)
+    floor = min((r["predicted_gpu_reserved_gib"] for r in oom if r["predicted_gpu_reserved_gib"]),
+                default=None)  # fmt: skip
     left = [r for r in rows if r["feasible"] and r["round"] is None]
     for row in left:
-        if floor is not None and (row["predicted_gpu_gib"] or 0) >= floor:
-            row["skipped"] = (f"predicted {row['predicted_gpu_gib']:.1f} GiB, not below "
+        if floor is not None and (row["predicted_gpu_reserved_gib"] or 0) >= floor:
+            row["skipped"] = (f"predicted {row['predicted_gpu_reserved_gib']:.1f} GiB, not below "
                               f"{floor:.1f} GiB of a candidate that ran out of GPU memory")  # fmt: skip
-    tries = [r for r in left if not r.get("skipped")]
+    tries = sorted((r for r in left if not r.get("skipped")), key=lambda r: r["rank"])
     ended = ("a candidate ran ok: " + ", ".join(ok) if ok else
              f"recommend.rounds ({space_['rounds']}) spent" if rnd >= space_["rounds"] else
+             f"recommend.max_measured ({space_['max_measured']}) spent"
+             if len(ran) >= space_["max_measured"] else
              "no candidate left to try" if not tries else None)  # fmt: skip
-    chosen = [] if ended else _top(tries, space_["top_n"])
+    bands = list(previous.get("bands") or [])
+    chosen: list[dict] = []
+    if not ended:
+        first = bands[0]["step_time_band"] if bands else None  # one band for the search
+        chosen, band = _choose(space_, tries, first, len(ran), rnd)
+        bands.append(band)
     for row in rows:
         if row in chosen:
             row["round"] = rnd
         if row["round"] is None or row in chosen:
             row["why"] = row.get("skipped") and f"not measured: {row['skipped']}"
-            row["why"] = row["why"] or _selection_why(row, space_["top_n"])
+            row["why"] = row["why"] or _selection_why(row, bands[-1])
     return {"round": rnd, "candidates": rows, "measure": [r["scenario"] for r in chosen],
-            "ended": ended}  # fmt: skip
+            "ended": ended, "bands": bands}  # fmt: skip
 
 
 def _ran_ok(record: dict | None) -> bool:
     return bool(record) and record.get("outcome") == "ok" and (record.get("tokens_per_s") or 0) > 0
 
 
-def _over_budget(p) -> bool:
-    """Predicted above its GPU budget, though within the model's error (so still feasible)."""
-    return bool(p and p.gpu_gib and p.gpu_budget_gib and p.gpu_gib > p.gpu_budget_gib)
+def _band_words(row: dict, band: dict) -> str:
+    """Where a candidate's prediction lies against the band of its round's best."""
+    if band["best"] == row["scenario"]:
+        return "the best predicted"
+    if band["floor_tokens_per_s"] is None:
+        return "no step-time error band: ranked by the prediction alone"
+    error = f"the model's {error_bands.text(band['step_time_band'])} step-time error"
+    best = f"the best predicted ({band['best_tokens_per_s']:,.0f} tokens/s)"
+    if row.get("in_band"):
+        return f"within {error} of {best}"
+    return f"slower than {best} by more than {error}"
 
 
-def _selection_why(row: dict, top_n: int) -> str:
+def _selection_why(row: dict, band: dict) -> str:
     if not row["feasible"]:
         return f"predicted not to fit: {row['reason']}"
     tps = row["predicted_tokens_per_s"]
     said = f"predicted {tps:,.0f} tokens/s" if tps else "no speed predicted"
     if row["over_budget"]:
-        said += f", {row['predicted_gpu_gib']:.1f} GiB: over the budget within the model's error"
+        said += (f", {row['predicted_gpu_reserved_gib']:.1f} GiB: over the budget within the "
+                 "model's error")  # fmt: skip
+    said += f", rank {row['rank']}: {_band_words(row, band)}"
     if row["round"] is not None:
-        return f"measured in round {row['round']} ({said}, rank {row['rank']})"
-    return f"not measured: {said}, rank {row['rank']}, below the top {top_n}"
+        return f"measured in round {row['round']} ({said})"
+    if row.get("in_band"):
+        return (f"not measured: {said}, but the budget, recommend.{band['limited_by']} "
+                f"({band['limit_value']}), was spent on those ranked before it (the best of "
+                "each engine and offload mode first)")  # fmt: skip
+    return f"not measured: {said}"
 
 
 # --------------------------------------------------------------------------- 5. the decision
@@ -240,8 +319,92 @@ def decide(space_: dict, selected: dict, metrics: Sequence[str]) -> dict:
         "device_time": _device_time(runs),
         "rounds": selected.get("round", 0) + (1 if selected.get("measure") else 0),
         "search_ended": selected.get("ended"),
+        "winner_engine": _engine_of(space_).get(winner),
+        "winner_memory": _memory(rows[winner]) if winner else None,
+        "best_of_engines": best_of_engines(space_, selected, runs, rows, state, winner),
+        "measured": _measured(selected, runs, rows, state),
+        "selection": {"max_measured": space_.get("max_measured"), "top_n": space_.get("top_n"),
+                      "candidates": len(space_["candidates"]),
+                      "measured": sum(r["round"] is not None for r in selected["candidates"]),
+                      "bands": selected.get("bands") or [],
+                      "left_out": space_.get("left_out") or []},
     }  # fmt: skip
     return _no_nan(out)
+
+
+def _engine_of(space_: dict) -> dict[str, str]:
+    """Every candidate's and reference's engine, by scenario."""
+    return {**{n: c["engine"] for n, c in space_["candidates"].items()},
+            **(space_.get("reference_engines") or {})}  # fmt: skip
+
+
+def _number(value) -> float | None:
+    value = pd.to_numeric(value, errors="coerce")
+    return None if pd.isna(value) else float(value)
+
+
+def _memory(row: pd.Series) -> dict:
+    """A scenario's measured peaks: GPU reserved (torch's, what the cap limits) and allocated
+    per GPU, host per node; GiB."""
+    return {"gpu_reserved_gib": _number(row.get("peak_gpu_reserved_gib")),
+            "gpu_allocated_gib": _number(row.get("peak_gpu_allocated_gib")),
+            "host_gib": _number(collect.host_memory_gib(row))}  # fmt: skip
+
+
+def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
+    """The best config of each engine the search tried, the winner's engine first: its fastest
+    measured one within the budget, else its best predicted (and why it was not measured, or
+    how its run failed), else why none of its candidates could be tried."""
+    engine_of, picks = _engine_of(space_), {r["scenario"]: r for r in selected["candidates"]}
+    left_out = space_.get("left_out") or []
+    order = dict.fromkeys([engine_of.get(winner), *engine_of.values(),
+                           *(o["engine"] for o in left_out)])  # fmt: skip
+    out = []
+    for engine in (e for e in order if e):
+        mine = [n for n, e in engine_of.items() if e == engine]
+        measured = sorted((n for n in mine if n in rows and state[n] is None),
+                          key=lambda n: -float(rows[n]["tokens_per_s"]))  # fmt: skip
+        ranked = sorted((picks[n] for n in mine if n in picks and picks[n]["feasible"]),
+                        key=lambda r: r["rank"])  # fmt: skip
+        if measured:
+            name = measured[0]
+            out.append({"engine": engine, "scenario": name, "measured": True,
+                        "winner": name == winner,
+                        "tokens_per_s": float(rows[name]["tokens_per_s"]),
+                        "gpu_reserved_gib": _memory(rows[name])["gpu_reserved_gib"],
+                        "why": None})  # fmt: skip
+        elif ranked:
+            row = ranked[0]
+            made = row["round"] is not None and _result(runs, rows, state, row["scenario"])
+            out.append({"engine": engine, "scenario": row["scenario"], "measured": False,
+                        "winner": False, "tokens_per_s": row["predicted_tokens_per_s"],
+                        "gpu_reserved_gib": row["predicted_gpu_reserved_gib"],
+                        "why": f"measured: {made}" if made else row["why"]})  # fmt: skip
+        else:
+            whys = [picks[n]["why"] for n in mine if n in picks]
+            whys += [f"{o['label']}: {o['why']}" for o in left_out if o["engine"] == engine]
+            out.append({"engine": engine, "scenario": None, "measured": False, "winner": False,
+                        "tokens_per_s": None, "gpu_reserved_gib": None,
+                        "why": "; ".join(dict.fromkeys(whys)) or "no candidate"})  # fmt: skip
+    return out
+
+
+def _measured(selected, runs, rows, state) -> list[dict]:
+    """Every candidate measured, in the order chosen: why it was, and what it made."""
+    chosen = sorted((r for r in selected["candidates"] if r["round"] is not None),
+                    key=lambda r: (r["round"], r["rank"]))  # fmt: skip
+    return [{"scenario": r["scenario"], "engine": r["engine"], "round": r["round"],
+             "why": r["why"], "result": _result(runs, rows, state, r["scenario"])}
+            for r in chosen]  # fmt: skip
+
+
+def _result(runs, rows, state, name: str) -> str:
+    """What a measured scenario made: its tokens/s (and why it cannot be recommended), or how
+    its runs ended."""
+    if name not in rows or (state[name] or "").startswith("no ok run"):
+        return _failure(runs, name)
+    speed = f"{float(rows[name]['tokens_per_s']):,.0f} tokens/s"
+    return f"{speed}, {state[name]}" if state[name] else speed
 
 
 def _no_nan(value):
@@ -340,7 +503,8 @@ def main(argv=None) -> int:
     )
     dec.add_argument("--configs", required=True, help="the study's configs/ folder")
     dec.add_argument("--plan-csv", help="the plan's predictions (what the whole grid would cost)")
-    dec.add_argument("--ds-config-out", required=True, help="the winner's DeepSpeed JSON")
+    dec.add_argument("--ds-config-out", required=True,
+                     help="the winner's engine config (its configs/ JSON)")  # fmt: skip
     dec.add_argument("--html", required=True, help="the recommendation page")
     dec.add_argument("metrics", nargs="*", help="metrics.json of every measured run")
     a = ap.parse_args(argv)

@@ -2,12 +2,13 @@
 ``rule recommend`` writes (``reports/<cluster>/<study>/recommend.html``).
 
 Both render recommend/recommendation.json (:func:`offload_study.prediction.recommend.decide`): the
-winner with its measured tokens/s and CI, its margin over the runner-up, its ratio to each
-reference (worded by the one verdict rule, core.verdict.speed), why every other candidate
-lost, the search's device time; every scenario named by its settings in words (the plan beside
-it), never by its file name. report.html shows the section when recommendation.json lies in
+winner (engine, offload and micro-batch in words) with its measured tokens/s and CI and its
+memory, the best config of each engine beside it, what was measured and why, its margin over
+the runner-up, its ratio to each reference (worded by the one verdict rule,
+core.verdict.speed), why every other candidate lost, the search's device time; every scenario
+named by its settings in words (the plan beside it), never by its file name. report.html shows the section when recommendation.json lies in
 the study's results. The page adds, from the study's records (:func:`page_view`): the "use
-this" sentence, the budget and whether the winner kept to it, the winner's DeepSpeed config
+this" sentence, the budget and whether the winner kept to it, the winner's engine config
 inline and as a download (a data: URI: the page stays one self-contained file), its peak GPU
 and host memory, its provenance, and the commands that re-run the search and re-render the page.
 
@@ -27,16 +28,18 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.analysis import collect
 from offload_study.analysis.report import html as pages
 from offload_study.analysis.report import origin, views, words
 from offload_study.core import contracts, layout, verdict
 from offload_study.core.contracts import read_json
+from offload_study.prediction import error_bands
 
 #: Where recommendation.json lies, relative to the study's results folder (beside plan.json).
 RECOMMENDATION = Path(layout.RECOMMEND_DIR) / layout.RECOMMENDATION_JSON
 
-#: The file name the winner's DeepSpeed config downloads as (rule recommend's ds_config output).
+#: The file name the winner's engine config downloads as (rule recommend's ds_config output).
 DS_CONFIG_NAME = "recommended.ds_config.json"
 #: A peak this far over the budget still counts as within it (the allocator rounds to 2 MiB).
 BUDGET_SLACK_GIB = 0.01
@@ -129,17 +132,68 @@ def worded(recommendation: dict, plan: dict | None = None) -> dict:
             return r
         return {**r, "verdict": verdict.speed(r["ratio"], r["ci_low"], r["ci_high"])}
 
+    selection = recommendation.get("selection") or {}
     named = [recommendation.get("winner"), recommendation.get("runner_up"),
              *(r.get("of") for r in recommendation.get("vs_references") or []),
              *(o.get("scenario") for o in recommendation.get("others") or []),
+             *(b.get("scenario") for b in recommendation.get("best_of_engines") or []),
+             *(m.get("scenario") for m in recommendation.get("measured") or []),
+             *(b.get("best") for b in selection.get("bands") or []),
              *(sc.get("name") for sc in (plan or {}).get("scenarios") or [])]  # fmt: skip
     names = {n: scenario_words(plan or {}, n) for n in named if n}
-    others = [{**o, "why": _in_words(why_words(o.get("why") or ""), names)}
-              for o in recommendation.get("others") or []]  # fmt: skip
+
+    def said(text: str | None) -> str:
+        return _in_words(why_words(text or ""), names)
+
+    others = [{**o, "why": said(o.get("why"))} for o in recommendation.get("others") or []]
     ended = recommendation.get("search_ended")
     return {**recommendation, "margin": one(recommendation.get("margin")), "others": others,
             "vs_references": [one(r) for r in recommendation.get("vs_references") or []],
-            "names": names, "search_ended": _in_words(ended, names) if ended else ended}  # fmt: skip
+            "names": names, "search_ended": _in_words(ended, names) if ended else ended,
+            "engines_view": [_engine_view(b, names, said)
+                             for b in recommendation.get("best_of_engines") or []],
+            "measured_view": [{"config": names.get(m["scenario"], m["scenario"]),
+                               "why": said(m["why"]), "result": said(m["result"])}
+                              for m in recommendation.get("measured") or []],
+            "selection_text": selection_words(selection, names),
+            "left_out_view": [f"{o['label']}: {o['why']}"
+                              for o in selection.get("left_out") or []]}  # fmt: skip
+
+
+def _engine_view(best: dict, names: dict[str, str], said) -> dict:
+    """One engine's best config for the page: the engine, its offload and micro-batch in words
+    (the candidate's words less the engine's label), speed and memory, measured or predicted."""
+    engine = engines.label(best["engine"])
+    config = names.get(best["scenario"], best["scenario"]) if best["scenario"] else "—"
+    return {**best, "engine_label": engine, "config": config.removeprefix(f"{engine} — "),
+            "why": said(best["why"]) if best.get("why") else None}
+
+
+def selection_words(selection: dict, names: dict[str, str]) -> str | None:
+    """What was measured and why, in a sentence (None for a search that did not say)."""
+    bands = selection.get("bands") or []
+    if not bands or not bands[0]:
+        return None
+    first, measured = bands[0], selection.get("measured", 0)
+    head = f"{measured} of {selection.get('candidates', '?')} candidates measured"
+    best = names.get(first["best"], first["best"])
+    if first.get("floor_tokens_per_s") is None:
+        why = (f"no step-time error band is known, so the best {first['chosen']} predicted "
+               f"were, the best of each engine and offload mode first")  # fmt: skip
+    else:
+        why = (f"the prediction's step time errs by up to "
+               f"{error_bands.text(first['step_time_band'])}, so every feasible candidate "
+               f"predicted within that of the best predicted one ({best}, "
+               f"{first['best_tokens_per_s']:,.0f} tokens/s), at least "
+               f"{first['floor_tokens_per_s']:,.0f} tokens/s, may be the fastest; "
+               f"{first['in_band']} were predicted within it")  # fmt: skip
+        if first["in_band"] > first["chosen"]:
+            why += (f"; the budget (recommend.{first['limited_by']}: {first['limit_value']}) "
+                    f"let the best predicted {first['chosen']} of them be measured, the best of "
+                    "each engine and offload mode first")  # fmt: skip
+    rounds = len([b for b in bands if b])
+    again = f"; {rounds - 1} more round(s) followed, none having run ok" if rounds > 1 else ""
+    return f"{head}: {why}{again}."
 
 
 def _in_words(text: str, names: dict[str, str]) -> str:

@@ -2,10 +2,12 @@
 GPU setup, each generated from the data, never an internal id.
 
 A study names its scenarios for its YAML (``offload-opt-2gpu-80gb``) and the planner names sweep
-points and recommend candidates for files (``rec-opt-r0.8__mb-8__rbs-5e8``). Pages say the same
-in words: the study's label where it wrote one, and the knobs in words after it ("micro-batch 8,
-reduce bucket 5e8"); a recommend candidate, whose label the planner made ("candidate
-opt-r0.8"), gets its offload mode in words instead ("partial optimizer offload, ratio 0.8").
+points and recommend candidates for files (``rec-deepspeed-cpu-none__ratio-0.8__mb-8``). Pages
+say the same in words: the study's label where it wrote one (a recommend candidate's is its
+engine and offload path in words, the planner's), and the knobs in words after it ("offload
+ratio 0.8, micro-batch 8"). A candidate of an older search, whose label the planner made
+("candidate opt-r0.8"), gets its offload mode in words instead ("partial optimizer offload,
+ratio 0.8").
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ OUTCOME_WORDS = {
 _ABBREV_KNOB = {abbrev: knob for knob, abbrev in names.KNOB_ABBREV.items()}
 _CANDIDATE_LABEL = re.compile(r"candidate (\S+)")
 _RATIO_SLUG = re.compile(r"(.+)-r([\d.]+)")
-_SLUG_MODES = {slug: mode for mode, (slug, _) in candidates.OFFLOAD_MODES.items()}
+#: The offload modes of an older search's candidate names (before every engine was searched).
+_SLUG_MODES = {"none": "none", "opt": "optimizer", "optparam": "optimizer+param",
+               "zenflow": "zenflow", "super": "super_offload"}  # fmt: skip
 
 
 def knob(key: str, value) -> str:
@@ -102,7 +106,7 @@ def reader_label(label: str, scenario: str) -> str:
     or its name where no label came with it), else the scenario's name."""
     if not label and scenario.startswith(candidates.PREFIX):
         slug = scenario.split("__")[0][len(candidates.PREFIX) :]
-        label = f"candidate {slug}"
+        label = candidates.label_of(scenario) or f"candidate {slug}"
     return candidate_words(label) or label or scenario
 
 

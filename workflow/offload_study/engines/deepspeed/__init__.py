@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from offload_study import engines
 from offload_study.engines.deepspeed import admission, config, model, train
+from offload_study.planning import modes
 
 #: The offload paths by the scenario's (offload_optimizer, offload_param), in a reader's words;
 #: DeepSpeed's modes (ratio, SuperOffload, ZenFlow) refine the optimizer offload to the CPU.
@@ -20,9 +21,28 @@ PATH_LABELS = {
 }
 
 
+#: What a recommendation tries on each path (scenario keys beyond the path's offload keys; a
+#: grid's offload_optimizer_ratio values refine the plain CPU optimizer offload). The NVMe paths
+#: are not tried: their speed is the disk's, and their folder each cluster's own.
+GRID = {
+    ("none", "none"): ({},),
+    ("cpu", "none"): (
+        {},
+        {"zenflow": {}, "label": "optimizer offload to the CPU with ZenFlow"},
+        {"super_offload": True, "label": "optimizer offload to the CPU with SuperOffload"},
+    ),
+    ("cpu", "cpu"): ({},),
+}
+#: DeepSpeed's modes refine the optimizer offload to the CPU (without parameter offload, as a
+#: recommendation tries them)
+MODE_PATH = ("cpu", "none")
+
+
 def _path(devices: tuple[str, str], label: str) -> engines.OffloadPath:
     name = "none" if devices == ("none", "none") else "-".join(devices)
-    return engines.OffloadPath("deepspeed", name, label, devices)
+    keys = frozenset(modes.DEEPSPEED_KEYS) if devices == MODE_PATH else frozenset()
+    return engines.OffloadPath("deepspeed", name, label, devices, keys=keys,
+                               grid=GRID.get(devices, ()))  # fmt: skip
 
 
 def breakdown(spec, rank0_log: str, steps: list, parts: dict | None) -> dict:

@@ -48,12 +48,12 @@ ENGINE = engines.register(
         model=model,
         paths=(
             engines.OffloadPath("fsdp2", "none", "no offload", ("none", "none"),
-                                parts=paths.Fsdp2Path()),
+                                parts=paths.Fsdp2Path(), grid=({},)),
             engines.OffloadPath(
                 "fsdp2", "cpu-offload-policy",
                 "parameters, gradients and optimizer states offloaded to the CPU together "
                 "(CPUOffloadPolicy)",
-                ("cpu", "cpu"), parts=paths.OffloadPolicyPath(),
+                ("cpu", "cpu"), parts=paths.OffloadPolicyPath(), grid=({},),
             ),
         ),  # fmt: skip
     )

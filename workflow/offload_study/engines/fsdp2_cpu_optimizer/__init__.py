@@ -118,5 +118,6 @@ PATH = engines.register_path(
         devices=("cpu", "none"),
         problems=problems,
         parts=CpuOptimizerPath(),
+        grid=({},),  # a recommendation tries it as it is
     )
 )
