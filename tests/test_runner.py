@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_spec
-from runs import load_record, make_run, run_runner
+from runs import RUNNER_GRACE_S, load_record, make_run, run_runner
 
 from offload_study.core import contracts
 from offload_study.core.contracts import RankStats, StepRow
@@ -135,7 +135,7 @@ def test_sigterm_cancelled(tmp_path):
         time.sleep(0.5)
     assert tmp_logs, "training never started"
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=RUNNER_GRACE_S)
     assert proc.returncode == 0, out
     m = load_record(outdir)
     assert m["outcome"] == "cancelled"

@@ -159,7 +159,7 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
     desc = gpu_cluster_desc(cluster, gpus_per_node=cluster.gpus * 2)
     specs = [planned(desc, "greedy", cluster.gpus + 1, cpu_mem_gb=1)]
     wf = make_workflow(tmp_path, desc, specs)
-    cp = snakemake(cluster, wf, write_profile(tmp_path / "prof"), timeout=120)
+    cp = snakemake(cluster, wf, write_profile(tmp_path / "prof"))
     out = cp.stdout + cp.stderr
     assert cp.returncode != 0
     assert "SLURM sbatch failed" in out or "sbatch failed" in out, out
@@ -176,7 +176,7 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
     # ... and a run planned elsewhere is refused by its resources before anything is submitted.
     (tmp_path / "honest").mkdir()
     wf2 = make_workflow(tmp_path / "honest", desc, specs)
-    cp = snakemake(cluster, wf2, write_profile(tmp_path / "prof2"), timeout=120)
+    cp = snakemake(cluster, wf2, write_profile(tmp_path / "prof2"))
     out = cp.stdout + cp.stderr
     assert cp.returncode != 0
     assert "greedy" in out and f"gpus_per_node={cluster.gpus + 1}" in out, out
