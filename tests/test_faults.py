@@ -195,17 +195,20 @@ def tiny_filesystem(tmp_path):
         yield mount
 
 
+def plan_nvme_run(study: Path, name: str, nvme_path: Path, force: bool) -> tuple[Path, Path]:
+    """A run whose optimizer and parameters go to NVMe at ``nvme_path`` (a model large enough
+    that DeepSpeed swaps its partitions: runs.make_run)."""
+    offload = {"offload_optimizer": "nvme", "offload_param": "nvme", "nvme_path": str(nvme_path)}
+    model = {"config": dict(SMALL_LLAMA, vocab_size=8192)}
+    return plan_run(study, name, scenario={**offload, "force": force}, model=model, aio=NVME_AIO)
+
+
 @pytest.mark.slow
 @pytest.mark.injects_fault
 def test_nvme_path_fills_up(fault_study, results_ledger, tiny_filesystem):
-    """NVMe offload onto a filesystem too small for its swap files: a failed row that says the
-    device is full; the swap folder is cleaned."""
-    spec_path, outdir = plan_run(
-        fault_study, "nvme-full",
-        scenario={"offload_optimizer": "nvme", "offload_param": "nvme", "force": True,
-                  "nvme_path": str(tiny_filesystem)},
-        model={"config": dict(SMALL_LLAMA, vocab_size=8192)}, aio=NVME_AIO,
-    )  # fmt: skip
+    """NVMe offload onto a filesystem too small for its swap files, forced past the launch
+    check: a failed row that says the device is full; the swap folder is cleaned."""
+    spec_path, outdir = plan_nvme_run(fault_study, "nvme-full", tiny_filesystem, force=True)
     with results_ledger.guard(fault_study):
         res = run_runner(spec_path, outdir)
     assert res.returncode == 0, res.stdout[-3000:]
@@ -215,6 +218,27 @@ def test_nvme_path_fills_up(fault_study, results_ledger, tiny_filesystem):
     assert f"{tiny_filesystem}/" in m["error_excerpt"] and "came out short" in m["error_excerpt"]
     assert os.listdir(tiny_filesystem) == []
     assert processes_of(outdir.parent) == []
+
+
+@pytest.mark.slow
+@pytest.mark.injects_fault
+def test_nvme_path_without_room_is_refused_at_launch(fault_study, results_ledger, tiny_filesystem):
+    """The same run onto the same filesystem, not forced: the runner's launch check finds less
+    free space there than the swap files need and records infeasible, saying both; nothing is
+    launched and nothing is written there."""
+    spec_path, outdir = plan_nvme_run(fault_study, "nvme-no-room", tiny_filesystem, force=False)
+    with results_ledger.guard(fault_study):
+        res = run_runner(spec_path, outdir)
+    assert res.returncode == 0, res.stdout[-3000:]
+    m = load_record(outdir)
+    assert m["outcome"] == "infeasible" and m["tokens_per_s"] is None, m
+    assert re.search(
+        rf"{tiny_filesystem} has 0\.00\d+ GiB free on .*, the run's swap files "
+        r"need 0\.0\d+ GiB \(predicted\)",
+        m["error_excerpt"],
+    ), m["error_excerpt"]
+    assert [p.name for p in (outdir / "logs").iterdir()] == ["launcher.log"]
+    assert os.listdir(tiny_filesystem) == []
 
 
 @pytest.fixture(scope="module")
