@@ -98,17 +98,6 @@ def test_batch_mismatch_is_config_error_and_strict_exits_1(tmp_path):
 
 
 @pytest.mark.slow
-def test_host_oom(tmp_path):
-    # force: the plan predicts it does not fit; this test wants it run into the budget
-    spec_path, outdir, _ = make_run(tmp_path, scenario={"cpu_mem_gb": 0.15, "force": True})
-    res = run_runner(spec_path, outdir)
-    assert res.returncode == 0, res.stderr
-    m = load_record(outdir)
-    assert m["outcome"] == "host_oom"
-    assert "host memory budget exceeded" in m["error_excerpt"]
-
-
-@pytest.mark.slow
 def test_step_timeout(tmp_path):
     spec_path, outdir, _ = make_run(tmp_path, step_timeout_s=0.001, steps=50)
     res = run_runner(spec_path, outdir)
