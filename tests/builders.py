@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import yaml
 from conftest import REPO, SMALL_LLAMA
+from runs import runner_timeout
 
 from offload_study.across import bundle
 from offload_study.analysis import collect as C
@@ -413,7 +414,7 @@ def run_study(root: Path, cluster: str, cluster_dir: Path) -> Path:
         outdir = results / scenario / "rep0"
         cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec), "--repeat", "0",
                "--outdir", str(outdir), "--cores", str(CORES[cluster])]  # fmt: skip
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=runner_timeout(spec))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         paths.append(outdir / contracts.METRICS_FILE)
     contracts.write_json(results / "plan.json", plan.summary())

@@ -179,6 +179,14 @@ class SlurmCluster:
             **kw,
         )
 
+    def answer(self, *args: str) -> str:
+        """A client command's output, or "" while it does not answer (a daemon still starting
+        on a busy machine): for the waits of the start-up, which ask again."""
+        try:
+            return self.run(*args, check=False, timeout=10).stdout
+        except subprocess.TimeoutExpired:
+            return ""
+
     def sbatch(self, *args: str, check: bool = True) -> str:
         """Submit with sbatch --parsable; return the job id."""
         cp = self.run("sbatch", "--parsable", *args, check=check)
@@ -358,6 +366,13 @@ MailProg=/bin/true
             gres_conf += f"NodeName={n.name} Name=gpu{typ} File={root}/dev/nvidia{rng}\n"
     (root / "etc" / "gres.conf").write_text(gres_conf)
     return path
+
+
+#: Seconds each step of the start-up (munged, slurmctld, the nodes idle) may take. The whole
+#: start-up usually takes under a second (``bring_up_s``) and the waits ask again every
+#: 0.1-0.2 s, so the limit costs nothing then; it leaves room for a machine whose test workers
+#: import torch and train while several clusters start at once, and for a first start.
+START_S = 120
 
 
 def _wait_for(pred, timeout: float, what: str, cluster_root: Path, interval: float = 0.1):
@@ -599,7 +614,7 @@ def _cluster(
         )
         _wait_for(
             lambda: munge_socket.exists() or procs["munged"].poll() is not None,
-            10,
+            START_S,
             "munged socket",
             root,
         )
@@ -618,10 +633,10 @@ def _cluster(
         )
         _wait_for(
             lambda: (
-                cluster.run("scontrol", "ping", check=False, timeout=5).stdout.count("UP") > 0
+                cluster.answer("scontrol", "ping").count("UP") > 0
                 or procs["slurmctld"].poll() is not None
             ),
-            20,
+            START_S,
             "slurmctld to answer ping",
             root,
         )
@@ -641,17 +656,20 @@ def _cluster(
         def nodes_idle() -> bool:
             if any(procs[d].poll() is not None for d in daemons):
                 raise SlurmUnavailable("a daemon exited\n" + cluster.logs())
-            cp = cluster.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=5)
-            st = dict(line.split() for line in cp.stdout.splitlines())  # a row per partition
-            if "drain" in cp.stdout or "inval" in cp.stdout:
+            out = cluster.answer("sinfo", "-h", "-N", "-o", "%N %T")
+            st = dict(line.split() for line in out.splitlines())  # a row per partition
+            if "drain" in out or "inval" in out:
                 raise SlurmUnavailable(f"node states {st!r}\n" + cluster.logs())
             return st == {n.name: "idle" for n in nodes}
 
-        _wait_for(nodes_idle, 30, "nodes idle", root, interval=0.2)
+        _wait_for(nodes_idle, START_S, "nodes idle", root, interval=0.2)
         # wait for the PID files the daemons write a moment after start (used by stop)
         for name in daemons:
             _wait_for(
-                lambda n=name: (root / "run" / f"{n}.pid").exists(), 5, f"{name} PID file", root
+                lambda n=name: (root / "run" / f"{n}.pid").exists(),
+                START_S,
+                f"{name} PID file",
+                root,
             )
         cluster.bring_up_s = time.monotonic() - t0
         yield cluster

@@ -25,7 +25,7 @@ import psutil
 import pytest
 import yaml
 from conftest import SMALL_LLAMA, copy_repo_for_run, make_spec
-from runs import NVME_AIO, load_record, run_runner, tmpfs
+from runs import NVME_AIO, RUNNER_GRACE_S, load_record, run_runner, tmpfs
 from slurm_cluster import slurm_fixture_gen
 
 from offload_study.core.contracts import read_json, write_json
@@ -135,7 +135,7 @@ def test_rank_killed_by_sigkill(fault_study, results_ledger):
         runner = start_runner(spec_path, outdir)
         wait_for_steps(outdir, 2)
         harness_rank(outdir, 1).send_signal(signal.SIGKILL)
-        out, _ = runner.communicate(timeout=120)
+        out, _ = runner.communicate(timeout=RUNNER_GRACE_S)
     assert runner.returncode == 0, out
     m = load_record(outdir)
     assert m["outcome"] == "error", m["error_excerpt"]
@@ -157,7 +157,7 @@ def test_a_launcher_dies_with_its_runner():
     child = psutil.Process(int(parent.stdout.readline()))
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # at once when idle; room for a busy machine
     while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(child), "the child outlived its SIGKILLed parent"
@@ -195,17 +195,20 @@ def tiny_filesystem(tmp_path):
         yield mount
 
 
+def plan_nvme_run(study: Path, name: str, nvme_path: Path, force: bool) -> tuple[Path, Path]:
+    """A run whose optimizer and parameters go to NVMe at ``nvme_path`` (a model large enough
+    that DeepSpeed swaps its partitions: runs.make_run)."""
+    offload = {"offload_optimizer": "nvme", "offload_param": "nvme", "nvme_path": str(nvme_path)}
+    model = {"config": dict(SMALL_LLAMA, vocab_size=8192)}
+    return plan_run(study, name, scenario={**offload, "force": force}, model=model, aio=NVME_AIO)
+
+
 @pytest.mark.slow
 @pytest.mark.injects_fault
 def test_nvme_path_fills_up(fault_study, results_ledger, tiny_filesystem):
-    """NVMe offload onto a filesystem too small for its swap files: a failed row that says the
-    device is full; the swap folder is cleaned."""
-    spec_path, outdir = plan_run(
-        fault_study, "nvme-full",
-        scenario={"offload_optimizer": "nvme", "offload_param": "nvme", "force": True,
-                  "nvme_path": str(tiny_filesystem)},
-        model={"config": dict(SMALL_LLAMA, vocab_size=8192)}, aio=NVME_AIO,
-    )  # fmt: skip
+    """NVMe offload onto a filesystem too small for its swap files, forced past the launch
+    check: a failed row that says the device is full; the swap folder is cleaned."""
+    spec_path, outdir = plan_nvme_run(fault_study, "nvme-full", tiny_filesystem, force=True)
     with results_ledger.guard(fault_study):
         res = run_runner(spec_path, outdir)
     assert res.returncode == 0, res.stdout[-3000:]
@@ -215,6 +218,27 @@ def test_nvme_path_fills_up(fault_study, results_ledger, tiny_filesystem):
     assert f"{tiny_filesystem}/" in m["error_excerpt"] and "came out short" in m["error_excerpt"]
     assert os.listdir(tiny_filesystem) == []
     assert processes_of(outdir.parent) == []
+
+
+@pytest.mark.slow
+@pytest.mark.injects_fault
+def test_nvme_path_without_room_is_refused_at_launch(fault_study, results_ledger, tiny_filesystem):
+    """The same run onto the same filesystem, not forced: the runner's launch check finds less
+    free space there than the swap files need and records infeasible, saying both; nothing is
+    launched and nothing is written there."""
+    spec_path, outdir = plan_nvme_run(fault_study, "nvme-no-room", tiny_filesystem, force=False)
+    with results_ledger.guard(fault_study):
+        res = run_runner(spec_path, outdir)
+    assert res.returncode == 0, res.stdout[-3000:]
+    m = load_record(outdir)
+    assert m["outcome"] == "infeasible" and m["tokens_per_s"] is None, m
+    assert re.search(
+        rf"{tiny_filesystem} has 0\.00\d+ GiB free on .*, the run's swap files "
+        r"need 0\.0\d+ GiB \(predicted\)",
+        m["error_excerpt"],
+    ), m["error_excerpt"]
+    assert [p.name for p in (outdir / "logs").iterdir()] == ["launcher.log"]
+    assert os.listdir(tiny_filesystem) == []
 
 
 @pytest.fixture(scope="module")

@@ -180,7 +180,7 @@ def test_a_run_gets_past_a_stale_lock_of_an_op_it_loads(extensions, tmp_path):
     for name in names:
         copy_machine_build(name, extensions)
     killed_build(extensions / names[-1])
-    res = run_runner(spec_path, outdir, timeout=240)
+    res = run_runner(spec_path, outdir)
     assert res.returncode == 0, res.stderr[-3000:]
     assert load_record(outdir)["outcome"] == "ok"
     removed = f"removed the stale build lock {extensions / names[-1] / 'lock'}"

@@ -1,7 +1,7 @@
 """Same-allocation pairs (study key same_allocation_baseline): the plan gives each offload run a
 short run of its no-offload pair, the runner makes it in the same job into <record>/pair/,
 collect pairs the run with it repeat by repeat (fast: planned specs and written records; slow:
-real DeepSpeed ZeRO-3 on CPU; slurm: in a real SLURM job)."""
+real DeepSpeed ZeRO-3 on CPU; slurm: one run in a real SLURM job, which two tests judge)."""
 
 from __future__ import annotations
 
@@ -170,31 +170,6 @@ def assert_complete(record: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_the_run_record_holds_the_pair_run_made_in_the_same_job(tmp_path):
-    spec_path, outdir = write_configs(tmp_path, plan_study(PAIR_OPTION), "off")
-    res = run_runner(spec_path, outdir)
-    assert res.returncode == 0, res.stdout + res.stderr
-    main = assert_complete(outdir)
-    pair = assert_complete(outdir / "pair")
-    assert main["outcome"] == "ok" and main["steps_measured"] == 3, main["error_excerpt"]
-    assert (pair["outcome"], pair["scenario"], pair["repeat"]) == ("ok", "base", 0)
-    assert (pair["measure_mode"], pair["steps_measured"]) == ("fixed", 2)
-    assert contracts.read_run_spec(outdir / "pair" / "run.json").offload_optimizer == "none"
-    assert json.loads((outdir / "pair" / "ds_config.json").read_text())["zero_optimization"]
-    prov = [contracts.read_json(d / "provenance.json") for d in (outdir, outdir / "pair")]
-    assert prov[0]["host"] == prov[1]["host"]
-    assert prov[0]["cores_granted"] == prov[1]["cores_granted"]  # the same cores
-    archived = list((outdir.parents[1] / "archive" / "off" / "rep0").glob("*/pair/metrics.json"))
-    assert len(archived) == 1  # archived with the run's record, not on its own
-    assert not (outdir.parents[1] / "archive" / "base").exists()
-    assert "same-allocation pair base: outcome ok" in (outdir / "logs/launcher.log").read_text()
-    _, s = C.collect([outdir / "metrics.json"], n_boot=200)
-    off = by_name(s).loc["off"]
-    assert (off["pair"], off["pairing"], off["paired_repeats"]) == ("base", "same allocation", 1)
-    assert off["paired_ratio"] == pytest.approx(main["tokens_per_s"] / pair["tokens_per_s"])
-
-
-@pytest.mark.slow
 def test_a_pair_run_that_does_not_fit_leaves_the_run_ok(tmp_path):
     # the pair run forced into a host budget it cannot fit: host_oom, in its own record only;
     # the run is strict, yet the runner exits 0 (the pair never fails the run)
@@ -219,9 +194,11 @@ def cluster():
     yield from slurm_fixture_gen(gpus=0, gres_type=None)
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_the_pair_run_is_made_inside_the_run_s_slurm_job(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def pair_in_slurm_job(cluster, tmp_path_factory) -> tuple[Path, str]:
+    """The 'off' run and its same-allocation pair, made by the runner inside one SLURM job:
+    (its record folder, the job id). The two tests below judge the one run."""
+    tmp_path = tmp_path_factory.mktemp("pair-in-slurm")
     spec_path, outdir = write_configs(tmp_path, plan_study(PAIR_OPTION), "off")
     runner = (f"{sys.executable} -m offload_study.training.runner --spec {spec_path} --repeat 0 "
               f"--outdir {outdir}")  # fmt: skip
@@ -230,12 +207,43 @@ def test_the_pair_run_is_made_inside_the_run_s_slurm_job(cluster, tmp_path):
     state = cluster.wait_job_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 600)
     out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert state == "COMPLETED", out + cluster.logs()
+    return outdir, job
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_pair_run_is_made_inside_the_run_s_slurm_job(pair_in_slurm_job):
+    outdir, job = pair_in_slurm_job
     main, pair = assert_complete(outdir), assert_complete(outdir / "pair")
-    assert (main["outcome"], pair["outcome"]) == ("ok", "ok"), out
+    assert (main["outcome"], pair["outcome"]) == ("ok", "ok"), main["error_excerpt"]
     jobs = [contracts.read_json(d / "provenance.json")["slurm_job_id"]
             for d in (outdir, outdir / "pair")]  # fmt: skip
     assert jobs == [job, job]
     assert main["slurm_job_id"] == pair["slurm_job_id"] == job
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_run_record_holds_the_pair_run_made_in_the_same_job(pair_in_slurm_job):
+    outdir, _ = pair_in_slurm_job
+    main = assert_complete(outdir)
+    pair = assert_complete(outdir / "pair")
+    assert main["outcome"] == "ok" and main["steps_measured"] == 3, main["error_excerpt"]
+    assert (pair["outcome"], pair["scenario"], pair["repeat"]) == ("ok", "base", 0)
+    assert (pair["measure_mode"], pair["steps_measured"]) == ("fixed", 2)
+    assert contracts.read_run_spec(outdir / "pair" / "run.json").offload_optimizer == "none"
+    assert json.loads((outdir / "pair" / "ds_config.json").read_text())["zero_optimization"]
+    prov = [contracts.read_json(d / "provenance.json") for d in (outdir, outdir / "pair")]
+    assert prov[0]["host"] == prov[1]["host"]
+    assert prov[0]["cores_granted"] == prov[1]["cores_granted"]  # the same cores
+    archived = list((outdir.parents[1] / "archive" / "off" / "rep0").glob("*/pair/metrics.json"))
+    assert len(archived) == 1  # archived with the run's record, not on its own
+    assert not (outdir.parents[1] / "archive" / "base").exists()
+    assert "same-allocation pair base: outcome ok" in (outdir / "logs/launcher.log").read_text()
+    _, s = C.collect([outdir / "metrics.json"], n_boot=200)
+    off = by_name(s).loc["off"]
+    assert (off["pair"], off["pairing"], off["paired_repeats"]) == ("base", "same allocation", 1)
+    assert off["paired_ratio"] == pytest.approx(main["tokens_per_s"] / pair["tokens_per_s"])
 
 
 def test_the_plan_prices_the_pair_run_into_the_jobs_gpu_hours(tmp_path):

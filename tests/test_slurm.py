@@ -159,7 +159,7 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
     desc = gpu_cluster_desc(cluster, gpus_per_node=cluster.gpus * 2)
     specs = [planned(desc, "greedy", cluster.gpus + 1, cpu_mem_gb=1)]
     wf = make_workflow(tmp_path, desc, specs)
-    cp = snakemake(cluster, wf, write_profile(tmp_path / "prof"), timeout=120)
+    cp = snakemake(cluster, wf, write_profile(tmp_path / "prof"))
     out = cp.stdout + cp.stderr
     assert cp.returncode != 0
     assert "SLURM sbatch failed" in out or "sbatch failed" in out, out
@@ -176,7 +176,7 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
     # ... and a run planned elsewhere is refused by its resources before anything is submitted.
     (tmp_path / "honest").mkdir()
     wf2 = make_workflow(tmp_path / "honest", desc, specs)
-    cp = snakemake(cluster, wf2, write_profile(tmp_path / "prof2"), timeout=120)
+    cp = snakemake(cluster, wf2, write_profile(tmp_path / "prof2"))
     out = cp.stdout + cp.stderr
     assert cp.returncode != 0
     assert "greedy" in out and f"gpus_per_node={cluster.gpus + 1}" in out, out
@@ -186,18 +186,27 @@ def test_more_gpus_than_exist_is_reported(cluster, tmp_path):
 # --- the real workflow --------------------------------------------------------------------
 
 
+#: The default study's adaptive measurement with the smallest budget its rules allow (6
+#: measured steps, after at most 2 x settle_window warm-up steps), given as a --configfile over
+#: it: the test judges where the study's jobs ran, not what they measured (test_steady does).
+SHORT_MEASURE = {"measure": {"max_warmup_steps": 6, "min_steps": 6, "max_steps": 8}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cluster", [pytest.param("a", id="setup-a")], indirect=True)
 def test_default_study_end_to_end(cluster, tmp_path):
     """The default study through `snakemake --profile <test profile>` on the test cluster, as
-    `make study` runs it (the calibration and the adaptive measurement in SLURM jobs too); every
+    `make study` runs it but for its measurement budget (SHORT_MEASURE; the calibration and
+    the adaptive measurement in SLURM jobs too); every
     run's provenance.json carries its SLURM job id. Setup a only: setup b's partition, GRES and
     time limit are checked job by job (test_profile_submits_with_requested_resources) and its
     real train job runs through the profile to a record with its job id in
     test_a_requeued_preempted_or_node_failed_job_ends_in_a_completed_rerun."""
     name = CLUSTER_FILE[cluster.setup]
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    work, args = copy_repo_for_run(tmp_path), ["--config", f"cluster={name}"]
+    work = copy_repo_for_run(tmp_path)
+    (work / "short-measure.yaml").write_text(yaml.safe_dump(SHORT_MEASURE))
+    args = ["--configfile", "short-measure.yaml", "--config", f"cluster={name}"]
     prof = write_profile(tmp_path / "prof", jobs=4)
     t0 = time.monotonic()
     cp = snakemake(cluster, work, prof, *args, timeout=1500)
@@ -216,6 +225,8 @@ def test_default_study_end_to_end(cluster, tmp_path):
         assert known[str(jid)]["Partition"] == cluster.partition
         metrics = read_json(p.parent / "metrics.json")
         assert metrics["slurm_job_id"] == str(jid)
+        assert metrics["measure_mode"] == "adaptive"
+        assert metrics["steps_measured"] <= SHORT_MEASURE["measure"]["max_steps"]
 
 
 def one_run_study(work: Path, cluster_name: str, study: str) -> str:

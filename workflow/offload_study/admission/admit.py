@@ -10,8 +10,8 @@ with the key (or file) that causes it:
 - :data:`CONFIGS` in rule ``plan`` (``python -m offload_study.admission.admit``), once the
   engines' configs are written: each engine's own parser, the op preflight, the prediction.
 - :data:`LAUNCH` in the runner, just before it launches one run: its NVMe folder on the node
-  that trains, the prediction, the op preflight. A problem there is recorded as the run's
-  outcome (``Problem.outcome``), the run is not launched.
+  that trains, the prediction, the free space for its swap files there, the op preflight. A
+  problem there is recorded as the run's outcome (``Problem.outcome``), the run is not launched.
 
 The walk is top-down: the planning stage expands (offload_study.planning.plan, pure), this
 module admits, then the configs are written (rule engine_config).
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from offload_study import engines
 from offload_study.admission import preflight, study_checks
+from offload_study.core import units
 from offload_study.core.contracts import (
     Calibration,
     Prediction,
@@ -139,9 +142,40 @@ def node_path(case: Case) -> list[Problem]:
     ]
 
 
+def free_gib(path: str) -> float:
+    """Free GiB (for an unprivileged user) on the filesystem of ``path``, or of the nearest
+    existing folder above it (the harness makes the rest)."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return units.bytes_to_gib(shutil.disk_usage(existing).free)
+
+
+def node_nvme_space(case: Case) -> list[Problem]:
+    """On the node that trains: room at each run's NVMe folder for its swap files (predicted)?
+    DeepSpeed notices a full disk only when it reads a short swap file back, once it has
+    started, built the model and swapped it out; this refuses the run before it launches.
+    Within the model's error margin (predict.MARGINS) it goes ahead; ``force: true`` too."""
+    problems = []
+    for spec in case.runs:
+        row = case.predictions.get(spec.scenario)
+        need = row.nvme_gib if row is not None else None
+        if not spec.nvme_path or need is None or spec.force:
+            continue
+        free = free_gib(spec.nvme_path)
+        if need > free * (1 + predict.MARGINS["nvme"]):
+            why = (
+                f"{spec.nvme_path} has {free:.3g} GiB free on {os.uname().nodename}, the run's "
+                f"swap files need {need:.3g} GiB (predicted); free space there, offload less, "
+                "or force: true runs it anyway"
+            )
+            problems.append(Problem(f"nvme_path (scenario {spec.scenario})", why, "infeasible"))
+    return problems
+
+
 STUDY: tuple[Check, ...] = (study_expansion, study_host)
 CONFIGS: tuple[Check, ...] = (engine_parser, op_preflight, prediction)
-LAUNCH: tuple[Check, ...] = (node_path, prediction, op_preflight)
+LAUNCH: tuple[Check, ...] = (node_path, prediction, node_nvme_space, op_preflight)
 
 
 def admit(case: Case, checks: Sequence[Check] = STUDY) -> list[Problem]:

@@ -9,6 +9,7 @@ the background for its peak size and removed at the end (:meth:`ZeroEngine.close
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 
@@ -31,6 +32,18 @@ def start_rank(spec: RunSpec, config_path: str | None, run_id: str) -> tuple[dic
     folder, written into that config (None when nothing goes to NVMe)."""
     ds_config = read_json(config_path or spec.ds_config)
     return ds_config, private_nvme_dir(spec, ds_config, run_id)
+
+
+def ask_cpu_once() -> None:
+    """DeepSpeed asks py-cpuinfo about this CPU for every op it loads (its -march, its SIMD
+    width) and again in its CPU Adam, and each ask starts a Python process of its own (~1.2
+    CPU-seconds on a 2-core machine; five asks in an NVMe run): each rank asks once."""
+    try:
+        import cpuinfo
+    except ImportError:  # DeepSpeed then reads lscpu itself
+        return
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
 
 
 def build_model(spec: RunSpec, ds_config: dict):
@@ -90,6 +103,7 @@ class ZeroEngine:
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
+        ask_cpu_once()
         deepspeed.utils.set_log_level_from_string("info")
         self._acc = get_accelerator()
         deepspeed.init_distributed()
