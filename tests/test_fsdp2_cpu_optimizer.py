@@ -10,6 +10,7 @@ import pytest
 from conftest import make_spec
 
 from offload_study import engines
+from offload_study.engines import fsdp2_cpu_optimizer
 from offload_study.core.contracts import Calibration
 from offload_study.core.study import StudyError
 from offload_study.prediction import predict
@@ -68,7 +69,7 @@ def test_the_plan_writes_its_settings():
 def test_the_model_keeps_weights_and_gradients_on_the_gpu_and_the_optimizer_on_the_host():
     """8 bytes a parameter on the GPU (fp32 weights and gradients), 16 on the host (pinned fp32
     copies of both, the Adam moments); between no offload (16 on the GPU) and CPUOffloadPolicy
-    (the states on the host); the CPU step at torch AdamW's rate, the optimizer off the GPU."""
+    (the states on the host); the CPU step at the fused CPU Adam's rate, the optimizer off the GPU."""
     rows = {}
     for name, opt, param in [
         ("none", "none", "none"),
@@ -82,7 +83,10 @@ def test_the_model_keeps_weights_and_gradients_on_the_gpu_and_the_optimizer_on_t
     assert none.gpu_gib - opt.gpu_gib == pytest.approx(8 * params / gib, rel=0.02)
     assert everything.gpu_gib + 4 * params / gib < opt.gpu_gib < none.gpu_gib
     assert opt.host_gib > 16 * params / gib > none.host_gib
-    assert opt.optimizer_s == pytest.approx(params / 1e9, rel=0.01)  # torch AdamW's rate
+    # fused CPU AdamW at the CPU Adam rate, and torchao's own work per offloaded tensor (the
+    # 7 matrices of each of 24 layers, the embedding and the head; the norms stay on the GPU)
+    own = 170 * fsdp2_cpu_optimizer.SECONDS_PER_TENSOR
+    assert opt.optimizer_s == pytest.approx(params / 2e9 + own, rel=0.01)
     assert opt.step_time_s < everything.step_time_s  # no parameter copies per micro-step
 
 

@@ -29,6 +29,10 @@ from offload_study.prediction.shared import GB, ModelShape, pow2_bytes
 #: ``minimal_size``): the norms' weights.
 MINIMAL_SIZE = 4096
 INSTALL = "pip install torchao==0.18.0"
+#: seconds of torchao's own work per offloaded tensor in its step (a Python loop over the
+#: tensors). Fitted on the H200 records of two models (docs/benchmarks.md): model A's alone
+#: predicts model F's optimizer part within 8 %, model F's alone model A's within 3 %.
+SECONDS_PER_TENSOR = 0.0005
 
 
 def small_tensors(spec: RunSpec, shape: ModelShape) -> int:
@@ -76,8 +80,15 @@ class CpuOptimizerPath(Fsdp2Path):
 
     def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
                           device_rate: float | None) -> float:  # fmt: skip
-        """AdamW over every offloaded shard on the node's cores, one tensor after another."""
-        return shard_params(spec, shape) * spec.gpus_per_node / host_adam_rate(cal)
+        """Fused CPU AdamW over every offloaded shard on the node's cores, one tensor after
+        another: the vectorized kernel at the rate calibrated for DeepSpeed's CPU Adam (the
+        same kind of kernel; torch's foreach rate is 4x slower), and per tensor torchao's own
+        work (wait for its gradient's copy, a one-tensor optimizer, queue the weight back)."""
+        rate = cal.cpu_adam_params_per_s or host_adam_rate(cal)
+        shards = [-(-n // spec.world_size) for n in shape.tensors]
+        offloaded = [n for n in shards if n >= MINIMAL_SIZE]
+        per_node = spec.gpus_per_node
+        return per_node * (sum(offloaded) / rate + len(offloaded) * SECONDS_PER_TENSOR)
 
     def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
         """The updated weights back to the GPU once per step, each tensor's copy overlapping
