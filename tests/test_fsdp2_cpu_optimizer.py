@@ -10,9 +10,9 @@ import pytest
 from conftest import make_spec
 
 from offload_study import engines
-from offload_study.engines import fsdp2_cpu_optimizer
 from offload_study.core.contracts import Calibration
 from offload_study.core.study import StudyError
+from offload_study.engines import fsdp2_cpu_optimizer
 from offload_study.prediction import predict
 
 OPTIMIZER_ONLY = {"engine": "fsdp2", "offload_optimizer": "cpu", "offload_param": "none"}
