@@ -95,6 +95,10 @@ GPU_RECORDS = {
     # model E (1.59B, vocab 49,152, grouped-query attention), 20 GB cap: measured after the
     # committed constants were fitted, over two leases, each calibrated
     "docs/results/h200-1gpu/lease-h200-model-e": "config/studies/lease-h200-model-e.yaml",
+    # FSDP2's three offload paths on model A, the optimizer alone through torchao at gas 1 and 4
+    "docs/results/h200-1gpu/engines-h200-cpu-optimizer": "config/studies/engines-h200-cpu-optimizer.yaml",
+    # model F (0.68B: 48 narrow layers), every engine x offload path
+    "docs/results/h200-1gpu/engines-h200-model-f": "config/studies/engines-h200-model-f.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
         "world_size", "seq_len", "dtype")  # fmt: skip

@@ -388,7 +388,7 @@ def judge(chaos: ChaosRun) -> Verdict:
         retried={run: n for run, n in retried.items() if n},
         retry_left=retryable_left(chaos),
         outcomes=outcomes,
-        unreported=[run for run, o in outcomes.items() if o != "ok" and run not in html]
+        unreported=[run for run, o in outcomes.items() if o != "ok" and words.outcome(o) not in html]
         + [
             f"{scenario} retried:{n}"
             for scenario, n in retries_by_scenario(retried).items()

@@ -388,7 +388,8 @@ def overflowing_engine(out: str) -> None:
     spec = make_spec(scenario={"gpus_per_node": 1, "gradient_accumulation_steps": 1})
     ds_config = dsconfig.build_ds_config(spec)
     # the harness' DeepSpeed engine (its rank stats: no NVMe folder, local rank 0)
-    engine = zero3.ZeroEngine(spec, ds_config, types.SimpleNamespace(nvme_dir=None, local_rank=0))
+    engine = zero3.ZeroEngine(spec, ds_config, types.SimpleNamespace(nvme_dir=None, local_rank=0),
+                            False)  # fmt: skip
     model = engine.engine.module
     batches, weight, steps = Batches(spec, engine.vocab_size, 0), model.lm_head.weight, []
     for poisoned in (False, False, True, False):

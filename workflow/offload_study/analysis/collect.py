@@ -200,12 +200,10 @@ def flatten_record(rec: dict) -> dict:
 
 
 def host_memory_gib(row: Mapping) -> float | None:
-    """Peak host memory per node of a run or a scenario (GiB): the largest of
-    HOST_MEMORY_SOURCES it has (a process tree holds at least its ranks: a record whose sampler
-    missed a rank's peak between two samples keeps the rank's own figure); None when it has
-    neither."""
-    values = [v for v in (_num(row.get(key)) for key in HOST_MEMORY_SOURCES) if math.isfinite(v)]
-    return max(values) if values else None
+    """Peak host memory per node of a run or a scenario (GiB): the first of
+    HOST_MEMORY_SOURCES it has; None when it has neither."""
+    values = (_num(row.get(key)) for key in HOST_MEMORY_SOURCES)
+    return next((v for v in values if math.isfinite(v)), None)
 
 
 def _num(v) -> float:

@@ -166,12 +166,7 @@ class HostMemorySampler:
         self._stop.set()
         self._thread.join(timeout=30)
         self.sample()
-        peak = self.tree_peak
-        if self.pid == os.getpid():
-            # the kernel's peak of this process: a tree is never below its rank's own peak,
-            # which may fall between two samples (the model built on the host, then moved)
-            peak = max(peak, host_peak_rss_bytes())
-        return {"host_peak_tree_bytes": peak, "host_tree_measure": self.measure}
+        return {"host_peak_tree_bytes": self.tree_peak, "host_tree_measure": self.measure}
 
 
 def nvml_used_bytes(device_index: int) -> int | None:

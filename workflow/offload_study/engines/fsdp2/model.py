@@ -87,10 +87,13 @@ def in_a_foreach_optimizer_step(spec: RunSpec, shape: ModelShape) -> dict[str, f
 
 def at_the_loss(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
     """The forward done: every activation saved, the logits and the loss; the root unsharded
-    and the last layer's parameters not resharded yet."""
-    b = DTYPE_BYTES[spec.dtype]
+    and the last layer's parameters not resharded yet; from the second micro-step of an
+    accumulation on, the gradients of the ones before."""
+    b, path = DTYPE_BYTES[spec.dtype], path_of(spec)
+    accumulating = spec.gradient_accumulation_steps > 1
     return {
-        **path_of(spec).gpu_held(spec, shape),
+        **path.gpu_held(spec, shape),
+        **(path.accumulated_gradients(spec, shape) if accumulating else {}),
         "unsharded parameters: root (embeddings, norm, LM head)": float(b * root_params(shape)),
         "unsharded parameters: the last layer": float(b * layer_params(shape)),
         **activation_parts(spec, shape),

@@ -74,6 +74,11 @@ class Fsdp2Path:
         """At the backward's end: every fp32 gradient shard on the device."""
         return {"gradients (fp32 shard)": FP32 * shard_params(spec, shape)}
 
+    def accumulated_gradients(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """Held on the device from one micro-step's backward to the next one's (gas > 1):
+        every fp32 gradient shard, summed into from micro-step to micro-step."""
+        return {"gradients being accumulated (fp32 shard)": FP32 * shard_params(spec, shape)}
+
     def host_states(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """Host bytes of the states the path keeps there (none)."""
         return {}
@@ -118,6 +123,10 @@ class OffloadPolicyPath(Fsdp2Path):
         they go to the host)."""
         return {"fp32 shards of two layers copied up for their all-gather":
                 2 * FP32 * layer / spec.world_size}  # fmt: skip
+
+    def accumulated_gradients(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """None on the device: the gradient shards accumulate on the host."""
+        return {}
 
     def host_states(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """The parameter and gradient shards (pinned: torch's pinned allocator rounds every
