@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import html as htmllib
 import random
 import re
 import signal
@@ -388,7 +389,7 @@ def judge(chaos: ChaosRun) -> Verdict:
         retried={run: n for run, n in retried.items() if n},
         retry_left=retryable_left(chaos),
         outcomes=outcomes,
-        unreported=[run for run, o in outcomes.items() if o != "ok" and words.outcome(o) not in html]
+        unreported=unshown_outcomes(outcomes, html)
         + [
             f"{scenario} retried:{n}"
             for scenario, n in retries_by_scenario(retried).items()
@@ -408,6 +409,15 @@ def lost_record(chaos: ChaosRun, digest: str) -> str:
     left = {str(p.relative_to(chaos.results)): files_of(p)
             for p in [folder, *sorted(archive.glob("*"))] if p.is_dir()}  # fmt: skip
     return f"{run} (seen holding {chaos.seen_files[digest]}; now {left})"
+
+
+def unshown_outcomes(outcomes: dict[str, str], html: str) -> list[str]:
+    """Each scenario's count of every not-ok outcome, counted from its records, that its row
+    on the page does not show in the page's words ("2 ran out of GPU memory")."""
+    counts = collections.Counter((run.split("/")[0], o) for run, o in outcomes.items())
+    text = htmllib.unescape(html)
+    return [f"{scenario} {o}:{n}" for (scenario, o), n in sorted(counts.items())
+            if o != "ok" and not re.search(rf"(?<!\d){n} {re.escape(words.outcome(o))}", text)]  # fmt: skip
 
 
 def retries_by_scenario(retried: dict[str, int]) -> dict[str, int]:

@@ -35,10 +35,19 @@ INSTALL = "pip install torchao==0.18.0"
 SECONDS_PER_TENSOR = 0.0005
 
 
+def shards(spec: RunSpec, shape: ModelShape) -> list[int]:
+    """Elements of each tensor's shard on one rank."""
+    return [-(-n // spec.world_size) for n in shape.tensors]
+
+
+def offloaded(spec: RunSpec, shape: ModelShape) -> list[int]:
+    """Elements of the shards torchao steps on the host (the others stay on the GPU)."""
+    return [n for n in shards(spec, shape) if n >= MINIMAL_SIZE]
+
+
 def small_tensors(spec: RunSpec, shape: ModelShape) -> int:
     """Elements of the shards torchao keeps on the GPU."""
-    shards = (-(-n // spec.world_size) for n in shape.tensors)
-    return sum(n for n in shards if n < MINIMAL_SIZE)
+    return sum(n for n in shards(spec, shape) if n < MINIMAL_SIZE)
 
 
 class CpuOptimizerPath(Fsdp2Path):
@@ -70,12 +79,11 @@ class CpuOptimizerPath(Fsdp2Path):
     def host_states(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """Per offloaded tensor a pinned fp32 copy of its shard and of its gradient (torch's
         pinned allocator rounds each up to a power of two) and the Adam moments (pageable)."""
-        shards = [FP32 * -(-n // spec.world_size) for n in shape.tensors]
-        offloaded = [b for b in shards if b / FP32 >= MINIMAL_SIZE]
+        copies = [FP32 * n for n in offloaded(spec, shape)]
         return {
-            "parameters (fp32 copy, pinned)": sum(map(pow2_bytes, offloaded)),
-            "gradients (fp32 copy, pinned)": sum(map(pow2_bytes, offloaded)),
-            "Adam moments (fp32)": 2.0 * sum(offloaded),
+            "parameters (fp32 copy, pinned)": sum(map(pow2_bytes, copies)),
+            "gradients (fp32 copy, pinned)": sum(map(pow2_bytes, copies)),
+            "Adam moments (fp32)": 2.0 * sum(copies),
         }
 
     def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
@@ -85,10 +93,8 @@ class CpuOptimizerPath(Fsdp2Path):
         same kind of kernel; torch's foreach rate is 4x slower), and per tensor torchao's own
         work (wait for its gradient's copy, a one-tensor optimizer, queue the weight back)."""
         rate = cal.cpu_adam_params_per_s or host_adam_rate(cal)
-        shards = [-(-n // spec.world_size) for n in shape.tensors]
-        offloaded = [n for n in shards if n >= MINIMAL_SIZE]
-        per_node = spec.gpus_per_node
-        return per_node * (sum(offloaded) / rate + len(offloaded) * SECONDS_PER_TENSOR)
+        stepped = offloaded(spec, shape)
+        return spec.gpus_per_node * (sum(stepped) / rate + len(stepped) * SECONDS_PER_TENSOR)
 
     def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
         """The updated weights back to the GPU once per step, each tensor's copy overlapping
@@ -96,7 +102,7 @@ class CpuOptimizerPath(Fsdp2Path):
         host overlap the backward."""
         if not cal.h2d_gb_s:
             return 0.0
-        largest = FP32 * max(-(-n // spec.world_size) for n in shape.tensors)
+        largest = FP32 * max(shards(spec, shape))
         return largest / (cal.h2d_gb_s * GB)
 
 
