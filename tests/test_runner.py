@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import make_spec
 from runs import RUNNER_GRACE_S, load_record, make_run, run_runner
@@ -183,6 +184,9 @@ def test_the_host_memory_sampler_counts_the_ranks_worker_process(unique):
         time.sleep(0.2)  # a few samples while the worker holds its memory
         worker_rss = vm_rss_bytes(worker.pid)
         recorded = sampler.stop()
+        # a process an earlier test in this pytest process left running is in the tree too
+        others = sum(sampler.child_size(c.pid) for c in psutil.Process().children(recursive=True)
+                     if c.pid != worker.pid)  # fmt: skip
     finally:
         worker.stdin.close()
         worker.wait(timeout=30)
@@ -191,7 +195,7 @@ def test_the_host_memory_sampler_counts_the_ranks_worker_process(unique):
     worker_part = sampler.tree_peak - sampler.own_peak
     # the 200 MiB, and at most what /proc says the worker holds (USS <= RSS) and some slack
     # for this process's own memory moving between samples
-    assert WORKER_BYTES <= worker_part <= worker_rss + 8 * 2**20
+    assert WORKER_BYTES <= worker_part <= worker_rss + others + 8 * 2**20
 
 
 def test_memory_own_and_tree_per_rank_and_per_node():
