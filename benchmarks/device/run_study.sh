@@ -7,6 +7,7 @@
 # RAW_FSDP2 space-separated fsdp2 scenarios of the first study: after the studies, the plain FSDP2
 #           loop (benchmarks/raw_fsdp2.py, 3 warm-up + 8 steps) on each one's run spec, the
 #           fidelity reference; its JSON lines and workflow/raw ratios come back in extra.tar.gz.
+# RAW_DEEPSPEED the same for DeepSpeed scenarios (benchmarks/raw_deepspeed.py), with PAIRED=1.
 # PAIRED=1 the first study's runs one at a time instead of all at once: repeat by repeat, each
 #           scenario in study order (the study's interleaved run order), and each one named in
 #           RAW_FSDP2 followed at once by its plain loop on the same repeat, so a workflow run and
@@ -69,20 +70,23 @@ pack() {
   tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw 2>/dev/null)
 }
 
-raw_fsdp2() { # raw_fsdp2 RESULTS_DIR SCENARIO [REPEAT]: the plain loop, then workflow / raw tokens/s
-  local rep=${3:-0} out=/tmp/raw/fsdp2/$2.rep${3:-0}.json
-  mkdir -p /tmp/raw/fsdp2
+raw_loop() { # raw_loop ENGINE RESULTS_DIR SCENARIO [REPEAT]: the plain loop, then workflow / raw tok/s
+  local rep=${4:-0} out=/tmp/raw/$1/$3.rep${4:-0}.json
+  mkdir -p "/tmp/raw/$1"
   OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 1 \
-    --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) benchmarks/raw_fsdp2.py \
-    --spec "$1/configs/$2.run.json" --out "$out" --warmup "${RAW_WARMUP:-3}" \
+    --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) "benchmarks/raw_$1.py" \
+    --spec "$2/configs/$3.run.json" --out "$out" --warmup "${RAW_WARMUP:-3}" \
     --steps "${RAW_STEPS:-8}" >"${out%.json}.log" 2>&1 || return
-  python3 - "$out" "$1/$2/rep$rep/metrics.json" <<'EOF'
+  python3 - "$out" "$2/$3/rep$rep/metrics.json" <<'PY'
 import json, sys
 raw, wf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 print(f"FIDELITY {raw['scenario']}: workflow {wf['tokens_per_s']:.1f} tok/s, raw "
       f"{raw['tokens_per_s']:.1f} tok/s, ratio {wf['tokens_per_s'] / raw['tokens_per_s']:.3f}")
-EOF
+PY
 }
+
+raw_fsdp2() { raw_loop fsdp2 "$@"; }
+raw_deepspeed() { raw_loop deepspeed "$@"; }
 
 paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 beside its plain loop
   local study=$1 res k s
@@ -93,6 +97,7 @@ paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 
       [ -n "${PAIRED_SCENARIOS:-}" ] && [[ " $PAIRED_SCENARIOS " != *" $s "* ]] && continue
       timed "$s rep$k" 300 snake "$study" "$res/$s/rep$k/metrics.json"
       [[ " ${RAW_FSDP2:-} " == *" $s "* ]] && timed "raw $s rep$k" 150 raw_fsdp2 "$res" "$s" "$k"
+      [[ " ${RAW_DEEPSPEED:-} " == *" $s "* ]] && timed "raw $s rep$k" 150 raw_deepspeed "$res" "$s" "$k"
     done
   done
   [ -z "${PAIRED_REPEATS:-}" ] && timed "collect and report $study" 300 snake "$study"
@@ -109,7 +114,7 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake versions build_ops table raw_fsdp2 paired
+export -f elapsed say left snake versions build_ops table raw_loop raw_fsdp2 raw_deepspeed paired
 
 keep_outside
 requeue_cancelled

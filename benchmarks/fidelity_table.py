@@ -1,0 +1,89 @@
+"""The workflow's runs against plain loops of the same config, per engine and offload path.
+
+    python benchmarks/fidelity_table.py [docs/results]
+
+Reads every pair committed under the results folder: a plain loop's JSON line
+(``<study>/device-logs/raw-<engine>/<scenario>.rep<k>.json``, written by
+``benchmarks/device/run_study.sh`` with PAIRED=1 right after the workflow's run of that repeat
+on the same machine) beside the workflow's record (``<study>/<scenario>/rep<k>/metrics.json``).
+Prints one row per pair, then per path (engine, offloads, accumulation steps) the geometric
+mean of workflow / plain tokens/s with its 95 % t-interval over the pairs (on log ratios), and
+whether the two loops' GPU memory matched to the MiB. Pairs set aside under ``superseded/`` are
+not read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from offload_study import engines
+
+MIB_IN_GIB = 1024
+# Student's t, 97.5th percentile, by degrees of freedom (a t-interval over few pairs); past 10, 2.2.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228}  # fmt: skip
+
+
+def pairs(results: Path) -> list[dict]:
+    """Every (plain loop, workflow record) pair under ``results``, in path order."""
+    found = []
+    for raw_path in sorted(results.glob("*/*/device-logs/raw-*/*.rep*.json")):
+        scenario, rep = raw_path.name.removesuffix(".json").rsplit(".rep", 1)
+        record = raw_path.parents[2] / scenario / f"rep{rep}" / "metrics.json"
+        if record.is_file():
+            found.append(pair_row(json.loads(raw_path.read_text()), json.loads(record.read_text())))
+    return found
+
+
+def pair_row(raw: dict, record: dict) -> dict:
+    """One pair's figures and the path it measures, in the record's words."""
+    gas = record["gradient_accumulation_steps"]
+    offloads = f"optimizer {record['offload_optimizer']}, parameters {record['offload_param']}"
+    allocated_gib = (raw.get("peak_gpu_allocated_gib"), record.get("peak_gpu_allocated_gib"))
+    return {
+        "study": record["study"],
+        "run": f"{record['label']}, repeat {record['repeat']}",
+        "path": f"{engines.label(record['engine'])}: {offloads}, gas {gas}",
+        "workflow": record["tokens_per_s"],
+        "plain": raw["tokens_per_s"],
+        "ratio": record["tokens_per_s"] / raw["tokens_per_s"],
+        "same_mib": None not in allocated_gib
+        and round(allocated_gib[0] * MIB_IN_GIB) == round(allocated_gib[1] * MIB_IN_GIB),
+    }
+
+
+def mean_and_ci(ratios: list[float]) -> tuple[float, float | None, float | None]:
+    """Geometric mean of ``ratios`` and its 95 % t-interval (None with fewer than 2)."""
+    logs = [math.log(r) for r in ratios]
+    centre = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(centre), None, None
+    half = T_975.get(len(logs) - 1, 2.2) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
+def main(argv: list[str]) -> int:
+    rows = pairs(Path(argv[0] if argv else "docs/results"))
+    print("| study | run | workflow tok/s | plain tok/s | ratio | GPU memory same to the MiB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['study']} | {r['run']} | {r['workflow']:,.0f} | {r['plain']:,.0f} "
+            f"| {r['ratio']:.3f} | {'yes' if r['same_mib'] else 'no'} |"
+        )
+    print("\n| path | pairs | workflow / plain (geometric mean) | 95 % CI |")
+    print("|---|---|---|---|")
+    for path in sorted({r["path"] for r in rows}):
+        ratios = [r["ratio"] for r in rows if r["path"] == path]
+        centre, low, high = mean_and_ci(ratios)
+        interval = f"[{low:.3f}, {high:.3f}]" if low is not None else "one pair"
+        print(f"| {path} | {len(ratios)} | {centre:.3f} | {interval} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

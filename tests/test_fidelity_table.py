@@ -1,0 +1,40 @@
+"""benchmarks/fidelity_table.py: pairs found by path, ratios and their interval, memory compared."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_pair(results: Path, scenario: str, rep: int, workflow: float, plain: float) -> None:
+    study = results / "h200-1gpu" / "a-study"
+    record = {
+        "study": "a-study", "label": "ZeRO-3, no offload", "repeat": rep, "engine": "deepspeed",
+        "offload_optimizer": "none", "offload_param": "none", "gradient_accumulation_steps": 1,
+        "tokens_per_s": workflow, "peak_gpu_allocated_gib": 24.8483,
+    }  # fmt: skip
+    raw = {"scenario": scenario, "tokens_per_s": plain, "peak_gpu_allocated_gib": 24.8483}
+    (study / scenario / f"rep{rep}").mkdir(parents=True, exist_ok=True)
+    (study / scenario / f"rep{rep}" / "metrics.json").write_text(json.dumps(record))
+    (study / "device-logs" / "raw-deepspeed").mkdir(parents=True, exist_ok=True)
+    (study / "device-logs" / "raw-deepspeed" / f"{scenario}.rep{rep}.json").write_text(
+        json.dumps(raw)
+    )
+
+
+def test_pairs_are_judged_per_path_with_their_interval(tmp_path):
+    write_pair(tmp_path, "zero3", 0, 9_000.0, 10_000.0)
+    write_pair(tmp_path, "zero3", 1, 11_000.0, 10_000.0)
+    superseded = tmp_path / "h200-1gpu" / "a-study" / "superseded" / "raw-deepspeed"
+    superseded.mkdir(parents=True)
+    (superseded / "zero3.rep0.json").write_text(json.dumps({"tokens_per_s": 1.0}))
+    script = ROOT / "benchmarks" / "fidelity_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "| a-study | ZeRO-3, no offload, repeat 0 | 9,000 | 10,000 | 0.900 | yes |" in out
+    assert "| a-study | ZeRO-3, no offload, repeat 1 | 11,000 | 10,000 | 1.100 | yes |" in out
+    # geometric mean of 0.9 and 1.1, t-interval with one degree of freedom
+    assert "| ZeRO-3: optimizer none, parameters none, gas 1 | 2 | 0.995 | [0.278, 3.560] |" in out
