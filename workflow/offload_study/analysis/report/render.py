@@ -136,7 +136,8 @@ def render(
         dirty=origin.dirty(runs),
         rerun=origin.rerun_command(plan.get("study") or "?", cluster),
         rerender=origin.rerender_command(plan["records_dir"], out)
-        if out and plan.get("records_dir") else None,
+        if out and plan.get("records_dir")
+        else None,
         configs=configs,
         legend_href=LEGEND_HREF,
         max_verdict_lines=MAX_VERDICT_LINES,

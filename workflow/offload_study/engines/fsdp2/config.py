@@ -26,9 +26,12 @@ def build_config(spec: RunSpec) -> dict:
             "offload_optimizer": spec.offload_optimizer,
             "offload_param": spec.offload_param,
             "pin_memory": spec.pin_memory,
-            **({"ratio": spec.modes["offload_optimizer_ratio"]}
-               if "offload_optimizer_ratio" in spec.modes else {}),
-        },  # fmt: skip
+            **(
+                {"ratio": spec.modes["offload_optimizer_ratio"]}
+                if "offload_optimizer_ratio" in spec.modes
+                else {}
+            ),
+        },
         "optimizer": {
             "type": spec.optimizer.type,
             "lr": spec.optimizer.lr,
