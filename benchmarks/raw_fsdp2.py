@@ -157,6 +157,9 @@ def main(argv=None) -> int:
 
     measured = times[warmup:]
     med = statistics.median(measured)
+    gib = 2**30
+    peak_allocated = torch.cuda.max_memory_allocated(device) / gib if is_cuda else None
+    peak_reserved = torch.cuda.max_memory_reserved(device) / gib if is_cuda else None
     result = {
         "scenario": spec["scenario"],
         "study": spec["study"],
@@ -185,12 +188,8 @@ def main(argv=None) -> int:
         "init_s": round(init_s, 3),
         "wall_s": round(time.time() - t_start, 3),
         "device_name": torch.cuda.get_device_name(device) if is_cuda else None,
-        "peak_gpu_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30
-        if is_cuda
-        else None,
-        "peak_gpu_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30
-        if is_cuda
-        else None,
+        "peak_gpu_allocated_gib": peak_allocated,
+        "peak_gpu_reserved_gib": peak_reserved,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_version": torch.__version__,
         "spec": str(args.spec),

@@ -502,59 +502,47 @@ def run_study(root: Path, cluster: str, cluster_dir: Path) -> Path:
         paths.append(outdir / contracts.METRICS_FILE)
     contracts.write_json(results / "plan.json", plan.summary())
     tables = {k: str(results / k) for k in ("runs.csv", "runs.parquet", "summary.csv")}
-    assert (
-        C.main(
-            [
-                "--baseline",
-                plan.baseline,
-                "--runs-csv",
-                tables["runs.csv"],
-                "--runs-parquet",
-                tables["runs.parquet"],
-                "--summary-csv",
-                tables["summary.csv"],
-                *map(str, paths),
-            ]
-        )
-        == 0
-    )
+    collect_args = [
+        "--baseline",
+        plan.baseline,
+        "--runs-csv",
+        tables["runs.csv"],
+        "--runs-parquet",
+        tables["runs.parquet"],
+        "--summary-csv",
+        tables["summary.csv"],
+        *map(str, paths),
+    ]
+    assert C.main(collect_args) == 0
     report = root / bundle.report_path(XC_STUDY)
-    assert (
-        R.main(
-            [
-                "--runs",
-                tables["runs.csv"],
-                "--summary",
-                tables["summary.csv"],
-                "--plan",
-                str(results / "plan.json"),
-                "--out",
-                str(report),
-                "--figures-dir",
-                str(report.parent / "figures"),
-            ]
-        )
-        == 0
-    )
+    report_args = [
+        "--runs",
+        tables["runs.csv"],
+        "--summary",
+        tables["summary.csv"],
+        "--plan",
+        str(results / "plan.json"),
+        "--out",
+        str(report),
+        "--figures-dir",
+        str(report.parent / "figures"),
+    ]
+    assert R.main(report_args) == 0
     out = root / "bundles" / f"{bundle.bundle_name(XC_STUDY, cluster)}{bundle.SUFFIX}"
-    assert (
-        bundle.main(
-            [
-                "create",
-                "--root",
-                str(root),
-                "--cluster",
-                cluster,
-                "--study",
-                XC_STUDY,
-                "--report",
-                str(report),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    bundle_args = [
+        "create",
+        "--root",
+        str(root),
+        "--cluster",
+        cluster,
+        "--study",
+        XC_STUDY,
+        "--report",
+        str(report),
+        "--out",
+        str(out),
+    ]
+    assert bundle.main(bundle_args) == 0
     return out
 
 
@@ -637,21 +625,17 @@ def malicious_study(root: Path) -> Path:
     )
     assert run_collect_cli(paths, study) == 0
     report = root / bundle.report_path(STUDY)
-    assert (
-        R.main(
-            [
-                "--runs",
-                str(study / "runs.csv"),
-                "--summary",
-                str(study / "summary.csv"),
-                "--plan",
-                str(study / "plan.json"),
-                "--out",
-                str(report),
-                "--figures-dir",
-                str(report.parent / "figures"),
-            ]
-        )
-        == 0
-    )
+    report_args = [
+        "--runs",
+        str(study / "runs.csv"),
+        "--summary",
+        str(study / "summary.csv"),
+        "--plan",
+        str(study / "plan.json"),
+        "--out",
+        str(report),
+        "--figures-dir",
+        str(report.parent / "figures"),
+    ]
+    assert R.main(report_args) == 0
     return study

@@ -422,12 +422,8 @@ def test_a_malicious_bundle_goes_through_compare_check_and_publish_harmlessly(
     compare_page = reports / "compare" / f"{bundle.compare_name([evil, twin])}.html"
     refs = str(REPO_ROOT / "config" / "references")
     assert compare.main(["--out", str(compare_page), str(evil), str(twin)]) == 0
-    assert (
-        check.main(
-            ["--bundle", str(evil), "--references", refs, "--out", str(reports / "check.json")]
-        )
-        == 0
-    )
+    check_args = ["--bundle", str(evil), "--references", refs, "--out", str(reports / "check.json")]
+    assert check.main(check_args) == 0
     site_args = [
         "--index",
         str(reports / "index.html"),

@@ -258,10 +258,9 @@ def _breakdown(inp: MetricsInput) -> dict:
 
 
 def _versions(inp: MetricsInput) -> dict:
+    config = inp.spec.ds_config
     return {
-        "ds_config_sha256": sha256_file(inp.spec.ds_config, missing_ok=True)
-        if inp.spec.ds_config
-        else None,
+        "ds_config_sha256": sha256_file(config, missing_ok=True) if config else None,
         **engine_versions(inp.spec, inp.first_stat),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }

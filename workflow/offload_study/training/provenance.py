@@ -228,6 +228,7 @@ def provenance(
     fill in)."""
     commit, dirty = git_commit(REPO_ROOT)
     rank0 = stats.get(0)
+    config = spec.ds_config
     return scrub(
         {
             "host": socket.gethostname(),
@@ -245,10 +246,8 @@ def provenance(
             "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
             "git_commit": commit,
             "git_dirty": dirty,
-            "ds_config": str(spec.ds_config) if spec.ds_config else None,
-            "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True)
-            if spec.ds_config
-            else None,
+            "ds_config": str(config) if config else None,
+            "ds_config_sha256": sha256_file(config, missing_ok=True) if config else None,
             "launch_command": launch.command_line if launch else None,
             "launch_env": launch.env if launch else None,
             "rendezvous_host": launch.rdzv_host if launch else None,

@@ -197,12 +197,11 @@ def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> b
     ax.set_yticks(y, [_tick_label(v) for v, _ in rows], fontsize=9)
     ax.invert_yaxis()
     base = next((v["plot_label"] for v in views if v["scenario"] == baseline), baseline)
-    ax.set_xlabel(
-        f"training speed, % of baseline\n(baseline: {_wrap(base or '?', 60)})"
-        if use_rel
-        else "tokens/s (no baseline measured)",
-        fontsize=10,
-    )
+    if use_rel:
+        xlabel = f"training speed, % of baseline\n(baseline: {_wrap(base or '?', 60)})"
+    else:
+        xlabel = "tokens/s (no baseline measured)"
+    ax.set_xlabel(xlabel, fontsize=10)
     top = max([*ends, *vals])
     ax.set_xlim(0, top * 1.25)
     ax.set_title("Training speed per scenario" + (f"\n{note}" if note else ""), fontsize=10)

@@ -121,14 +121,12 @@ def hardware(runs: pd.DataFrame) -> str | None:
         if not prov:
             continue
         gpus, model, card = prov.get("gpu_count"), prov.get("gpu_model"), _card_gib(prov)
+        each = f" ({words.gib(card, 1)} each)" if card else ""
+        ram = prov.get("ram_total_bytes")
         parts = [
-            f"{gpus} × {model}" + (f" ({words.gib(card, 1)} each)" if card else "")
-            if gpus and model
-            else None,
+            f"{gpus} × {model}{each}" if gpus and model else None,
             f"{prov['cores_granted']} CPU cores" if prov.get("cores_granted") else None,
-            f"{_gib(prov.get('ram_total_bytes'))} host RAM"
-            if prov.get("ram_total_bytes")
-            else None,
+            f"{_gib(ram)} host RAM" if ram else None,
         ]
         return ", ".join(p for p in parts if p) or None
     return None

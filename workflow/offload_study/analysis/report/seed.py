@@ -98,15 +98,16 @@ def _row(s: dict, views: dict, predictions: dict, basis, references, baseline, e
     name, ref = s["name"], s["reference"]
     lo, hi, band_source = _band(name, ref, references)
     v = views.get(name)
+    if v is not None:
+        label, setup = v["plot_label"], v["gpu_setup"]
+    else:  # not measured: the plan's words
+        label = words.reader_label(s.get("label") or "", name)
+        setup = words.gpu_setup(_gpus(s), s.get("gpu_mem_gb"), None)
     out = {
         "scenario": name,
-        "label": v["plot_label"]
-        if v is not None
-        else words.reader_label(s.get("label") or "", name),
+        "label": label,
         "seed_pct": ref["speed_pct"],
-        "setup": v["gpu_setup"]
-        if v is not None
-        else words.gpu_setup(_gpus(s), s.get("gpu_mem_gb"), None),
+        "setup": setup,
         "band": (lo, hi),
         "band_source": band_source,
         "share": None,
@@ -159,12 +160,13 @@ def seed_view(
     basis_tokens = _tokens(base["name"], by_name, predictions, error) if base else None
     basis = (basis_tokens, base["name"]) if basis_tokens else None
     out = [_row(s, by_name, predictions, basis, references, baseline, error) for s in rows]
+    basis_label = None
+    if base:
+        basis_label = next((r["label"] for r in out if r["scenario"] == base["name"]), None)
     return {
         "rows": out,
         "basis": base["name"] if base else None,
-        "basis_label": next((r["label"] for r in out if r["scenario"] == base["name"]), None)
-        if base
-        else None,
+        "basis_label": basis_label,
         "basis_how": basis_tokens[3] if basis_tokens else None,
         "basis_tokens_per_s": basis_tokens[0] if basis_tokens else None,
         "per_gpu": per_gpu_sentence(out, base, basis_tokens, by_name),
