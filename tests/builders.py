@@ -86,6 +86,8 @@ def make_record(
             "optimizer_swap_in": None,
             "optimizer_swap_out": None,
         }
+    host_rss_known = bool(ok and host_rss_gib)
+    rank_rss_gib = host_rss_gib / gpus_per_node if host_rss_known else None
     m = {
         "schema_version": 1,
         "study": STUDY,
@@ -133,10 +135,8 @@ def make_record(
         "peak_gpu_allocated_gib": peak_gpu_gib if ok else None,
         "peak_gpu_reserved_gib": (peak_gpu_gib + 2) if ok and peak_gpu_gib is not None else None,
         "nvml_used_gib": None,
-        "host_peak_rss_gib_per_rank": [host_rss_gib / gpus_per_node] * gpus_per_node
-        if ok and host_rss_gib
-        else [],
-        "host_peak_rss_gib_per_node": [host_rss_gib] * nodes if ok and host_rss_gib else [],
+        "host_peak_rss_gib_per_rank": [rank_rss_gib] * gpus_per_node if host_rss_known else [],
+        "host_peak_rss_gib_per_node": [host_rss_gib] * nodes if host_rss_known else [],
         "host_peak_rss_gib": host_rss_gib if ok else None,
         "nvme_bytes_used": nvme_bytes,
         "breakdown_ms": breakdown,

@@ -48,7 +48,8 @@ BAND_WORDS = {
     verdict.INCONCLUSIVE,
     verdict.NOT_MEASURED,
 }
-#: At most this many words of a page show before any section is opened (the issue's "~1,200").
+#: At most this many words of a page show before any section is opened: the page opens on its
+#: answer, the detail waits behind the sections.
 WORDS_ON_LOAD = 1200
 #: What a reader must never meet in a page's prose (its text without the files it quotes):
 #: module paths, the planner's abbreviations and name joints, collect's outcome counts and

@@ -52,12 +52,8 @@ def test_modes_go_where_deepspeed_reads_them_and_its_parser_accepts_them():
         assert value == expected
         parsed = dsconfig.parse_with_deepspeed(config, 1).zero_config  # DeepSpeed's own classes
         assert parsed.offload_optimizer.device == "cpu"
-    assert (
-        dsconfig.parse_with_deepspeed(
-            ds_config_of(cases["ratio"][0]), 1
-        ).zero_config.offload_optimizer.ratio
-        == 0.3
-    )
+    ratio_zero = dsconfig.parse_with_deepspeed(ds_config_of(cases["ratio"][0]), 1).zero_config
+    assert ratio_zero.offload_optimizer.ratio == 0.3
 
 
 def test_pin_memory_null_leaves_deepspeeds_default():

@@ -630,7 +630,7 @@ def test_the_runs_table_shows_what_moved_between_repeats():
     assert max(opt_step) < 1.2 * min(opt_step)
     assert by[("zero3__gas-1", "1")]["settled"] is False
     assert by[("zero3__gas-1", "0")]["stop"] == "CI target out of reach"
-    # repeat 2 of three scenarios (and the OOM) ran in a later lease, on another machine
+    # repeat 2 of three scenarios (and the OOM) ran later, on another machine
     later = {s for s, k in by if k == "2" and by[(s, k)]["machine"] == "B"}
     assert later == {
         "offload-opt__gas-8",

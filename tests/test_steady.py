@@ -394,7 +394,7 @@ def test_a_real_gpu_fp16_overflow_run_is_counted_from_its_log_and_its_steps():
     m = json.loads((record / "metrics.json").read_text())
     assert m["skipped_steps_measured"] == m["skipped_steps_ds_log"] == 6
     assert m["step_time_s"] is None  # no step did optimizer work: no speed to report
-    # This record predates outcome.nothing_timed (it says "ok"); judged today, it is an error:
+    # The record says "ok" (its runner had no outcome.nothing_timed); the rule judges it an error:
     from offload_study.training import outcome
 
     stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1, finished=True)}

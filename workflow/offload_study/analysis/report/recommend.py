@@ -86,7 +86,8 @@ _PAGE = """<!DOCTYPE html>
 """
 
 #: recommend.decide's words for a ratio to the winner ("(95% CI 92.5%–107.9%, within noise)"):
-#: read back so that a page words it by the one rule of today (core.verdict.speed).
+#: read back so that a page words it by the current rule (core.verdict.speed), the one the
+#: report page uses, whatever rule wrote the recommendation.
 _WHY_RATIO = re.compile(
     r"([\d,]+) tokens/s = ([\d.]+)% of the winner \(95% CI ([\d.]+)%–([\d.]+)%"
     r"(?:, [^)]*)?\)"
