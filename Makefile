@@ -28,10 +28,10 @@ study: debian-study $(VENV)/.ops
 # -n $(TEST_WORKERS) (pytest-xdist): the tests wait much of their time (SLURM polling, process
 # start-up, sleeps; serially the 2 cores were ~37 % busy), so 3 workers share the 2 cores;
 # --dist worksteal: an idle worker takes queued tests from a busy one (the durations vary from
-# ms to minutes). Measured 2026-12-02 from a fresh clone with an empty torch extensions folder
-# on the 2-core dev machine: 926 tests in 19 min 57 s + 2 `alone` in 1 min 22 s, `make test`
-# 30 min 32 s with the set-up (docs/results/README.md); all 3 workers stayed busy to the end, so the suite is
-# bound by the 2 cores (benchmarks/test_timeline.py).
+# ms to minutes). Measured from a fresh clone with an empty torch extensions folder on the
+# 2-core dev machine: 926 tests in 19 min 57 s + 2 `alone` in 1 min 22 s, `make test` 30 min
+# 32 s with the set-up (docs/results/README.md); all 3 workers stayed busy to the end, so the
+# suite is bound by the 2 cores (benchmarks/test_timeline.py).
 # Tests marked `alone` judge timing (an adaptive run that must reach its CI target, a speed
 # margin whose CI must clear 1): they run after the parallel ones, by themselves, so that the
 # other workers' load is not their noise.
@@ -62,10 +62,13 @@ $(VENV)/.ops: $(VENV)/.installed | debian-study
 	DS_ACCELERATOR=cpu $(BIN)/python -m offload_study.admission.ops $(OPS)
 	touch $@
 
+# ruff format --check: the code is as `ruff format` writes it (pyproject.toml's [tool.ruff]);
+# a `# fmt: skip` keeps only a table whose rows read better aligned.
 # check_history: comments say why, never when (no lease, stop, issue number or path outside the
 # repository in workflow/, config/, benchmarks/, tests/; history goes to docs/CHANGELOG.md).
 lint: $(VENV)/.installed
 	$(BIN)/ruff check workflow tests benchmarks scripts
+	$(BIN)/ruff format --check workflow tests benchmarks scripts
 	$(BIN)/python scripts/check_history.py
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/snakemake --lint

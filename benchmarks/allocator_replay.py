@@ -32,10 +32,12 @@ def trace_line(trace: Path) -> str:
     shown = ", ".join(f"{tag}: {n / GIB:.2f}" for tag, n in cached if n >= 0.05 * GIB)
     res = measured["peak_gpu_reserved_gib"]
     err = run.reserved_peak_bytes / GIB / res - 1
-    return (f"| {measured['study']}/{measured['scenario']} | {measured['peak_gpu_allocated_gib']:.2f} "
-            f"| {res:.2f} | {run.reserved_peak_bytes / GIB:.2f} ({err:+.1%}) "
-            f"| {measured['allocator']['segments_peak']} / {run.segments_peak} "
-            f"| {peak.allocated_bytes / GIB:.2f} | {sum(n for _, n in cached) / GIB:.2f} | {shown} |")  # fmt: skip
+    return (
+        f"| {measured['study']}/{measured['scenario']} | {measured['peak_gpu_allocated_gib']:.2f} "
+        f"| {res:.2f} | {run.reserved_peak_bytes / GIB:.2f} ({err:+.1%}) "
+        f"| {measured['allocator']['segments_peak']} / {run.segments_peak} "
+        f"| {peak.allocated_bytes / GIB:.2f} | {sum(n for _, n in cached) / GIB:.2f} | {shown} |"
+    )
 
 
 def main(argv=None) -> int:
@@ -46,9 +48,11 @@ def main(argv=None) -> int:
     if not traces:
         print(f"allocator_replay: no *.trace.jsonl.gz in {a.trace_dir}", file=sys.stderr)
         return 2
-    print("| run | allocated peak GiB | reserved peak GiB, measured | replayed | segments held at "
-          "their peak, measured / replayed | allocated at the reserved peak | cached free there | cached, by "
-          "the phase (micro-step) that made the segment |")  # fmt: skip
+    print(
+        "| run | allocated peak GiB | reserved peak GiB, measured | replayed | segments held at "
+        "their peak, measured / replayed | allocated at the reserved peak | cached free there | cached, by "
+        "the phase (micro-step) that made the segment |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for trace in traces:
         print(trace_line(trace))

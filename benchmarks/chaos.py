@@ -45,17 +45,26 @@ def main(argv=None) -> int:
     try:
         calibration = a.calibration or Path(measure_calibration(tmp))
         with slurm_cluster(**SLURM) as cluster:
-            chaos, verdict, codes, _ = chaos_run(cluster, tmp, calibration, runs=a.runs,
-                                                 faults=a.faults, seed=seed, jobs=a.jobs,
-                                                 timeout_s=a.timeout)  # fmt: skip
+            chaos, verdict, codes, _ = chaos_run(
+                cluster,
+                tmp,
+                calibration,
+                runs=a.runs,
+                faults=a.faults,
+                seed=seed,
+                jobs=a.jobs,
+                timeout_s=a.timeout,
+            )
     finally:
         if not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     kinds = collections.Counter(f.kind for f in chaos.faults)
     print("faults by kind:", dict(sorted(kinds.items())))
     print("current outcomes:", dict(collections.Counter(verdict.outcomes.values())))
-    print(f"retried runs: {verdict.retried}; retryable left: {verdict.retry_left}; missing {verdict.missing}; extra "
-          f"{verdict.extra}; lost {verdict.lost}; unreported {verdict.unreported}")  # fmt: skip
+    print(
+        f"retried runs: {verdict.retried}; retryable left: {verdict.retry_left}; missing {verdict.missing}; extra "
+        f"{verdict.extra}; lost {verdict.lost}; unreported {verdict.unreported}"
+    )
     ok = not (verdict.lost or verdict.missing or verdict.extra) and codes[-1] == 0
     return 0 if ok else 1
 

@@ -47,9 +47,13 @@ def bench_study(n_scenarios: int) -> dict:
     study = yaml.safe_load((REPO_ROOT / "config/studies/seed.yaml").read_text())
     study["study"] = f"bench-{n_scenarios}"
     study["max_runs"] = max(n_scenarios, 1000)  # the study key that allows more than 1000 runs
-    extra = {**study["scenarios"][0], "name": "offload-opt-8gpu-40gb", "cpu_mem_gb": 256,
-             "label": "ZeRO-3 + CPU optimizer offload (8 GPU)",
-             "offload_optimizer": "cpu"}  # fmt: skip
+    extra = {
+        **study["scenarios"][0],
+        "name": "offload-opt-8gpu-40gb",
+        "cpu_mem_gb": 256,
+        "label": "ZeRO-3 + CPU optimizer offload (8 GPU)",
+        "offload_optimizer": "cpu",
+    }
     extra.pop("reference")
     study["scenarios"].insert(1, extra)
     per_base = max(1, n_scenarios // (len(study["scenarios"]) * len(GAS)))
@@ -94,8 +98,16 @@ def step_rows(spec: dict, tokens_per_s: float, rng: np.random.Generator) -> list
         tps = tokens_per_s * (0.3 if warm else 1 + 0.02 * rng.standard_normal())
         t = tokens / tps
         phase = "warmup" if warm else "measured"
-        rows.append([step, phase, round(t, 6), round(tps, 3), round(spec["global_batch"] / t, 4),
-                     round(10.5 - 0.01 * step, 6)])  # fmt: skip
+        rows.append(
+            [
+                step,
+                phase,
+                round(t, 6),
+                round(tps, 3),
+                round(spec["global_batch"] / t, 4),
+                round(10.5 - 0.01 * step, 6),
+            ]
+        )
     return rows
 
 
@@ -111,35 +123,62 @@ def ok_metrics(spec: dict, rows: list[list]) -> dict:
     ms = 1000 * t  # per optimizer step, as DeepSpeed's timers sum them
     swap = 0.05 * ms if spec["offload_optimizer"] == "nvme" else None
     return {
-        "steps_measured": len(times), "step_time_s": t, "step_time_s_mean": float(times.mean()),
-        "step_time_s_std": float(times.std()), "step_time_s_p10": float(np.percentile(times, 10)),
-        "step_time_s_p90": float(np.percentile(times, 90)), "tokens_per_s": tps,
-        "samples_per_s": spec["global_batch"] / t, "tflops_per_gpu": tflops, "peak_tflops": 989.0,
-        "mfu": tflops / 989.0, "loss_first": rows[spec["warmup_steps"]][5],
+        "steps_measured": len(times),
+        "step_time_s": t,
+        "step_time_s_mean": float(times.mean()),
+        "step_time_s_std": float(times.std()),
+        "step_time_s_p10": float(np.percentile(times, 10)),
+        "step_time_s_p90": float(np.percentile(times, 90)),
+        "tokens_per_s": tps,
+        "samples_per_s": spec["global_batch"] / t,
+        "tflops_per_gpu": tflops,
+        "peak_tflops": 989.0,
+        "mfu": tflops / 989.0,
+        "loss_first": rows[spec["warmup_steps"]][5],
         "loss_last": rows[-1][5],
-        "peak_gpu_allocated_gib": gpu, "peak_gpu_reserved_gib": gpu * 1.08,
+        "peak_gpu_allocated_gib": gpu,
+        "peak_gpu_reserved_gib": gpu * 1.08,
         "nvml_used_gib": gpu * 1.12,
         "host_peak_rss_gib_per_rank": [host / spec["gpus_per_node"]] * spec["gpus_per_node"],
-        "host_peak_rss_gib_per_node": [host], "host_peak_rss_gib": host,
+        "host_peak_rss_gib_per_node": [host],
+        "host_peak_rss_gib": host,
         "nvme_bytes_used": int(9e10) if spec["offload_optimizer"] == "nvme" else None,
-        "breakdown_ms": {"forward": 0.2 * ms, "backward": 0.45 * ms, "backward_inner": 0.35 * ms,
-                         "backward_allreduce": 0.1 * ms, "step": (0.25 if offload else 0.1) * ms,
-                         "optimizer_swap_in": swap, "optimizer_swap_out": swap},
-    }  # fmt: skip
+        "breakdown_ms": {
+            "forward": 0.2 * ms,
+            "backward": 0.45 * ms,
+            "backward_inner": 0.35 * ms,
+            "backward_allreduce": 0.1 * ms,
+            "step": (0.25 if offload else 0.1) * ms,
+            "optimizer_swap_in": swap,
+            "optimizer_swap_out": swap,
+        },
+    }
 
 
 def metrics_record(spec: dict, repeat: int, outcome: str, rows: list[list]) -> dict:
     """metrics.json of one run: the run spec's setup, then the measured fields (null if failed)."""
     setup = {k: spec[k] for k in contracts.METRICS_FIELDS if k in spec}
     empty = {k: None for k in contracts.METRICS_FIELDS}
-    empty.update(host_peak_rss_gib_per_rank=[], host_peak_rss_gib_per_node=[],
-                 breakdown_ms=dict.fromkeys(contracts.BREAKDOWN_KEYS))  # fmt: skip
-    record = {**empty, **setup, "schema_version": 1, "repeat": repeat, "outcome": outcome,
-              "started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:01:00Z",
-              "wall_time_s": 60.0 + 0.01 * repeat, "device_name": "NVIDIA H200",
-              "ds_config_sha256": contracts.sha256_file(spec["ds_config"]),
-              "deepspeed_version": "0.19.8", "torch_version": "2.11.0+cu130",
-              "slurm_job_id": str(4000 + repeat)}  # fmt: skip
+    empty.update(
+        host_peak_rss_gib_per_rank=[],
+        host_peak_rss_gib_per_node=[],
+        breakdown_ms=dict.fromkeys(contracts.BREAKDOWN_KEYS),
+    )
+    record = {
+        **empty,
+        **setup,
+        "schema_version": 1,
+        "repeat": repeat,
+        "outcome": outcome,
+        "started_at": "2026-01-01T00:00:00Z",
+        "finished_at": "2026-01-01T00:01:00Z",
+        "wall_time_s": 60.0 + 0.01 * repeat,
+        "device_name": "NVIDIA H200",
+        "ds_config_sha256": contracts.sha256_file(spec["ds_config"]),
+        "deepspeed_version": "0.19.8",
+        "torch_version": "2.11.0+cu130",
+        "slurm_job_id": str(4000 + repeat),
+    }
     if outcome == "ok":
         record.update(ok_metrics(spec, rows))
     else:
@@ -150,22 +189,42 @@ def metrics_record(spec: dict, repeat: int, outcome: str, rows: list[list]) -> d
 def provenance_record(spec: dict, repeat: int) -> dict:
     """provenance.json with the runner's keys and values shaped like a real H200 run's."""
     record = {k: None for k in contracts.PROVENANCE_FIELDS}
-    gpus = [{"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096}
-            for i in range(spec["gpus_per_node"])]  # fmt: skip
+    gpus = [
+        {"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096}
+        for i in range(spec["gpus_per_node"])
+    ]
     record.update(
-        host="gpu-node-01", hosts=["gpu-node-01"], gpu_model="NVIDIA H200",
-        gpu_count=len(gpus), gpu_driver="580.159.04", gpus=gpus, cuda_version="13.0",
-        torch_version="2.11.0+cu130", deepspeed_version="0.19.8", transformers_version="5.17.0",
-        python_version="3.12.3", platform="Linux-6.18-x86_64-with-glibc2.39",
-        cpu_model="Intel(R) Xeon(R) Processor", cpu_count=128, cpu_affinity=list(range(128)),
-        cores_granted=128, ram_total_bytes=601295421440, git_commit="0" * 40, git_dirty=False,
-        ds_config=spec["ds_config"], ds_config_sha256=contracts.sha256_file(spec["ds_config"]),
+        host="gpu-node-01",
+        hosts=["gpu-node-01"],
+        gpu_model="NVIDIA H200",
+        gpu_count=len(gpus),
+        gpu_driver="580.159.04",
+        gpus=gpus,
+        cuda_version="13.0",
+        torch_version="2.11.0+cu130",
+        deepspeed_version="0.19.8",
+        transformers_version="5.17.0",
+        python_version="3.12.3",
+        platform="Linux-6.18-x86_64-with-glibc2.39",
+        cpu_model="Intel(R) Xeon(R) Processor",
+        cpu_count=128,
+        cpu_affinity=list(range(128)),
+        cores_granted=128,
+        ram_total_bytes=601295421440,
+        git_commit="0" * 40,
+        git_dirty=False,
+        ds_config=spec["ds_config"],
+        ds_config_sha256=contracts.sha256_file(spec["ds_config"]),
         launch_command=f"python -m torch.distributed.run --nproc_per_node {len(gpus)} ...",
-        launch_env={"OMP_NUM_THREADS": "16"}, rendezvous_host="127.0.0.1",
-        rendezvous_port=29500 + repeat, environment={"CUDA_HOME": "/usr/local/cuda"},
-        runner_exit_code_of_launcher=0, runner_peak_tree_rss_bytes=int(3e10),
-        run_id=f"{spec['scenario']}-rep{repeat}-1", schema_problems=[],
-    )  # fmt: skip
+        launch_env={"OMP_NUM_THREADS": "16"},
+        rendezvous_host="127.0.0.1",
+        rendezvous_port=29500 + repeat,
+        environment={"CUDA_HOME": "/usr/local/cuda"},
+        runner_exit_code_of_launcher=0,
+        runner_peak_tree_rss_bytes=int(3e10),
+        run_id=f"{spec['scenario']}-rep{repeat}-1",
+        schema_problems=[],
+    )
     return record
 
 
@@ -208,15 +267,34 @@ def timed(argv: list[str]) -> float:
 def run_collect_and_report(plan_json: Path, paths: list[Path], out: Path) -> tuple[float, float]:
     """Seconds of the collect CLI and of the report CLI, outputs under out/."""
     collect_s = timed(
-        ["offload_study.analysis.collect", "--baseline", "", "--runs-csv", str(out / "runs.csv"),
-         "--runs-parquet", str(out / "runs.parquet"), "--summary-csv", str(out / "summary.csv"),
-         *map(str, paths)]
-    )  # fmt: skip
+        [
+            "offload_study.analysis.collect",
+            "--baseline",
+            "",
+            "--runs-csv",
+            str(out / "runs.csv"),
+            "--runs-parquet",
+            str(out / "runs.parquet"),
+            "--summary-csv",
+            str(out / "summary.csv"),
+            *map(str, paths),
+        ]
+    )
     report_s = timed(
-        ["offload_study.analysis.report", "--runs", str(out / "runs.csv"), "--summary",
-         str(out / "summary.csv"), "--plan", str(plan_json), "--out", str(out / "report.html"),
-         "--figures-dir", str(out / "figures")]
-    )  # fmt: skip
+        [
+            "offload_study.analysis.report",
+            "--runs",
+            str(out / "runs.csv"),
+            "--summary",
+            str(out / "summary.csv"),
+            "--plan",
+            str(plan_json),
+            "--out",
+            str(out / "report.html"),
+            "--figures-dir",
+            str(out / "figures"),
+        ]
+    )
     return collect_s, report_s
 
 
@@ -233,10 +311,13 @@ def main() -> int:
         results = root / "results" / plan.cluster["name"] / plan.study["study"]
         plan_json = write_plan(plan, results)
         paths = write_records(plan, results, args.repeats)
-        print(f"{len(paths)} records ({len(plan.scenarios)} scenarios x {args.repeats} repeats) "
-              f"under {results}")  # fmt: skip
-        print(f"{'run':>4} {'collect s':>10} {'report s':>9} {'total s':>8}  "
-              f"target <= {TARGET_S:g} s")  # fmt: skip
+        print(
+            f"{len(paths)} records ({len(plan.scenarios)} scenarios x {args.repeats} repeats) "
+            f"under {results}"
+        )
+        print(
+            f"{'run':>4} {'collect s':>10} {'report s':>9} {'total s':>8}  target <= {TARGET_S:g} s"
+        )
         for i in range(args.runs):
             collect_s, report_s = run_collect_and_report(plan_json, paths, root / "out")
             total = collect_s + report_s

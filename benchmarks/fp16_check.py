@@ -29,8 +29,17 @@ def main(argv=None) -> int:
         check = calibrate.fp16_check_elems_per_s(n, a.threads, until_stable=True)
         adam = calibrate.adam_rate("DeepSpeedCPUAdam", n, a.threads, until_stable=True)
         ratio = check["median"] / adam["median"]
-        print(json.dumps({"elements": n, "threads": a.threads, "fp16_check": check,
-                          "cpu_adam": adam, "check_per_adam": round(ratio, 4)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "elements": n,
+                    "threads": a.threads,
+                    "fp16_check": check,
+                    "cpu_adam": adam,
+                    "check_per_adam": round(ratio, 4),
+                }
+            )
+        )
         print(
             f"{n:.3g} elements, {a.threads} threads: check {check['median']:.3g}/s "
             f"(spread {check['spread_pct']} %), CPU Adam {adam['median']:.3g}/s "

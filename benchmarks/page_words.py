@@ -23,8 +23,11 @@ from browser import read_pages, words  # noqa: E402
 def committed_pages() -> list[Path]:
     listed = subprocess.run(
         ["git", "ls-files", "reports/*/*/report.html", "reports/*/*/recommend.html"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [REPO / p for p in sorted(listed)]
 
 

@@ -56,9 +56,16 @@ def parse_args(argv=None):
 
 
 #: the parts of DeepSpeed ZeRO-3's optimizer step (stage3.py ``step``) that --phase-times times
-PHASES = ("_overflow_check_and_loss_scale_update", "_get_norm_groups", "_prepare_sub_group",
-          "unscale_and_clip_grads", "_optimizer_step",
-          "_reassign_or_swap_out_partitioned_parameters", "_release_sub_group", "_post_step")  # fmt: skip
+PHASES = (
+    "_overflow_check_and_loss_scale_update",
+    "_get_norm_groups",
+    "_prepare_sub_group",
+    "unscale_and_clip_grads",
+    "_optimizer_step",
+    "_reassign_or_swap_out_partitioned_parameters",
+    "_release_sub_group",
+    "_post_step",
+)
 
 
 def phase_medians(steps: list[dict[str, float]]) -> dict[str, float] | None:
@@ -103,8 +110,12 @@ def allocator_stats(torch, device: int) -> dict:
 
 
 #: the phase markers' sizes in a memory trace: small-pool blocks no DeepSpeed run asks for
-MARK_BYTES = {"forward": 777 * 512 + 1, "backward": 779 * 512 + 1, "step": 781 * 512 + 1,
-              "end": 783 * 512 + 1}  # fmt: skip
+MARK_BYTES = {
+    "forward": 777 * 512 + 1,
+    "backward": 779 * 512 + 1,
+    "step": 781 * 512 + 1,
+    "end": 783 * 512 + 1,
+}
 #: a trace holds the size asked for or the size rounded to 512 B (torch versions differ)
 PHASE_OF_MARK = {s: phase for phase, n in MARK_BYTES.items() for s in (n, n + 511)}
 
@@ -152,8 +163,9 @@ def main(argv=None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != int(spec["world_size"]):
-        print(f"[raw] WARNING: WORLD_SIZE {world} != spec world_size {spec['world_size']}",
-              flush=True)  # fmt: skip
+        print(
+            f"[raw] WARNING: WORLD_SIZE {world} != spec world_size {spec['world_size']}", flush=True
+        )
 
     nvme_dir = None
     if spec.get("nvme_path"):
@@ -310,10 +322,10 @@ def main(argv=None) -> int:
         "gpu_mem_cap_gib": cap_gib,
         "peak_gpu_allocated_gib": (
             torch.cuda.max_memory_allocated(local_rank) / 2**30 if is_cuda else None
-        ),  # fmt: skip
+        ),
         "peak_gpu_reserved_gib": (
             torch.cuda.max_memory_reserved(local_rank) / 2**30 if is_cuda else None
-        ),  # fmt: skip
+        ),
         # the caching allocator's own account of its slack (torch.cuda.memory_stats)
         "allocator": allocator_stats(torch, local_rank) if is_cuda else None,
         "host_memory_gib_by_stage": {**host_by_stage, "end": host_memory_gib()},

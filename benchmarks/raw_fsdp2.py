@@ -62,7 +62,9 @@ def build(spec: dict, mesh, torch):
         ),
     }
     devices = (spec.get("offload_optimizer"), spec.get("offload_param"))
-    offload = {("none", "none"): None, ("cpu", "cpu"): "policy", ("cpu", "none"): "optimizer"}[devices]
+    offload = {("none", "none"): None, ("cpu", "cpu"): "policy", ("cpu", "none"): "optimizer"}[
+        devices
+    ]
     if offload == "policy":
         pin = spec.get("accelerator") == "cuda" and spec.get("pin_memory") is not False
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=pin)
@@ -155,27 +157,43 @@ def main(argv=None) -> int:
 
     measured = times[warmup:]
     med = statistics.median(measured)
+    gib = 2**30
+    peak_allocated = torch.cuda.max_memory_allocated(device) / gib if is_cuda else None
+    peak_reserved = torch.cuda.max_memory_reserved(device) / gib if is_cuda else None
     result = {
-        "scenario": spec["scenario"], "study": spec["study"], "cluster": spec["cluster"],
+        "scenario": spec["scenario"],
+        "study": spec["study"],
+        "cluster": spec["cluster"],
         "tool": "raw_fsdp2",
-        "tokens_per_s": gbs * seq / med, "samples_per_s": gbs / med,
-        "step_time_s_median": med, "step_time_s_mean": statistics.fmean(measured),
-        "step_time_s_min": min(measured), "step_time_s_max": max(measured),
+        "tokens_per_s": gbs * seq / med,
+        "samples_per_s": gbs / med,
+        "step_time_s_median": med,
+        "step_time_s_mean": statistics.fmean(measured),
+        "step_time_s_min": min(measured),
+        "step_time_s_max": max(measured),
         "step_times_s": [round(t, 6) for t in times],
-        "warmup_steps": warmup, "steps": steps, "world_size": world, "micro_batch": mb,
-        "gradient_accumulation_steps": gas, "global_batch": gbs, "seq_len": seq,
-        "offload_optimizer": spec.get("offload_optimizer"), "offload_param": spec.get("offload_param"),
+        "warmup_steps": warmup,
+        "steps": steps,
+        "world_size": world,
+        "micro_batch": mb,
+        "gradient_accumulation_steps": gas,
+        "global_batch": gbs,
+        "seq_len": seq,
+        "offload_optimizer": spec.get("offload_optimizer"),
+        "offload_param": spec.get("offload_param"),
         "optimizer": f"{type(optimizer).__name__} ({next(iter(impl))})",
         "model_params": n_params,
-        "loss_first": losses[warmup] if steps else None, "loss_last": losses[-1] if losses else None,
-        "init_s": round(init_s, 3), "wall_s": round(time.time() - t_start, 3),
+        "loss_first": losses[warmup] if steps else None,
+        "loss_last": losses[-1] if losses else None,
+        "init_s": round(init_s, 3),
+        "wall_s": round(time.time() - t_start, 3),
         "device_name": torch.cuda.get_device_name(device) if is_cuda else None,
-        "peak_gpu_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if is_cuda else None,
-        "peak_gpu_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if is_cuda else None,
+        "peak_gpu_allocated_gib": peak_allocated,
+        "peak_gpu_reserved_gib": peak_reserved,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_version": torch.__version__,
         "spec": str(args.spec),
-    }  # fmt: skip
+    }
     if rank == 0:
         line = json.dumps(result)
         print(line, flush=True)

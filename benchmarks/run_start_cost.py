@@ -24,9 +24,14 @@ def main() -> int:
     work = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="run-start-"))
     for engine in ("deepspeed", "fsdp2"):
         spec_path, outdir, _ = make_run(
-            work / engine, scenario={"engine": engine}, measure={"mode": "fixed"},
-            steps=2, warmup_steps=1, seq_len=64, micro_batch=2,
-        )  # fmt: skip
+            work / engine,
+            scenario={"engine": engine},
+            measure={"mode": "fixed"},
+            steps=2,
+            warmup_steps=1,
+            seq_len=64,
+            micro_batch=2,
+        )
         started = time.monotonic()
         done = run_runner(spec_path, outdir)
         print(f"{engine}: rc {done.returncode}, {time.monotonic() - started:.1f} s", flush=True)

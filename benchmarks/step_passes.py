@@ -31,8 +31,9 @@ from offload_study.prediction import calibrate  # noqa: E402
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--params", type=int, required=True, help="the rank's partition")
-    p.add_argument("--sub-group", type=int, default=100_000_000,
-                   help="zero_optimization.sub_group_size")  # fmt: skip
+    p.add_argument(
+        "--sub-group", type=int, default=100_000_000, help="zero_optimization.sub_group_size"
+    )
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     import torch
@@ -40,12 +41,18 @@ def main(argv=None) -> int:
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     result = {"params": a.params, "sub_group": a.sub_group, "threads": threads}
-    layouts = {"flat": (None, False), "pinned sub-groups": (a.sub_group, accelerator == "cuda"),
-               "sub-groups": (a.sub_group, False)}  # fmt: skip
+    layouts = {
+        "flat": (None, False),
+        "pinned sub-groups": (a.sub_group, accelerator == "cuda"),
+        "sub-groups": (a.sub_group, False),
+    }
     for name, (sub_group, pinned) in layouts.items():
         groups = calibrate.partition_layout(a.params, sub_group, pinned)
-        rates = {"cpu_adam_params_per_s": calibrate.adam_rate(
-            "DeepSpeedCPUAdam", a.params, threads, True, groups)}  # fmt: skip
+        rates = {
+            "cpu_adam_params_per_s": calibrate.adam_rate(
+                "DeepSpeedCPUAdam", a.params, threads, True, groups
+            )
+        }
         rates.update(calibrate.step_passes_at(a.params, threads, accelerator, groups=groups))
         del groups
         result[name] = rates

@@ -142,8 +142,9 @@ BAD_INPUT = [
     ),
     (
         "scenarios[1].engine",
-        Together("fsdp2", {"scenarios[1].offload_optimizer": "none",
-                           "scenarios[1].offload_param": "cpu"}),  # fmt: skip
+        Together(
+            "fsdp2", {"scenarios[1].offload_optimizer": "none", "scenarios[1].offload_param": "cpu"}
+        ),
         ["scenarios[1].offload_optimizer", "no offload path", "allowed"],
     ),
     (
@@ -402,10 +403,15 @@ BAD_FILES = sorted((REPO_ROOT / "tests/fixtures/bad").glob("*.yaml"))
 #: folder (one the bundle has is replaced), a function making its bytes (made when used: one is
 #: 64 MiB), words. The JSON is refused on its bytes, before a parser recurses.
 BAD_BUNDLE_MEMBERS = {
-    "deep-json": ("results/unit-cluster/unit-study/base/rep0/metrics.json",
-                  lambda: b"[" * 100_000 + b"]" * 100_000,
-                  [f"JSON nested deeper than {LIMITS.json_depth} levels"]),
+    "deep-json": (
+        "results/unit-cluster/unit-study/base/rep0/metrics.json",
+        lambda: b"[" * 100_000 + b"]" * 100_000,
+        [f"JSON nested deeper than {LIMITS.json_depth} levels"],
+    ),
     "path-traversal": ("../../escaped.txt", lambda: b"x", ["'..'"]),
-    "oversized-json": ("results/unit-cluster/unit-study/plan.json",
-                       lambda: b" " * (LIMITS.json_bytes + 1), [f"larger than {LIMITS.json_bytes} bytes"]),
-}  # fmt: skip
+    "oversized-json": (
+        "results/unit-cluster/unit-study/plan.json",
+        lambda: b" " * (LIMITS.json_bytes + 1),
+        [f"larger than {LIMITS.json_bytes} bytes"],
+    ),
+}

@@ -105,11 +105,23 @@ def read_pages(
     ``ids`` in the frame (``boxes``); and the requests of the whole run (its net log). One
     browser for all pages: starting Chromium costs more than reading a page."""
     wrapper = tmp / "reader.html"
-    wrapper.write_text(_READER % {"w": SCREEN[0], "h": SCREEN[1], "ids": json.dumps(list(ids)),
-                                  "pages": json.dumps([p.resolve().as_uri() for p in pages])})
+    wrapper.write_text(
+        _READER
+        % {
+            "w": SCREEN[0],
+            "h": SCREEN[1],
+            "ids": json.dumps(list(ids)),
+            "pages": json.dumps([p.resolve().as_uri() for p in pages]),
+        }
+    )
     budget = 4000 * len(pages)  # virtual ms: time stands still while a file loads
-    dom, requests = chromium(tmp, wrapper.as_uri(), "--allow-file-access-from-files",
-                             f"--virtual-time-budget={budget}", "--dump-dom")  # fmt: skip
+    dom, requests = chromium(
+        tmp,
+        wrapper.as_uri(),
+        "--allow-file-access-from-files",
+        f"--virtual-time-budget={budget}",
+        "--dump-dom",
+    )
     found = re.search(r'<pre id="out">(.*?)</pre>', dom, re.S)
     assert found, "the reader page read no page (a page failed to load?)"
     by_uri = {p.resolve().as_uri(): p for p in pages}

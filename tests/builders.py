@@ -86,6 +86,8 @@ def make_record(
             "optimizer_swap_in": None,
             "optimizer_swap_out": None,
         }
+    host_rss_known = bool(ok and host_rss_gib)
+    rank_rss_gib = host_rss_gib / gpus_per_node if host_rss_known else None
     m = {
         "schema_version": 1,
         "study": STUDY,
@@ -133,10 +135,8 @@ def make_record(
         "peak_gpu_allocated_gib": peak_gpu_gib if ok else None,
         "peak_gpu_reserved_gib": (peak_gpu_gib + 2) if ok and peak_gpu_gib is not None else None,
         "nvml_used_gib": None,
-        "host_peak_rss_gib_per_rank": [host_rss_gib / gpus_per_node] * gpus_per_node
-        if ok and host_rss_gib
-        else [],
-        "host_peak_rss_gib_per_node": [host_rss_gib] * nodes if ok and host_rss_gib else [],
+        "host_peak_rss_gib_per_rank": [rank_rss_gib] * gpus_per_node if host_rss_known else [],
+        "host_peak_rss_gib_per_node": [host_rss_gib] * nodes if host_rss_known else [],
         "host_peak_rss_gib": host_rss_gib if ok else None,
         "nvme_bytes_used": nvme_bytes,
         "breakdown_ms": breakdown,
@@ -166,16 +166,33 @@ def provenance(gpus: int, slurm_job_id: str | None) -> dict:
     """provenance.json with the runner's keys (checked against the provenance schema)."""
     prov = {
         **dict.fromkeys(contracts.PROVENANCE_FIELDS),
-        "host": "node001", "hosts": ["node001"], "gpu_model": "NVIDIA H200", "gpu_count": gpus,
-        "gpus": [{"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096}
-                 for i in range(gpus)],
-        "torch_version": "2.5.1", "deepspeed_version": "0.16.4", "python_version": "3.11.7",
-        "cpu_count": 64, "cpu_affinity": list(range(64)), "cores_granted": 64,
-        "ram_total_bytes": 2**40, "slurm_job_id": slurm_job_id, "git_commit": "deadbeef",
-        "git_dirty": False, "ds_config_sha256": "ab" * 32, "launch_env": {}, "environment": {},
-        "schema_problems": [], "platform": "Linux", "ds_config": "configs/s.json",
-        "runner_peak_tree_rss_bytes": 2**33, "run_id": "s-rep0-1",
-    }  # fmt: skip
+        "host": "node001",
+        "hosts": ["node001"],
+        "gpu_model": "NVIDIA H200",
+        "gpu_count": gpus,
+        "gpus": [
+            {"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096}
+            for i in range(gpus)
+        ],
+        "torch_version": "2.5.1",
+        "deepspeed_version": "0.16.4",
+        "python_version": "3.11.7",
+        "cpu_count": 64,
+        "cpu_affinity": list(range(64)),
+        "cores_granted": 64,
+        "ram_total_bytes": 2**40,
+        "slurm_job_id": slurm_job_id,
+        "git_commit": "deadbeef",
+        "git_dirty": False,
+        "ds_config_sha256": "ab" * 32,
+        "launch_env": {},
+        "environment": {},
+        "schema_problems": [],
+        "platform": "Linux",
+        "ds_config": "configs/s.json",
+        "runner_peak_tree_rss_bytes": 2**33,
+        "run_id": "s-rep0-1",
+    }
     problems = contracts.schema_problems(prov, contracts.provenance_schema())
     assert not problems, problems
     return prov
@@ -197,12 +214,30 @@ def seed_like_records(root: Path) -> list[Path]:
     for r in range(2):
         paths += [
             make_record(root, "zero3-8gpu", r, tokens_per_s=8000, peak_gpu_gib=34),
-            make_record(root, "zero3-offload-4gpu", r, tokens_per_s=2800, world_size=4,
-                        gpus_per_node=4, peak_gpu_gib=14, host_rss_gib=380, **offload),
-            make_record(root, "zero3-offload-2gpu", r, tokens_per_s=1600, world_size=2,
-                        gpus_per_node=2, gpu_mem_gb=80, peak_gpu_gib=60, host_rss_gib=450,
-                        **offload),
-        ]  # fmt: skip
+            make_record(
+                root,
+                "zero3-offload-4gpu",
+                r,
+                tokens_per_s=2800,
+                world_size=4,
+                gpus_per_node=4,
+                peak_gpu_gib=14,
+                host_rss_gib=380,
+                **offload,
+            ),
+            make_record(
+                root,
+                "zero3-offload-2gpu",
+                r,
+                tokens_per_s=1600,
+                world_size=2,
+                gpus_per_node=2,
+                gpu_mem_gb=80,
+                peak_gpu_gib=60,
+                host_rss_gib=450,
+                **offload,
+            ),
+        ]
     paths.append(
         make_record(
             root,
@@ -221,10 +256,20 @@ def seed_like_records(root: Path) -> list[Path]:
 def run_collect_cli(paths, out: Path, baseline: str = "", n_boot: int = 300) -> int:
     """The collect CLI as the rule calls it: runs.csv, runs.parquet, summary.csv under out."""
     return C.main(
-        ["--baseline", baseline, "--runs-csv", str(out / "runs.csv"),
-         "--runs-parquet", str(out / "runs.parquet"), "--summary-csv", str(out / "summary.csv"),
-         "--n-boot", str(n_boot), *map(str, paths)]
-    )  # fmt: skip
+        [
+            "--baseline",
+            baseline,
+            "--runs-csv",
+            str(out / "runs.csv"),
+            "--runs-parquet",
+            str(out / "runs.parquet"),
+            "--summary-csv",
+            str(out / "summary.csv"),
+            "--n-boot",
+            str(n_boot),
+            *map(str, paths),
+        ]
+    )
 
 
 DRIFT = (1.0, 0.7, 1.3)  # the machine's speed at repeat k: both scenarios of a pair feel it
@@ -236,8 +281,16 @@ def drifting_pair(root, offload_speed: float = 500.0, base_speed: float = 1000.0
     paths = []
     for k, drift in enumerate(DRIFT):
         paths.append(make_record(root, "base", k, tokens_per_s=base_speed * drift, seed=k))
-        paths.append(make_record(root, "off", k, tokens_per_s=offload_speed * drift,
-                                 offload_optimizer="cpu", seed=10 + k))  # fmt: skip
+        paths.append(
+            make_record(
+                root,
+                "off",
+                k,
+                tokens_per_s=offload_speed * drift,
+                offload_optimizer="cpu",
+                seed=10 + k,
+            )
+        )
     return paths
 
 
@@ -373,9 +426,14 @@ XC_STUDY = "xc"
 CORES = {"cpu-a": 2, "cpu-b": 1}
 SCENARIOS = [
     {"name": "zero3", "label": "ZeRO-3, no offload", "gpus_per_node": 1, "cpu_mem_gb": 8},
-    {"name": "offload-opt", "label": "ZeRO-3 + CPU optimizer offload", "gpus_per_node": 1,
-     "cpu_mem_gb": 8, "offload_optimizer": "cpu"},
-]  # fmt: skip
+    {
+        "name": "offload-opt",
+        "label": "ZeRO-3 + CPU optimizer offload",
+        "gpus_per_node": 1,
+        "cpu_mem_gb": 8,
+        "offload_optimizer": "cpu",
+    },
+]
 
 
 @dataclass(frozen=True)
@@ -386,19 +444,33 @@ class CrossCluster:
 
 def study_config(cluster: str) -> dict:
     return {
-        "study": XC_STUDY, "cluster": cluster, "model": {"config": dict(SMALL_LLAMA)},
-        "seq_len": 64, "dtype": "bf16", "global_batch": 4, "micro_batch": 2,
-        "gradient_checkpointing": False, "steps": 3, "warmup_steps": 1, "repeats": 1,
-        "timeout_min": 5, "scenarios": SCENARIOS,
-    }  # fmt: skip
+        "study": XC_STUDY,
+        "cluster": cluster,
+        "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64,
+        "dtype": "bf16",
+        "global_batch": 4,
+        "micro_batch": 2,
+        "gradient_checkpointing": False,
+        "steps": 3,
+        "warmup_steps": 1,
+        "repeats": 1,
+        "timeout_min": 5,
+        "scenarios": SCENARIOS,
+    }
 
 
 def write_clusters(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name, cores in CORES.items():
         description = f"CPU test cluster granting {cores} core(s) per run"
-        cluster = {"name": name, "description": description, "accelerator": "cpu",
-                   "gpus_per_node": 2, "cpu_cores_per_node": cores}  # fmt: skip
+        cluster = {
+            "name": name,
+            "description": description,
+            "accelerator": "cpu",
+            "gpus_per_node": 2,
+            "cpu_cores_per_node": cores,
+        }
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(cluster))
     return folder
 
@@ -412,23 +484,65 @@ def run_study(root: Path, cluster: str, cluster_dir: Path) -> Path:
         spec, ds_config = (results / "configs" / f"{scenario}{s}" for s in (".run.json", ".json"))
         write_scenario_files(plan.run_spec(scenario), str(ds_config), str(spec))
         outdir = results / scenario / "rep0"
-        cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec), "--repeat", "0",
-               "--outdir", str(outdir), "--cores", str(CORES[cluster])]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "offload_study.training.runner",
+            "--spec",
+            str(spec),
+            "--repeat",
+            "0",
+            "--outdir",
+            str(outdir),
+            "--cores",
+            str(CORES[cluster]),
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=runner_timeout(spec))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         paths.append(outdir / contracts.METRICS_FILE)
     contracts.write_json(results / "plan.json", plan.summary())
     tables = {k: str(results / k) for k in ("runs.csv", "runs.parquet", "summary.csv")}
-    assert C.main(["--baseline", plan.baseline, "--runs-csv", tables["runs.csv"],
-                   "--runs-parquet", tables["runs.parquet"], "--summary-csv",
-                   tables["summary.csv"], *map(str, paths)]) == 0  # fmt: skip
+    collect_args = [
+        "--baseline",
+        plan.baseline,
+        "--runs-csv",
+        tables["runs.csv"],
+        "--runs-parquet",
+        tables["runs.parquet"],
+        "--summary-csv",
+        tables["summary.csv"],
+        *map(str, paths),
+    ]
+    assert C.main(collect_args) == 0
     report = root / bundle.report_path(XC_STUDY)
-    assert R.main(["--runs", tables["runs.csv"], "--summary", tables["summary.csv"],
-                   "--plan", str(results / "plan.json"), "--out", str(report),
-                   "--figures-dir", str(report.parent / "figures")]) == 0  # fmt: skip
+    report_args = [
+        "--runs",
+        tables["runs.csv"],
+        "--summary",
+        tables["summary.csv"],
+        "--plan",
+        str(results / "plan.json"),
+        "--out",
+        str(report),
+        "--figures-dir",
+        str(report.parent / "figures"),
+    ]
+    assert R.main(report_args) == 0
     out = root / "bundles" / f"{bundle.bundle_name(XC_STUDY, cluster)}{bundle.SUFFIX}"
-    assert bundle.main(["create", "--root", str(root), "--cluster", cluster, "--study", XC_STUDY,
-                        "--report", str(report), "--out", str(out)]) == 0  # fmt: skip
+    bundle_args = [
+        "create",
+        "--root",
+        str(root),
+        "--cluster",
+        cluster,
+        "--study",
+        XC_STUDY,
+        "--report",
+        str(report),
+        "--out",
+        str(out),
+    ]
+    assert bundle.main(bundle_args) == 0
     return out
 
 
@@ -464,25 +578,64 @@ def malicious_study(root: Path) -> Path:
     for name, label in EVIL_SCENARIOS.items():
         outcome = "error" if name == "bad" else "ok"
         excerpt = f"Traceback {EVIL['link']} {EVIL['fetch']} {EVIL['dde']}"
-        metrics = make_record(root, name, label=label, outcome=outcome, error_excerpt=excerpt,
-                              tokens_per_s=1000.0 if name == "base" else 600.0)  # fmt: skip
-        set_provenance(metrics, host=EVIL["tab"] + EVIL["script"], hosts=[EVIL["fetch"]],
-                       gpu_model=EVIL["link"], cpu_model=EVIL["dde"])  # fmt: skip
+        metrics = make_record(
+            root,
+            name,
+            label=label,
+            outcome=outcome,
+            error_excerpt=excerpt,
+            tokens_per_s=1000.0 if name == "base" else 600.0,
+        )
+        set_provenance(
+            metrics,
+            host=EVIL["tab"] + EVIL["script"],
+            hosts=[EVIL["fetch"]],
+            gpu_model=EVIL["link"],
+            cpu_model=EVIL["dde"],
+        )
         paths.append(metrics)
     study = paths[0].parent.parent.parent
-    plan = {"study": STUDY, "cluster": CLUSTER, "description": EVIL["fetch"], "repeats": 1,
-            "baseline": "base", "model": {"config": {"model_type": EVIL["script"]}},
-            "scenarios": [{"name": n, "label": label} for n, label in EVIL_SCENARIOS.items()]}  # fmt: skip
+    plan = {
+        "study": STUDY,
+        "cluster": CLUSTER,
+        "description": EVIL["fetch"],
+        "repeats": 1,
+        "baseline": "base",
+        "model": {"config": {"model_type": EVIL["script"]}},
+        "scenarios": [{"name": n, "label": label} for n, label in EVIL_SCENARIOS.items()],
+    }
     contracts.write_json(study / "plan.json", plan)
     fields = {f.name: None for f in dataclasses.fields(contracts.Prediction)}
-    contracts.write_predictions(study / contracts.PLAN_CSV, [
-        contracts.Prediction(**{**fields, "scenario": n, "predict_only": False, "force": False,
-                                "world_size": 8, "feasible": n != "bad", "reason": EVIL["dde"]})
-        for n in EVIL_SCENARIOS
-    ])  # fmt: skip
+    contracts.write_predictions(
+        study / contracts.PLAN_CSV,
+        [
+            contracts.Prediction(
+                **{
+                    **fields,
+                    "scenario": n,
+                    "predict_only": False,
+                    "force": False,
+                    "world_size": 8,
+                    "feasible": n != "bad",
+                    "reason": EVIL["dde"],
+                }
+            )
+            for n in EVIL_SCENARIOS
+        ],
+    )
     assert run_collect_cli(paths, study) == 0
     report = root / bundle.report_path(STUDY)
-    assert R.main(["--runs", str(study / "runs.csv"), "--summary", str(study / "summary.csv"),
-                   "--plan", str(study / "plan.json"), "--out", str(report),
-                   "--figures-dir", str(report.parent / "figures")]) == 0  # fmt: skip
+    report_args = [
+        "--runs",
+        str(study / "runs.csv"),
+        "--summary",
+        str(study / "summary.csv"),
+        "--plan",
+        str(study / "plan.json"),
+        "--out",
+        str(report),
+        "--figures-dir",
+        str(report.parent / "figures"),
+    ]
+    assert R.main(report_args) == 0
     return study

@@ -59,16 +59,33 @@ def chaos_study(runs: int) -> dict:
     """A study of at least ``runs`` tiny runs (1 rank, 1 warm-up + 2 measured steps)."""
     combos = len(SWEEP["micro_batch"])
     return {
-        "study": STUDY, "cluster": CLUSTER, "model": {"config": dict(SMALL_LLAMA)},
-        "seq_len": 64, "dtype": "bf16", "micro_batch": 2, "gradient_checkpointing": False,
-        "measure": {"mode": "fixed"}, "steps": 2, "warmup_steps": 1, "seed": 1234,
-        "timeout_min": 5, "repeats": -(-runs // combos),
+        "study": STUDY,
+        "cluster": CLUSTER,
+        "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64,
+        "dtype": "bf16",
+        "micro_batch": 2,
+        "gradient_checkpointing": False,
+        "measure": {"mode": "fixed"},
+        "steps": 2,
+        "warmup_steps": 1,
+        "seed": 1234,
+        "timeout_min": 5,
+        "repeats": -(-runs // combos),
         # FSDP2 (engine: fsdp2): the faults are the infrastructure's, not an engine's, and a run
         # without DeepSpeed's import and ZeRO-3 set-up starts in ~60 % of the time (measured on
         # the 2-core machine: 15.6 s against 25.9 s for the same tiny run)
-        "scenarios": [{"name": "tiny", "engine": "fsdp2", "gpus_per_node": 1, "cpu_mem_gb": 2,
-                       "gradient_accumulation_steps": 1, "sweep": SWEEP}],
-    }  # fmt: skip
+        "scenarios": [
+            {
+                "name": "tiny",
+                "engine": "fsdp2",
+                "gpus_per_node": 1,
+                "cpu_mem_gb": 2,
+                "gradient_accumulation_steps": 1,
+                "sweep": SWEEP,
+            }
+        ],
+    }
 
 
 @dataclass
@@ -109,8 +126,15 @@ class ChaosRun:
         self.orphans |= {j.get("JobName") for j in self.cluster.jobs()}
         self.invocations += 1
         log = open(self.work / f"snakemake.{self.invocations}.log", "w")  # noqa: SIM115
-        self.proc = profile_snakemake(self.cluster, self.work, self.profile, *self.args,
-                                      background=True, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = profile_snakemake(
+            self.cluster,
+            self.work,
+            self.profile,
+            *self.args,
+            background=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -136,10 +160,14 @@ class ChaosRun:
         (SIGKILL, or SIGTERM from scancel) while it holds the lock leaves it behind; every later
         run on the machine then waits for it forever (seen while this was built). That hazard is
         torch's, not what this run is about."""
-        return [j["JobId"] for j in self.cluster.jobs()
-                if j.get("JobState") == "RUNNING" and j.get("Comment", "").startswith(TRAIN_JOB)
-                and (not stepping or self.stepping(j["Comment"].removeprefix(TRAIN_JOB)))
-                and not (live and j.get("JobName") in self.orphans)]  # fmt: skip
+        return [
+            j["JobId"]
+            for j in self.cluster.jobs()
+            if j.get("JobState") == "RUNNING"
+            and j.get("Comment", "").startswith(TRAIN_JOB)
+            and (not stepping or self.stepping(j["Comment"].removeprefix(TRAIN_JOB)))
+            and not (live and j.get("JobName") in self.orphans)
+        ]
 
     def stepping(self, wildcards: str) -> bool:
         """Whether the run of a train job (its wildcards "<scenario>_<rep>") is stepping."""
@@ -165,8 +193,9 @@ def in_place_fingerprints(results: Path) -> dict[str, str]:
 
 def files_of(folder: Path) -> list[tuple[str, int]]:
     with contextlib.suppress(OSError):
-        return sorted((str(p.relative_to(folder)), p.stat().st_size)
-                      for p in folder.rglob("*") if p.is_file())  # fmt: skip
+        return sorted(
+            (str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file()
+        )
     return []
 
 
@@ -186,9 +215,12 @@ def sigkill_rank(chaos: ChaosRun) -> str | None:
 def is_rank(proc: psutil.Process, chaos: ChaosRun) -> bool:
     """A training rank of this study whose run is stepping."""
     cmd = proc.info["cmdline"] or []
-    return ("offload_study.training.harness" in cmd and "torch.distributed.run" not in cmd
-            and (proc.info["cwd"] or "").startswith(str(chaos.work))
-            and (chaos.work / out_of(proc) / PROGRESS_FILE).exists())  # fmt: skip
+    return (
+        "offload_study.training.harness" in cmd
+        and "torch.distributed.run" not in cmd
+        and (proc.info["cwd"] or "").startswith(str(chaos.work))
+        and (chaos.work / out_of(proc) / PROGRESS_FILE).exists()
+    )
 
 
 def out_of(rank: psutil.Process) -> str:
@@ -366,20 +398,28 @@ class Verdict:
     unreported: list[str]  # runs not ok, and scenarios' retry counts, the report does not show
 
     def line(self, faults: int) -> str:
-        return (f"{len(self.planned)} runs, {faults} faults injected, {len(self.retried)} "
-                f"retried, {len(self.lost) + len(self.missing)} lost")  # fmt: skip
+        return (
+            f"{len(self.planned)} runs, {faults} faults injected, {len(self.retried)} "
+            f"retried, {len(self.lost) + len(self.missing)} lost"
+        )
 
 
 def judge(chaos: ChaosRun) -> Verdict:
     """What the run left, against what was planned and what was seen."""
     results, plan = chaos.results, read_json(chaos.results / layout.PLAN_JSON)
     planned = [f"{s['scenario']}/rep{r}" for s in plan["scenarios"] for r in range(plan["repeats"])]
-    current = {str(p.parent.relative_to(results)) for p in results.glob("*/rep*/metrics.json")
-               if re.fullmatch(r"rep\d+", p.parent.name)}  # fmt: skip
+    current = {
+        str(p.parent.relative_to(results))
+        for p in results.glob("*/rep*/metrics.json")
+        if re.fullmatch(r"rep\d+", p.parent.name)
+    }
     final = set(record_fingerprints(results).values())
     retried = {run: retries_of(results / run) for run in planned if run in current}
-    outcomes = {run: read_json(results / run / "metrics.json")["outcome"]
-                for run in planned if run in current}  # fmt: skip
+    outcomes = {
+        run: read_json(results / run / "metrics.json")["outcome"]
+        for run in planned
+        if run in current
+    }
     html = (chaos.work / layout.report_html(CLUSTER, STUDY)).read_text()
     return Verdict(
         planned=planned,
@@ -394,7 +434,7 @@ def judge(chaos: ChaosRun) -> Verdict:
             f"{scenario} retried:{n}"
             for scenario, n in retries_by_scenario(retried).items()
             if words.outcomes(f"retried:{n}") not in html
-        ],  # fmt: skip
+        ],
     )
 
 
@@ -406,8 +446,11 @@ def lost_record(chaos: ChaosRun, digest: str) -> str:
     archive = Path(
         layout.archive_dir(chaos.results, run.parts[0], int(folder.name[3:]), "x")
     ).parent
-    left = {str(p.relative_to(chaos.results)): files_of(p)
-            for p in [folder, *sorted(archive.glob("*"))] if p.is_dir()}  # fmt: skip
+    left = {
+        str(p.relative_to(chaos.results)): files_of(p)
+        for p in [folder, *sorted(archive.glob("*"))]
+        if p.is_dir()
+    }
     return f"{run} (seen holding {chaos.seen_files[digest]}; now {left})"
 
 
@@ -416,8 +459,11 @@ def unshown_outcomes(outcomes: dict[str, str], html: str) -> list[str]:
     on the page does not show in the page's words ("2 ran out of GPU memory")."""
     counts = collections.Counter((run.split("/")[0], o) for run, o in outcomes.items())
     text = htmllib.unescape(html)
-    return [f"{scenario} {o}:{n}" for (scenario, o), n in sorted(counts.items())
-            if o != "ok" and not re.search(rf"(?<!\d){n} {re.escape(words.outcome(o))}", text)]  # fmt: skip
+    return [
+        f"{scenario} {o}:{n}"
+        for (scenario, o), n in sorted(counts.items())
+        if o != "ok" and not re.search(rf"(?<!\d){n} {re.escape(words.outcome(o))}", text)
+    ]
 
 
 def retries_by_scenario(retried: dict[str, int]) -> dict[str, int]:
@@ -428,8 +474,18 @@ def retries_by_scenario(retried: dict[str, int]) -> dict[str, int]:
     return {scenario: n for scenario, n in total.items() if n}
 
 
-def chaos_run(cluster: SlurmCluster, tmp: Path, calibration: Path, *, runs: int, faults: int,
-              seed: int, jobs: int = 4, timeout_s: float = 900, say=None):  # fmt: skip
+def chaos_run(
+    cluster: SlurmCluster,
+    tmp: Path,
+    calibration: Path,
+    *,
+    runs: int,
+    faults: int,
+    seed: int,
+    jobs: int = 4,
+    timeout_s: float = 900,
+    say=None,
+):
     """The whole chaos run; returns (ChaosRun, Verdict, exit codes, wall seconds).
 
     ``jobs``: the profile's jobs, twice the 2 cores of CI, so that a requeued job waiting to

@@ -72,10 +72,15 @@ def pytest_runtest_protocol(item, nextitem):
 
 #: A Llama small enough for a 2-core CPU run in seconds (the runner tests train it).
 SMALL_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 512,
     "max_position_embeddings": 128,
-}  # fmt: skip
+}
 
 
 def make_cluster(cluster: dict | str = "local-cpu") -> dict:
@@ -101,11 +106,20 @@ def make_spec(cluster: dict | str = "local-cpu", scenario: dict | None = None, *
         **(scenario or {}),
     }
     config = {
-        "study": "test", "cluster": cluster["name"], "model": {"config": dict(SMALL_LLAMA)},
-        "seq_len": 64, "dtype": "bf16", "micro_batch": 2, "gradient_checkpointing": False,
-        "steps": 3, "warmup_steps": 1, "seed": 1234, "timeout_min": 5, "scenarios": [scenario],
+        "study": "test",
+        "cluster": cluster["name"],
+        "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64,
+        "dtype": "bf16",
+        "micro_batch": 2,
+        "gradient_checkpointing": False,
+        "steps": 3,
+        "warmup_steps": 1,
+        "seed": 1234,
+        "timeout_min": 5,
+        "scenarios": [scenario],
         **study,
-    }  # fmt: skip
+    }
     (run,) = admitted_runs(load_study(config, source="test study"), cluster)
     return run
 
@@ -175,8 +189,17 @@ def made_once(tmp_path_factory, name: str, make):
 def measure_calibration(folder: Path) -> str:
     """This machine's calibration, measured into ``folder`` as the calibrate rule does."""
     out = folder / "calibration.json"
-    cmd = [sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "local-cpu",
-           "--cores", str(os.cpu_count()), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.prediction.calibrate",
+        "--cluster",
+        "local-cpu",
+        "--cores",
+        str(os.cpu_count()),
+        "--out",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return str(out)

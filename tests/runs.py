@@ -18,8 +18,13 @@ from offload_study.core import contracts
 from offload_study.core.contracts import read_run_spec
 from offload_study.planning.plan import write_scenario_files
 
-NVME_AIO = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
-            "single_submit": False, "overlap_events": True}  # fmt: skip
+NVME_AIO = {
+    "block_size": 1048576,
+    "queue_depth": 8,
+    "intra_op_parallelism": 1,
+    "single_submit": False,
+    "overlap_events": True,
+}
 
 
 @contextlib.contextmanager
@@ -39,9 +44,15 @@ def tmpfs(mount: Path, size: str):
 
 
 def make_run(
-    tmp_path: Path, offload_optimizer="none", offload_param="none", world=1, *,
-    ds_over=None, scenario=None, **study,
-):  # fmt: skip
+    tmp_path: Path,
+    offload_optimizer="none",
+    offload_param="none",
+    world=1,
+    *,
+    ds_over=None,
+    scenario=None,
+    **study,
+):
     """Plan a one-scenario study (conftest.make_spec) and write its run spec + DeepSpeed config
     as the plan rules do; return (spec_path, outdir, spec).
 
@@ -53,10 +64,15 @@ def make_run(
     # NVMe: big enough that partitions pass DeepSpeed's 1 MiB min_aio_bytes and are swapped
     model = dict(SMALL_LLAMA, vocab_size=8192) if nvme else SMALL_LLAMA
     scenario = {
-        "name": name, "gpus_per_node": world, "gpu_mem_gb": 40, "cpu_mem_gb": 64,
-        "offload_optimizer": offload_optimizer, "offload_param": offload_param,
-        "nvme_path": str(tmp_path / "nvme") if nvme else None, **(scenario or {}),
-    }  # fmt: skip
+        "name": name,
+        "gpus_per_node": world,
+        "gpu_mem_gb": 40,
+        "cpu_mem_gb": 64,
+        "offload_optimizer": offload_optimizer,
+        "offload_param": offload_param,
+        "nvme_path": str(tmp_path / "nvme") if nvme else None,
+        **(scenario or {}),
+    }
     study = {"model": {"config": model}, "aio": NVME_AIO if nvme else {}, **study}
     spec_path, ds_path = tmp_path / f"{name}.run.json", tmp_path / f"{name}.json"
     write_scenario_files(make_spec("local-cpu", scenario, **study), str(ds_path), str(spec_path))
@@ -83,8 +99,17 @@ def runner_timeout(spec_path) -> float:
 
 
 def run_runner(spec_path, outdir):
-    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
-           "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.training.runner",
+        "--spec",
+        str(spec_path),
+        "--repeat",
+        "0",
+        "--outdir",
+        str(outdir),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=runner_timeout(spec_path))
 
 

@@ -478,8 +478,20 @@ def slurmd_argv(node: Node, conf: Path) -> list[str]:
     if node.netns is None:
         return slurmd
     setup = f'mount --bind {node.hosts_file} /etc/hosts && hostname {node.name} && exec "$@"'
-    return ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--mount",
-            "--propagation", "private", "sh", "-c", setup, "slurmd", *slurmd]  # fmt: skip
+    return [
+        "nsenter",
+        f"--net=/run/netns/{node.netns}",
+        "unshare",
+        "--uts",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        setup,
+        "slurmd",
+        *slurmd,
+    ]
 
 
 @contextlib.contextmanager

@@ -102,8 +102,12 @@ def test_replaying_a_recorded_trace_gives_the_reserved_peak_torch_measured(trace
 
 
 def test_the_replay_benchmark_prints_every_trace():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "allocator_replay.py")],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "allocator_replay.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(list(TRACES.glob("*.trace.jsonl.gz")))  # the header and one each
     assert "default-gpu/offload-opt" in out

@@ -26,25 +26,46 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machi
 
 THEIR_CLUSTER = "their-l40s"  # shipped by nobody: no measured or shipped calibration
 THEIR_STUDY = {
-    "study": "their-study", "cluster": THEIR_CLUSTER,
-    "model": {"config": {"model_type": "llama", "vocab_size": 512, "hidden_size": 64,
-                         "intermediate_size": 176, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "num_key_value_heads": 4,
-                         "max_position_embeddings": 128}},
-    "seq_len": 64, "dtype": "bf16", "micro_batch": 2, "steps": 3, "warmup_steps": 1,
+    "study": "their-study",
+    "cluster": THEIR_CLUSTER,
+    "model": {
+        "config": {
+            "model_type": "llama",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 176,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 128,
+        }
+    },
+    "seq_len": 64,
+    "dtype": "bf16",
+    "micro_batch": 2,
+    "steps": 3,
+    "warmup_steps": 1,
     "timeout_min": 5,
-    "scenarios": [{"name": "zero3", "gpus_per_node": 1, "cpu_mem_gb": 8},
-                  {"name": "offload-opt", "gpus_per_node": 2, "cpu_mem_gb": 8,
-                   "offload_optimizer": "cpu"}],
-}  # fmt: skip
+    "scenarios": [
+        {"name": "zero3", "gpus_per_node": 1, "cpu_mem_gb": 8},
+        {"name": "offload-opt", "gpus_per_node": 2, "cpu_mem_gb": 8, "offload_optimizer": "cpu"},
+    ],
+}
 
 
 def their_checkout(tmp: Path, scheduler: str = "slurm") -> Path:
     """A working dir with a GPU cluster and a study the repository does not ship."""
     work = copy_repo_for_run(tmp)
     cluster = yaml.safe_load((work / layout.cluster_file("example-slurm")).read_text())
-    cluster.update(name=THEIR_CLUSTER, scheduler=scheduler, gpu_model="NVIDIA L40S",
-                   gpu_mem_gb=48, gpus_per_node=2, nodes=1, cpu_cores_per_node=32)  # fmt: skip
+    cluster.update(
+        name=THEIR_CLUSTER,
+        scheduler=scheduler,
+        gpu_model="NVIDIA L40S",
+        gpu_mem_gb=48,
+        gpus_per_node=2,
+        nodes=1,
+        cpu_cores_per_node=32,
+    )
     (work / layout.cluster_file(THEIR_CLUSTER)).write_text(yaml.safe_dump(cluster))
     (work / "config/studies/their-study.yaml").write_text(yaml.safe_dump(THEIR_STUDY))
     return work
@@ -52,8 +73,9 @@ def their_checkout(tmp: Path, scheduler: str = "slurm") -> Path:
 
 def test_plan_of_an_uncalibrated_gpu_cluster_runs_here_without_calibrate(tmp_path):
     work = their_checkout(tmp_path)
-    res = snakemake("-n", "plan", "--config", "study_file=config/studies/their-study.yaml",
-                    cwd=work)  # fmt: skip
+    res = snakemake(
+        "-n", "plan", "--config", "study_file=config/studies/their-study.yaml", cwd=work
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     jobs = res.stdout + res.stderr
     assert "catalog_calibration" in jobs and "rule calibrate" not in jobs
@@ -63,8 +85,17 @@ def test_plan_of_an_uncalibrated_gpu_cluster_runs_here_without_calibrate(tmp_pat
 def test_the_catalog_calibration_is_labelled_uncalibrated(tmp_path):
     work = their_checkout(tmp_path)
     out = tmp_path / "uncal.json"
-    cmd = [sys.executable, "-m", "offload_study.prediction.catalog", "--cluster", THEIR_CLUSTER,
-           "--cluster-dir", str(work / "config/clusters"), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.prediction.catalog",
+        "--cluster",
+        THEIR_CLUSTER,
+        "--cluster-dir",
+        str(work / "config/clusters"),
+        "--out",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     cal = read_calibration(out)
@@ -90,17 +121,29 @@ def test_the_peak_table_is_the_catalog():
 def test_calibrate_refuses_a_gpu_cluster_on_a_machine_without_its_gpu(tmp_path):
     work = their_checkout(tmp_path)
     out = tmp_path / "calibration.json"
-    cmd = [sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", THEIR_CLUSTER,
-           "--cluster-dir", str(work / "config/clusters"), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.prediction.calibrate",
+        "--cluster",
+        THEIR_CLUSTER,
+        "--cluster-dir",
+        str(work / "config/clusters"),
+        "--out",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and not out.exists()
     assert f"cluster '{THEIR_CLUSTER}' has accelerator cuda (NVIDIA L40S)" in res.stderr
     assert "no CUDA GPU" in res.stderr and "nothing measured" in res.stderr
 
 
-GOOD = {"calibrated": {k: 0.1 for k in error_bands.QUANTITIES},
-        "uncalibrated": {k: 0.3 for k in error_bands.QUANTITIES},
-        "measured_by": "python benchmarks/prediction_accuracy.py", "records": 12}  # fmt: skip
+GOOD = {
+    "calibrated": {k: 0.1 for k in error_bands.QUANTITIES},
+    "uncalibrated": {k: 0.3 for k in error_bands.QUANTITIES},
+    "measured_by": "python benchmarks/prediction_accuracy.py",
+    "records": 12,
+}
 
 
 @pytest.mark.refuses_bad_input
@@ -138,21 +181,37 @@ def test_the_committed_error_bands_are_read_and_uncalibrated_is_wider():
 
 def _row(name: str, gpu_hours: float | None, feasible: bool = True) -> Prediction:
     fields = {f.name: None for f in dataclasses.fields(Prediction)}
-    return Prediction(**{**fields, "scenario": name, "predict_only": False, "force": False,
-                         "world_size": 1, "feasible": feasible, "gpu_hours": gpu_hours})  # fmt: skip
+    return Prediction(
+        **{
+            **fields,
+            "scenario": name,
+            "predict_only": False,
+            "force": False,
+            "world_size": 1,
+            "feasible": feasible,
+            "gpu_hours": gpu_hours,
+        }
+    )
 
 
 def test_a_search_says_what_it_spent_and_what_the_whole_grid_would_cost():
     space = {"candidates": {"a": "opt", "b": "opt", "c": "opt", "d": "opt"}, "references": ["r"]}
-    preds = {"a": _row("a", 0.1), "b": _row("b", 0.2), "c": _row("c", 0.3, feasible=False),
-             "d": _row("d", 0.05), "r": _row("r", 0.15)}  # fmt: skip
+    preds = {
+        "a": _row("a", 0.1),
+        "b": _row("b", 0.2),
+        "c": _row("c", 0.3, feasible=False),
+        "d": _row("d", 0.05),
+        "r": _row("r", 0.15),
+    }
     spend = recommend.spending(space, {"device_minutes": 12.0}, preds)
     assert spend["grid_runs"] == 4  # c is predicted not to fit: never measured
     assert spend["grid_predicted_device_minutes"] == pytest.approx(60 * 0.5)
     assert spend["saved_device_minutes"] == pytest.approx(30 - 12)
     line = recommend.spending_line(spend)
-    assert line == ("recommend: spent 12.0 GPU-minutes measured; measuring the whole grid "
-                    "(4 feasible configs) would take 30.0 GPU-minutes predicted, saved 18.0")  # fmt: skip
+    assert line == (
+        "recommend: spent 12.0 GPU-minutes measured; measuring the whole grid "
+        "(4 feasible configs) would take 30.0 GPU-minutes predicted, saved 18.0"
+    )
 
 
 def test_recommend_measures_four_candidates_at_most_by_default():
@@ -169,8 +228,9 @@ def test_recommend_measures_four_candidates_at_most_by_default():
 def test_a_real_plan_of_an_uncalibrated_gpu_cluster_here(tmp_path):
     """The plan target itself, on this CPU-only machine (~2 min: DeepSpeed's parser)."""
     work = their_checkout(tmp_path)
-    res = snakemake("-c1", "plan", "--config", "study_file=config/studies/their-study.yaml",
-                    cwd=work)  # fmt: skip
+    res = snakemake(
+        "-c1", "plan", "--config", "study_file=config/studies/their-study.yaml", cwd=work
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"plan: UNCALIBRATED predictions for cluster '{THEIR_CLUSTER}'" in res.stderr
     study = work / layout.study_dir(THEIR_CLUSTER, "their-study")

@@ -63,12 +63,22 @@ def test_bundle_carries_records_logs_configs_report_and_manifest(cross_cluster, 
     rel = {n.removeprefix(top + "/") for n in names}
     study = bundle.study_dir("cpu-a", STUDY)
     for scenario in ("zero3", "offload-opt"):
-        for f in ("metrics.json", "steps.csv", "provenance.json", "logs/launcher.log",
-                  "logs/rank0.log"):  # fmt: skip
+        for f in (
+            "metrics.json",
+            "steps.csv",
+            "provenance.json",
+            "logs/launcher.log",
+            "logs/rank0.log",
+        ):
             assert f"{study}/{scenario}/rep0/{f}" in rel
         assert f"{study}/configs/{scenario}.json" in rel
-    assert {f"{study}/plan.json", f"{study}/summary.csv", f"{study}/runs.csv",
-            bundle.report_path(STUDY), bundle.MANIFEST} <= rel  # fmt: skip
+    assert {
+        f"{study}/plan.json",
+        f"{study}/summary.csv",
+        f"{study}/runs.csv",
+        bundle.report_path(STUDY),
+        bundle.MANIFEST,
+    } <= rel
     assert not any("/archive/" in n for n in rel), "superseded-record archive is not bundled"
     manifest = json.loads(names[f"{top}/{bundle.MANIFEST}"])
     assert set(manifest["members"]) == rel - {bundle.MANIFEST}
@@ -87,9 +97,17 @@ def test_extracted_bundle_reads_like_the_working_tree(cross_cluster, tmp_path):
     assert collect.read_record(rec / "metrics.json")["outcome"] == "ok"
     assert collect.read_provenance(rec)["cores_granted"] == 1
     assert b.report.read_text().startswith("<!DOCTYPE html>")
-    cli = subprocess.run([sys.executable, "-m", "offload_study.across.bundle", "verify",
-                          *map(str, cross_cluster.bundles.values())],
-                         capture_output=True, text=True)  # fmt: skip
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offload_study.across.bundle",
+            "verify",
+            *map(str, cross_cluster.bundles.values()),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 0 and cli.stdout.count("bundle: ok") == 2, cli.stdout
 
 
@@ -214,5 +232,13 @@ def test_a_plan_whose_names_would_leave_the_bundle_is_refused(tmp_path):
 
 
 def _manifest_fields() -> dict:
-    return {"bundle_version": 1, "study": "s", "cluster": "c", "created_at": "now",
-            "created_by": {}, "report": None, "calibration": None, "members": {}}  # fmt: skip
+    return {
+        "bundle_version": 1,
+        "study": "s",
+        "cluster": "c",
+        "created_at": "now",
+        "created_by": {},
+        "report": None,
+        "calibration": None,
+        "members": {},
+    }

@@ -47,8 +47,18 @@ def write_refs(folder: Path, refs: list[dict], name: str = "refs", study: str = 
 
 def run_check(cross_cluster, refs: Path, *extra: str) -> subprocess.CompletedProcess:  # noqa: F811
     summary, plan = study_files(cross_cluster)
-    cmd = [sys.executable, "-m", "offload_study.across.check", "--summary", str(summary),
-           "--plan", str(plan), "--references", str(refs), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.across.check",
+        "--summary",
+        str(summary),
+        "--plan",
+        str(plan),
+        "--references",
+        str(refs),
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -56,13 +66,24 @@ def run_check(cross_cluster, refs: Path, *extra: str) -> subprocess.CompletedPro
 def test_check_passes_within_the_reference_band(cross_cluster, tmp_path):  # noqa: F811
     rel = measured(cross_cluster, "offload-opt", "relative_speed")
     tps = measured(cross_cluster, "zero3", "tokens_per_s")
-    refs = write_refs(tmp_path / "refs", [
-        # bands wide enough for the whole CI of a short CPU run (the band rule judges the CI)
-        {"scenario": "offload-opt", "value": rel * 1.05,
-         **band_holding_ci(cross_cluster, "offload-opt", "relative_speed", rel * 1.05)},
-        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "cluster": "cpu-a",
-         **band_holding_ci(cross_cluster, "zero3", "tokens_per_s", tps)},
-    ])  # fmt: skip
+    refs = write_refs(
+        tmp_path / "refs",
+        [
+            # bands wide enough for the whole CI of a short CPU run (the band rule judges the CI)
+            {
+                "scenario": "offload-opt",
+                "value": rel * 1.05,
+                **band_holding_ci(cross_cluster, "offload-opt", "relative_speed", rel * 1.05),
+            },
+            {
+                "scenario": "zero3",
+                "metric": "tokens_per_s",
+                "value": tps,
+                "cluster": "cpu-a",
+                **band_holding_ci(cross_cluster, "zero3", "tokens_per_s", tps),
+            },
+        ],
+    )
     res = run_check(cross_cluster, refs, "--out", str(tmp_path / "check.json"))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "PASS         offload-opt: relative_speed" in res.stdout
@@ -82,10 +103,13 @@ def test_check_fails_outside_the_band_and_names_the_scenario(cross_cluster, tmp_
     ci_high = measured(cross_cluster, "offload-opt", "tokens_per_s_ci_high")
     ci_low = measured(cross_cluster, "offload-opt", "tokens_per_s_ci_low")
     ref = 3 * max(tps, ci_high)
-    refs = write_refs(tmp_path / "refs", [
-        # the cluster ran at a third of what it used to: a regression
-        {"scenario": "offload-opt", "metric": "tokens_per_s", "value": ref, "lower": -0.5},
-    ])  # fmt: skip
+    refs = write_refs(
+        tmp_path / "refs",
+        [
+            # the cluster ran at a third of what it used to: a regression
+            {"scenario": "offload-opt", "metric": "tokens_per_s", "value": ref, "lower": -0.5},
+        ],
+    )
     res = run_check(cross_cluster, refs)
     assert res.returncode == 1, res.stdout + res.stderr
     line = next(x for x in res.stdout.splitlines() if x.strip().startswith("FAIL"))
@@ -94,9 +118,12 @@ def test_check_fails_outside_the_band_and_names_the_scenario(cross_cluster, tmp_
     assert "NO REFERENCE zero3" in res.stdout and "-> FAILED" in res.stdout
     assert ci_low > 0, "the fixture's run measured no usable CI"
     below = min(tps, ci_low) / 3
-    above = write_refs(tmp_path / "above", [
-        {"scenario": "offload-opt", "metric": "tokens_per_s", "value": below, "upper": 0.5},
-    ])  # fmt: skip
+    above = write_refs(
+        tmp_path / "above",
+        [
+            {"scenario": "offload-opt", "metric": "tokens_per_s", "value": below, "upper": 0.5},
+        ],
+    )
     res = run_check(cross_cluster, above)
     off = f"{100 * (tps / below - 1):+.1f}% of the reference, above its band"
     assert res.returncode == 1 and off in res.stdout, res.stdout
@@ -107,31 +134,63 @@ def test_most_specific_reference_wins(cross_cluster, tmp_path):  # noqa: F811
     summary, plan = study_files(cross_cluster)
     tps = measured(cross_cluster, "zero3", "tokens_per_s")
     device = collect.read_table(summary)["device_name"].dropna().iloc[0]
-    refs = references.load_references(write_refs(tmp_path / "refs", [
-        {"scenario": "zero3", "metric": "tokens_per_s", "value": 100 * tps},  # any cluster
-        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps, "gpu_model": device,
-         **band_holding_ci(cross_cluster, "zero3", "tokens_per_s", tps)},
-        {"scenario": "zero3", "metric": "tokens_per_s", "value": tps / 100, "cluster": "cpu-b"},
-    ]))  # fmt: skip
+    refs = references.load_references(
+        write_refs(
+            tmp_path / "refs",
+            [
+                {"scenario": "zero3", "metric": "tokens_per_s", "value": 100 * tps},  # any cluster
+                {
+                    "scenario": "zero3",
+                    "metric": "tokens_per_s",
+                    "value": tps,
+                    "gpu_model": device,
+                    **band_holding_ci(cross_cluster, "zero3", "tokens_per_s", tps),
+                },
+                {
+                    "scenario": "zero3",
+                    "metric": "tokens_per_s",
+                    "value": tps / 100,
+                    "cluster": "cpu-b",
+                },
+            ],
+        )
+    )
     found = check.verdicts(collect.read_table(summary), contracts.read_json(plan), refs)
     zero3 = [v for v in found if v.scenario == "zero3"]
     assert [(v.status, v.reference.gpu_model) for v in zero3] == [("pass", device)]
     other = [r for r in refs if r.gpu_model is None and r.cluster is None]
-    (v,) = [v for v in check.verdicts(collect.read_table(summary), contracts.read_json(plan), other)
-            if v.scenario == "zero3"]  # fmt: skip
+    (v,) = [
+        v
+        for v in check.verdicts(collect.read_table(summary), contracts.read_json(plan), other)
+        if v.scenario == "zero3"
+    ]
     assert v.status == "fail"
 
 
 @pytest.mark.slow
 def test_a_bundle_is_checked_like_the_local_study(cross_cluster, tmp_path):  # noqa: F811
     rel = measured(cross_cluster, "offload-opt", "relative_speed", "cpu-b")
-    refs = write_refs(tmp_path / "refs", [
-        {"scenario": "offload-opt", "value": rel, "cluster": "cpu-b",
-         **band_holding_ci(cross_cluster, "offload-opt", "relative_speed", rel, "cpu-b")},
-        {"scenario": "no-such-scenario", "value": 1.0},
-    ])  # fmt: skip
-    cmd = [sys.executable, "-m", "offload_study.across.check", "--bundle",
-           str(cross_cluster.bundles["cpu-b"]), "--references", str(refs)]  # fmt: skip
+    refs = write_refs(
+        tmp_path / "refs",
+        [
+            {
+                "scenario": "offload-opt",
+                "value": rel,
+                "cluster": "cpu-b",
+                **band_holding_ci(cross_cluster, "offload-opt", "relative_speed", rel, "cpu-b"),
+            },
+            {"scenario": "no-such-scenario", "value": 1.0},
+        ],
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.across.check",
+        "--bundle",
+        str(cross_cluster.bundles["cpu-b"]),
+        "--references",
+        str(refs),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr  # the reference nobody can meet
     assert "PASS         offload-opt: relative_speed" in res.stdout
@@ -155,9 +214,22 @@ def test_a_bad_reference_file_is_one_clear_error(tmp_path):
     write_refs(twice, [{"scenario": "zero3", "value": 2.0}], name="again")
     with pytest.raises(StudyError, match="also given in"):
         references.load_references(twice)
-    res = subprocess.run([sys.executable, "-m", "offload_study.across.check", "--summary", "x.csv",
-                          "--plan", "p.json", "--references", str(refs)],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offload_study.across.check",
+            "--summary",
+            "x.csv",
+            "--plan",
+            "p.json",
+            "--references",
+            str(refs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "references[0].lower" in res.stdout
 
 
@@ -176,9 +248,19 @@ def test_shipped_references_name_scenarios_of_their_study():
 
 
 def test_judge_is_pure_over_a_summary_row():
-    ref = references.Reference(file="f.yaml", study="s", scenario="a", metric="relative_speed",
-                          value=0.35, lower=-0.25, upper=0.25, cluster=None, gpu_model=None,
-                          note="seed", source="seed")  # fmt: skip
+    ref = references.Reference(
+        file="f.yaml",
+        study="s",
+        scenario="a",
+        metric="relative_speed",
+        value=0.35,
+        lower=-0.25,
+        upper=0.25,
+        cluster=None,
+        gpu_model=None,
+        note="seed",
+        source="seed",
+    )
     row = Row
     assert check.judge("a", row(relative_speed=0.30), ref).status == check.PASS
     assert check.judge("a", row(relative_speed=0.25), ref).status == check.FAIL
@@ -190,9 +272,11 @@ def test_judge_is_pure_over_a_summary_row():
     # the whole CI is judged: inside passes, across an edge is inconclusive (and fails the gate)
     ci = {"relative_speed_ci_low": 0.28, "relative_speed_ci_high": 0.40}
     assert check.judge("a", row(relative_speed=0.34, **ci), ref).status == check.PASS
-    edge = check.judge("a", row(relative_speed=0.30, relative_speed_ci_low=0.24,
-                                relative_speed_ci_high=0.36), ref)  # fmt: skip
+    edge = check.judge(
+        "a", row(relative_speed=0.30, relative_speed_ci_low=0.24, relative_speed_ci_high=0.36), ref
+    )
     assert edge.status == check.INCONCLUSIVE and edge.failed and "inconclusive" in edge.message
-    below = check.judge("a", row(relative_speed=0.20, relative_speed_ci_low=0.18,
-                                 relative_speed_ci_high=0.24), ref)  # fmt: skip
+    below = check.judge(
+        "a", row(relative_speed=0.20, relative_speed_ci_low=0.18, relative_speed_ci_high=0.24), ref
+    )
     assert below.status == check.FAIL and "below its band" in below.message

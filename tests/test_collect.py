@@ -170,14 +170,32 @@ def test_all_failed_and_empty(tmp_path):
 def test_summarize_pure_with_nans():
     runs = C.build_runs(
         [
-            {"scenario": "a", "outcome": "ok", "tokens_per_s": 100.0, "offload_optimizer": "none",
-             "offload_param": "none", "record_dir": "x"},
-            {"scenario": "a", "outcome": "ok", "tokens_per_s": None, "offload_optimizer": "none",
-             "offload_param": "none", "record_dir": "y"},
-            {"scenario": "b", "outcome": "ok", "tokens_per_s": 50.0, "offload_optimizer": "cpu",
-             "offload_param": "none", "record_dir": "z"},
+            {
+                "scenario": "a",
+                "outcome": "ok",
+                "tokens_per_s": 100.0,
+                "offload_optimizer": "none",
+                "offload_param": "none",
+                "record_dir": "x",
+            },
+            {
+                "scenario": "a",
+                "outcome": "ok",
+                "tokens_per_s": None,
+                "offload_optimizer": "none",
+                "offload_param": "none",
+                "record_dir": "y",
+            },
+            {
+                "scenario": "b",
+                "outcome": "ok",
+                "tokens_per_s": 50.0,
+                "offload_optimizer": "cpu",
+                "offload_param": "none",
+                "record_dir": "z",
+            },
         ]
-    )  # fmt: skip
+    )
     steps = {"z": np.array([45.0, 50.0, 55.0, np.nan])}
     s = C.summarize(runs, steps, n_boot=200).set_index("scenario")
     assert s.loc["a", "tokens_per_s"] == 100.0
@@ -188,8 +206,12 @@ def test_summarize_pure_with_nans():
 def test_host_memory_is_the_process_trees_else_the_ranks_own():
     """A record with the process trees (a worker process counted) shows the trees; one from
     before them shows the ranks' own peaks."""
-    tree = {"host_peak_tree_gib": 9.5, "host_peak_tree_gib_per_node": [9.5],
-            "host_peak_tree_gib_per_rank": [9.5], "host_tree_measure": "rss+uss"}  # fmt: skip
+    tree = {
+        "host_peak_tree_gib": 9.5,
+        "host_peak_tree_gib_per_node": [9.5],
+        "host_peak_tree_gib_per_rank": [9.5],
+        "host_tree_measure": "rss+uss",
+    }
     rows = [
         {"scenario": "superoffload", "outcome": "ok", "host_peak_rss_gib": 6.0, **tree},
         {"scenario": "older", "outcome": "ok", "host_peak_rss_gib": 7.0},

@@ -34,15 +34,22 @@ PAGES = sorted(
     REPO / p
     for p in subprocess.run(
         ["git", "ls-files", "reports/*/*/report.html", "reports/*/*/recommend.html"],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     ).stdout.split()
-)  # fmt: skip
+)
 REPORTS = [p for p in PAGES if p.name == "report.html"]
 INDEX = REPO / "reports" / "index.html"
 IDS = ("seed", "use-this", "verdict", "headline-table", "rerun")
-BAND_WORDS = {verdict.REPRODUCED, verdict.NOT_REPRODUCED, verdict.INCONCLUSIVE,
-              verdict.NOT_MEASURED}  # fmt: skip
-#: At most this many words of a page show before any section is opened (the issue's "~1,200").
+BAND_WORDS = {
+    verdict.REPRODUCED,
+    verdict.NOT_REPRODUCED,
+    verdict.INCONCLUSIVE,
+    verdict.NOT_MEASURED,
+}
+#: At most this many words of a page show before any section is opened: the page opens on its
+#: answer, the detail waits behind the sections.
 WORDS_ON_LOAD = 1200
 #: What a reader must never meet in a page's prose (its text without the files it quotes):
 #: module paths, the planner's abbreviations and name joints, collect's outcome counts and
@@ -106,7 +113,7 @@ def test_the_index_speaks_the_readers_words_and_holds_the_one_legend(reading):
     prose = reading[0][INDEX]["prose"]
     for what, pattern in NOT_FOR_READERS.items():
         found = re.search(pattern, prose)
-        assert not found, f"{what}: …{prose[max(found.start() - 80, 0):found.end() + 80]}…"
+        assert not found, f"{what}: …{prose[max(found.start() - 80, 0) : found.end() + 80]}…"
     assert 'id="legend"' in INDEX.read_text()
     for page in PAGES:  # each page's "how to read this page" leads to it
         (link,) = re.findall(r'href="([^"]*#legend)"', page.read_text())
@@ -136,8 +143,10 @@ def test_every_page_ends_with_its_commands_and_says_when_runs_were_dirty(reading
     text = reading[0][page]["on_load"]
     tail = text[text.rindex("Re-run the ") :]
     assert "snakemake " in tail and "Re-render this page from its records: " in tail
-    dirty = any(contracts.read_json(p).get("git_dirty")
-                for p in records(page).glob("*/rep*/provenance.json"))  # fmt: skip
+    dirty = any(
+        contracts.read_json(p).get("git_dirty")
+        for p in records(page).glob("*/rep*/provenance.json")
+    )
     assert ("ran from a working tree with uncommitted changes" in text) is dirty
 
 
@@ -203,8 +212,11 @@ def test_the_seed_figure_draws_what_the_seed_table_says(report):
     by_label = {r[0]: r for r in rows}
     assert len(marks) == len(rows) - 1  # the basis row is 100 % by definition, not drawn
     for mark in marks:
-        row = next(r for label, r in by_label.items()
-                   if label.startswith(_label_of(report, mark["scenario"])))  # fmt: skip
+        row = next(
+            r
+            for label, r in by_label.items()
+            if label.startswith(_label_of(report, mark["scenario"]))
+        )
         assert float(row[1].rstrip("%")) == mark["seed_pct"], (row, mark)
         share = re.match(r"([\d.]+)%", row[2])
         if mark["share_pct"] is None:

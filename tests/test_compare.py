@@ -77,9 +77,18 @@ def test_comparability_table_flags_what_differs(sides):
         assert not facts[same]["differs"], same
         assert facts[same]["values"][0] == facts[same]["values"][1] != "—"
     assert {f.name for f in compare.FACTS} >= {
-        "GPU model", "NVIDIA driver", "CUDA", "torch", "DeepSpeed", "cores granted",
-        "host memory", "dtype", "model", "global batch", "micro-batch",
-    }  # fmt: skip
+        "GPU model",
+        "NVIDIA driver",
+        "CUDA",
+        "torch",
+        "DeepSpeed",
+        "cores granted",
+        "host memory",
+        "dtype",
+        "model",
+        "global batch",
+        "micro-batch",
+    }
 
 
 def with_runs(side: compare.Side, scenario: str, **values) -> compare.Side:
@@ -145,16 +154,24 @@ def test_a_bundle_carries_the_clusters_calibration(cross_cluster, tmp_path):  # 
     (study / "plan.json").write_bytes(
         (cross_cluster.root / bundle.study_dir("cpu-a", STUDY) / "plan.json").read_bytes()
     )
-    cal = contracts.Calibration(cluster="cpu-a", accelerator="cpu", source="test",
-                                matmul_tflops=0.09, matmul_dtype="bf16",
-                                cpu_adam_params_per_s=2.3e8, cpu_adam_threads=2)  # fmt: skip
+    cal = contracts.Calibration(
+        cluster="cpu-a",
+        accelerator="cpu",
+        source="test",
+        matmul_tflops=0.09,
+        matmul_dtype="bf16",
+        cpu_adam_params_per_s=2.3e8,
+        cpu_adam_threads=2,
+    )
     contracts.write_calibration(root / bundle.calibration_path("cpu-a"), cal)
     bundle.create(root, "cpu-a", STUDY, tmp_path / "c.tar.gz")
     b = bundle.extract(tmp_path / "c.tar.gz", tmp_path / "x")
     assert b.manifest.calibration == bundle.calibration_path("cpu-a")
     assert compare.calibration_rates(b) == {
-        "matmul_tflops": 0.09, "cpu_adam_params_per_s": 2.3e8, "cpu_adam_threads": 2.0,
-    }  # fmt: skip
+        "matmul_tflops": 0.09,
+        "cpu_adam_params_per_s": 2.3e8,
+        "cpu_adam_threads": 2.0,
+    }
 
 
 def with_flags(side: compare.Side, flags: str) -> compare.Side:

@@ -18,11 +18,17 @@ SCENARIOS = ("zero3", "offload-opt")
 def side(root, label: str, speed: float, seed: int) -> compare.Side:
     """One cluster's study: each scenario twice, collected as compare.load_side does."""
     paths = [
-        make_record(root / label, name, k, tokens_per_s=speed * share, seed=seed + 10 * i + k,
-                    offload_optimizer="cpu" if name == "offload-opt" else "none")
+        make_record(
+            root / label,
+            name,
+            k,
+            tokens_per_s=speed * share,
+            seed=seed + 10 * i + k,
+            offload_optimizer="cpu" if name == "offload-opt" else "none",
+        )
         for i, (name, share) in enumerate(zip(SCENARIOS, (1.0, 0.4), strict=True))
         for k in range(2)
-    ]  # fmt: skip
+    ]
     runs, summary = collect.collect(paths, baseline="zero3", n_boot=200)
     plan = {"scenarios": [{"name": n} for n in SCENARIOS], "repeats": 2}
     return compare.Side(label, None, plan, runs, summary, {}, compare._draws(runs, seed, 200), {})

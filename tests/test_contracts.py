@@ -125,8 +125,12 @@ def test_key_lists_come_from_the_schemas():
 def test_schemas_are_package_data():
     folder = resources.files("offload_study") / "schemas"
     names = {p.name for p in folder.iterdir()}
-    assert {"study.schema.yaml", "cluster.schema.yaml", "metrics.schema.json",
-            "provenance.schema.json"} <= names  # fmt: skip
+    assert {
+        "study.schema.yaml",
+        "cluster.schema.yaml",
+        "metrics.schema.json",
+        "provenance.schema.json",
+    } <= names
     section = (REPO_ROOT / "pyproject.toml").read_text().split("[tool.setuptools.package-data]")[1]
     line = next(ln for ln in section.splitlines() if ln.startswith("offload_study ="))
     assert '"schemas/*"' in line  # an installed (not editable) package carries the schemas
@@ -178,14 +182,25 @@ def test_plan_csv_names_its_reserved_columns_and_reads_the_older_ones(tmp_path):
     assert {"gpu_reserved_gib", "gpu_reserved_with_context_gib"} <= set(PREDICTION_COLUMNS)
     assert "gpu_reserved_bytes" not in PREDICTION_COLUMNS
     blank = {f.name: None for f in dataclasses.fields(Prediction)}
-    row = Prediction(**{**blank, "scenario": "a", "predict_only": False, "force": False,
-                        "world_size": 1, "feasible": True, "gpu_reserved_gib": 13.25,
-                        "gpu_reserved_with_context_gib": 13.75})  # fmt: skip
+    row = Prediction(
+        **{
+            **blank,
+            "scenario": "a",
+            "predict_only": False,
+            "force": False,
+            "world_size": 1,
+            "feasible": True,
+            "gpu_reserved_gib": 13.25,
+            "gpu_reserved_with_context_gib": 13.75,
+        }
+    )
     write_predictions(tmp_path / "plan.csv", [row])
     assert read_predictions(tmp_path / "plan.csv")["a"] == row
     older = tmp_path / "older.csv"
-    older.write_text("scenario,predict_only,force,world_size,gpu_gib,nvme_gb,feasible,"
-                     f"gpu_reserved_bytes\na,False,False,1,12.0,2.0,True,{14 * 2**30}\n")  # fmt: skip
+    older.write_text(
+        "scenario,predict_only,force,world_size,gpu_gib,nvme_gb,feasible,"
+        f"gpu_reserved_bytes\na,False,False,1,12.0,2.0,True,{14 * 2**30}\n"
+    )
     read = read_predictions(older)["a"]
     assert read.gpu_reserved_with_context_gib == 14.0 and read.gpu_reserved_gib is None
     assert read.nvme_gib == pytest.approx(2e9 / 2**30) and read.gpu_gib == 12.0

@@ -47,9 +47,18 @@ def test_the_schemas_engine_lists_are_the_registrys():
         assert load_schema(name.split(".")[0])["properties"]["engine"]["enum"] == list(
             engines.names()
         )
-    done = subprocess.run([sys.executable, "-c", "from offload_study.engines import schema_sync; "
-                           "print([p.name for p, (a, b) in schema_sync.synced().items() if a != b])"],
-                          cwd=REPO, capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from offload_study.engines import schema_sync; "
+            "print([p.name for p, (a, b) in schema_sync.synced().items() if a != b])",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.strip() == "[]", "run: python -m offload_study.engines.schema_sync"
 
 

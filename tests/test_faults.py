@@ -52,16 +52,26 @@ def plan_run(study: Path, name: str, world: int = 1, scenario=None, **keys) -> t
     spec = make_spec(
         "local-cpu",
         {"name": name, "gpus_per_node": world, "cpu_mem_gb": 8, **(scenario or {})},
-        study=STUDY, **keys,
-    )  # fmt: skip
+        study=STUDY,
+        **keys,
+    )
     spec_path = study / "configs" / f"{name}.run.json"
     write_scenario_files(spec, str(study / "configs" / f"{name}.json"), str(spec_path))
     return spec_path, study / name / "rep0"
 
 
 def runner_argv(spec_path: Path, outdir: Path) -> list[str]:
-    return [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
-            "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "offload_study.training.runner",
+        "--spec",
+        str(spec_path),
+        "--repeat",
+        "0",
+        "--outdir",
+        str(outdir),
+    ]
 
 
 def start_runner(spec_path: Path, outdir: Path) -> subprocess.Popen:
@@ -257,9 +267,13 @@ def test_slurm_time_limit_reached(fault_study, results_ledger, slurm):
     spec_path, outdir = plan_run(fault_study, "time-limit", steps=100000)
     with results_ledger.guard(fault_study):
         job = slurm.sbatch(
-            "--time=1", "--mem=4000", "--cpus-per-task=2", f"--output={fault_study}/tl.out",
-            "--wrap", shlex.join(runner_argv(spec_path, outdir)),
-        )  # fmt: skip
+            "--time=1",
+            "--mem=4000",
+            "--cpus-per-task=2",
+            f"--output={fault_study}/tl.out",
+            "--wrap",
+            shlex.join(runner_argv(spec_path, outdir)),
+        )
         wait_for_steps(outdir, 2)
         slurm.reach_time_limit_now(job)
         slurm.wait_job_state(job, "TIMEOUT", timeout=240)
@@ -281,13 +295,36 @@ def collect_and_report(study: Path, metrics_paths: list[Path]) -> pd.DataFrame:
     tables = {k: study / f"{k}" for k in ("runs.csv", "runs.parquet", "summary.csv")}
     write_json(study / "plan.json", {"study": STUDY, "cluster": "local-cpu"})
     steps = [
-        [sys.executable, "-m", "offload_study.analysis.collect", "--n-boot", "50",
-         "--runs-csv", str(tables["runs.csv"]), "--runs-parquet", str(tables["runs.parquet"]),
-         "--summary-csv", str(tables["summary.csv"]), *map(str, metrics_paths)],
-        [sys.executable, "-m", "offload_study.analysis.report", "--runs", str(tables["runs.csv"]),
-         "--summary", str(tables["summary.csv"]), "--plan", str(study / "plan.json"),
-         "--out", str(study / "report" / "report.html"), "--figures-dir", str(study / "report")],
-    ]  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "offload_study.analysis.collect",
+            "--n-boot",
+            "50",
+            "--runs-csv",
+            str(tables["runs.csv"]),
+            "--runs-parquet",
+            str(tables["runs.parquet"]),
+            "--summary-csv",
+            str(tables["summary.csv"]),
+            *map(str, metrics_paths),
+        ],
+        [
+            sys.executable,
+            "-m",
+            "offload_study.analysis.report",
+            "--runs",
+            str(tables["runs.csv"]),
+            "--summary",
+            str(tables["summary.csv"]),
+            "--plan",
+            str(study / "plan.json"),
+            "--out",
+            str(study / "report" / "report.html"),
+            "--figures-dir",
+            str(study / "report"),
+        ],
+    ]
     for cmd in steps:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stdout + res.stderr
@@ -333,12 +370,22 @@ def study_file(work: Path) -> Path:
     """Two tiny one-rank runs, fixed steps (enough to be killed while training): the study the
     Snakemake process dies in."""
     study = {
-        "study": "killed", "cluster": "local-cpu", "model": {"config": dict(SMALL_LLAMA)},
-        "seq_len": 64, "dtype": "bf16", "micro_batch": 2, "global_batch": 4,
-        "gradient_checkpointing": False, "steps": 20, "warmup_steps": 1, "repeats": 1,
+        "study": "killed",
+        "cluster": "local-cpu",
+        "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64,
+        "dtype": "bf16",
+        "micro_batch": 2,
+        "global_batch": 4,
+        "gradient_checkpointing": False,
+        "steps": 20,
+        "warmup_steps": 1,
+        "repeats": 1,
         "timeout_min": 5,
-        "scenarios": [{"name": n, "gpus_per_node": 1, "cpu_mem_gb": 8} for n in ("first", "second")],
-    }  # fmt: skip
+        "scenarios": [
+            {"name": n, "gpus_per_node": 1, "cpu_mem_gb": 8} for n in ("first", "second")
+        ],
+    }
     path = work / "killed.yaml"
     path.write_text(yaml.safe_dump(study))
     return path
@@ -347,8 +394,9 @@ def study_file(work: Path) -> Path:
 def snakemake(work: Path, *args: str, background: bool = False):
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "killed.yaml", *args]
     if background:
-        return subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)  # fmt: skip
+        return subprocess.Popen(
+            cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600)
 
 
@@ -392,8 +440,10 @@ def cancelled_run_made_again(work: Path, record: Path) -> None:
     """A finished study (its tables and report built) whose run SLURM cancelled: the next
     invocation makes the run again (the retry policy), and runs.csv holds the new record."""
     metrics = read_json(record / "metrics.json")
-    write_json(record / "metrics.json",
-               {**metrics, "outcome": "cancelled", "error_excerpt": "received signal 15"})  # fmt: skip
+    write_json(
+        record / "metrics.json",
+        {**metrics, "outcome": "cancelled", "error_excerpt": "received signal 15"},
+    )
     res = snakemake(work)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "retry policy:" in res.stderr and "cancelled, re-run" in res.stderr, res.stderr

@@ -40,8 +40,17 @@ def report_figures(tmp_path_factory) -> Path:
     """The figures of a seed-like study plus a scenario with a label longer than any line."""
     root = tmp_path_factory.mktemp("figures")
     paths = seed_like_records(root)
-    paths.append(make_record(root, "long-label", tokens_per_s=900, offload_optimizer="cpu",
-                             offload_param="cpu", peak_gpu_gib=9, host_rss_gib=300))  # fmt: skip
+    paths.append(
+        make_record(
+            root,
+            "long-label",
+            tokens_per_s=900,
+            offload_optimizer="cpu",
+            offload_param="cpu",
+            peak_gpu_gib=9,
+            host_rss_gib=300,
+        )
+    )
     _, figs, _ = build_report(root, paths, labels={"long-label": LONG})
     return figs
 
@@ -82,8 +91,15 @@ def test_a_figure_without_data_is_still_wide_enough(tmp_path):
 def breakdown_view(gas: int, step_time_s: float) -> views.Row:
     """A scenario at micro-batch 4 x gas on 2 ranks, seq 1024, its timers 60 % of the step."""
     ms = 1000 * step_time_s
-    return views.Row({"global_batch": 4 * gas * 2, "seq_len": 1024, "step_time_s": step_time_s,
-                      "breakdown_ms.forward": 0.2 * ms, "breakdown_ms.backward": 0.4 * ms})  # fmt: skip
+    return views.Row(
+        {
+            "global_batch": 4 * gas * 2,
+            "seq_len": 1024,
+            "step_time_s": step_time_s,
+            "breakdown_ms.forward": 0.2 * ms,
+            "breakdown_ms.backward": 0.4 * ms,
+        }
+    )
 
 
 def test_the_breakdown_is_per_1k_tokens_so_gas_compares():
@@ -122,7 +138,9 @@ def test_the_seed_figure_is_on_the_seeds_basis_and_the_speed_figure_draws_no_see
 
     marks = json.loads(Image.open(report_figures / "seed_share.png").text[figures.SEED_KEY])
     assert [(m["scenario"], m["seed_pct"]) for m in marks] == [
-        ("zero3-offload-4gpu", 35.0), ("zero3-offload-2gpu", 20.0)]  # fmt: skip
+        ("zero3-offload-4gpu", 35.0),
+        ("zero3-offload-2gpu", 20.0),
+    ]
     assert marks[0]["share_pct"] == pytest.approx(35.0, abs=1)  # 2,800 of 8,000 tokens/s
     drawn, _ = labels_of(report_figures / "relative_speed.png")
     assert "seed (published)" not in drawn
@@ -135,14 +153,21 @@ def test_the_step_series_draws_the_loss_scale_only_where_it_moves(tmp_path):
 
     fp16 = make_record(tmp_path, "fp16", label="fp16 run").parent
     bf16 = make_record(tmp_path, "bf16", label="bf16 run").parent
-    contracts.write_steps(fp16 / contracts.STEPS_FILE, [
-        contracts.StepRow(1, "warmup", 2.0, 1000.0, 8.0, 10.0, 0, 65536.0),
-        contracts.StepRow(2, "measured", 1.9, 1050.0, 8.4, 9.9, 1, 32768.0),
-        contracts.StepRow(3, "measured", 1.0, 2000.0, 16.0, 9.8, 0, 32768.0)])  # fmt: skip
-    contracts.write_steps(bf16 / contracts.STEPS_FILE, [
-        contracts.StepRow(k, "measured", 1.0, 2000.0, 16.0, 9.8, 0, 1.0) for k in (1, 2, 3)])  # fmt: skip
-    runs = pd.DataFrame({"scenario": ["fp16", "bf16"], "repeat": [0, 0],
-                         "record_dir": [str(fp16), str(bf16)]})  # fmt: skip
+    contracts.write_steps(
+        fp16 / contracts.STEPS_FILE,
+        [
+            contracts.StepRow(1, "warmup", 2.0, 1000.0, 8.0, 10.0, 0, 65536.0),
+            contracts.StepRow(2, "measured", 1.9, 1050.0, 8.4, 9.9, 1, 32768.0),
+            contracts.StepRow(3, "measured", 1.0, 2000.0, 16.0, 9.8, 0, 32768.0),
+        ],
+    )
+    contracts.write_steps(
+        bf16 / contracts.STEPS_FILE,
+        [contracts.StepRow(k, "measured", 1.0, 2000.0, 16.0, 9.8, 0, 1.0) for k in (1, 2, 3)],
+    )
+    runs = pd.DataFrame(
+        {"scenario": ["fp16", "bf16"], "repeat": [0, 0], "record_dir": [str(fp16), str(bf16)]}
+    )
     scenarios = [
         views.Row(scenario=n, label=f"{n} run", plot_label=f"{n} run") for n in ("fp16", "bf16")
     ]

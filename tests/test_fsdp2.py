@@ -84,19 +84,44 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
     from offload_study.engines.fsdp2 import model as fsdp2_model
     from offload_study.prediction import predict
 
-    model = {"config": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5504,
-                        "num_hidden_layers": 24, "num_attention_heads": 16, "vocab_size": 32000,
-                        "max_position_embeddings": 2048}}  # fmt: skip
+    model = {
+        "config": {
+            "model_type": "llama",
+            "hidden_size": 2048,
+            "intermediate_size": 5504,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "vocab_size": 32000,
+            "max_position_embeddings": 2048,
+        }
+    }
     study = {"model": model, "seq_len": 2048, "micro_batch": 4, "gradient_checkpointing": True}
-    cal = Calibration(cluster="h200-1gpu", accelerator="cuda", source="test", matmul_tflops=700.0,
-                      matmul_dtype="bf16", cpu_adam_params_per_s=2e9, cpu_adam_threads=16,
-                      torch_adam_params_per_s=1e9, h2d_gb_s=50.0, d2h_gb_s=50.0)  # fmt: skip
+    cal = Calibration(
+        cluster="h200-1gpu",
+        accelerator="cuda",
+        source="test",
+        matmul_tflops=700.0,
+        matmul_dtype="bf16",
+        cpu_adam_params_per_s=2e9,
+        cpu_adam_threads=16,
+        torch_adam_params_per_s=1e9,
+        h2d_gb_s=50.0,
+        d2h_gb_s=50.0,
+    )
     rows = {}
     for engine, off in [("fsdp2", "none"), ("fsdp2", "cpu"), ("deepspeed", "cpu")]:
-        spec = make_spec("h200-1gpu", {"name": f"{engine}-{off}", "engine": engine,
-                                       "gpus_per_node": 1, "offload_optimizer": off,
-                                       "offload_param": off, "gradient_accumulation_steps": 1},
-                         **study)  # fmt: skip
+        spec = make_spec(
+            "h200-1gpu",
+            {
+                "name": f"{engine}-{off}",
+                "engine": engine,
+                "gpus_per_node": 1,
+                "offload_optimizer": off,
+                "offload_param": off,
+                "gradient_accumulation_steps": 1,
+            },
+            **study,
+        )
         config = engines.of(spec).build_config(spec)
         rows[engine, off] = predict.predict(spec, config, cal, 1, True)
     none, offload, zero3 = rows["fsdp2", "none"], rows["fsdp2", "cpu"], rows["deepspeed", "cpu"]
@@ -106,10 +131,21 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
     params = spec.model_params
     assert offload.optimizer_s == pytest.approx(params / 1e9, rel=1e-3)  # torch AdamW's rate
     older = dataclasses.replace(cal, torch_adam_params_per_s=None)  # a file from before the rate
-    fsdp_spec = make_spec("h200-1gpu", {"name": "f", "engine": "fsdp2", "gpus_per_node": 1,
-                                        "offload_optimizer": "cpu", "offload_param": "cpu",
-                                        "gradient_accumulation_steps": 1}, **study)  # fmt: skip
-    assert fsdp2_model.step_time(fsdp_spec, {}, older).optimizer_s == pytest.approx(params / 2e9, 1e-3)
+    fsdp_spec = make_spec(
+        "h200-1gpu",
+        {
+            "name": "f",
+            "engine": "fsdp2",
+            "gpus_per_node": 1,
+            "offload_optimizer": "cpu",
+            "offload_param": "cpu",
+            "gradient_accumulation_steps": 1,
+        },
+        **study,
+    )
+    assert fsdp2_model.step_time(fsdp_spec, {}, older).optimizer_s == pytest.approx(
+        params / 2e9, 1e-3
+    )
 
 
 def test_the_report_puts_engines_side_by_side(tmp_path):
@@ -118,8 +154,10 @@ def test_the_report_puts_engines_side_by_side(tmp_path):
     the paired ratio; one engine: no such block."""
     from builders import build_report, make_record
 
-    parts = {"deepspeed": {"forward": 100.0, "backward": 200.0, "optimizer": 400.0},
-             "fsdp2": {"forward": 90.0, "backward": 180.0, "optimizer": 900.0}}  # fmt: skip
+    parts = {
+        "deepspeed": {"forward": 100.0, "backward": 200.0, "optimizer": 400.0},
+        "fsdp2": {"forward": 90.0, "backward": 180.0, "optimizer": 900.0},
+    }
     paths = []
     for k in range(2):
         for engine, opt, param, speed, gib in [
@@ -129,11 +167,25 @@ def test_the_report_puts_engines_side_by_side(tmp_path):
             ("fsdp2", "cpu", "cpu", 400, 9.0),
         ]:
             name = f"{engine}-{opt}-{param}"
-            extra = {"engine": engine, "step_breakdown_ms": parts[engine],
-                     "peak_gpu_reserved_gib": gib + 1}  # fmt: skip
-            paths.append(make_record(tmp_path, name, k, tokens_per_s=speed * (1 + k / 100),
-                                     offload_optimizer=opt, offload_param=param, seed=k,
-                                     peak_gpu_gib=gib, label=name, extra=extra))  # fmt: skip
+            extra = {
+                "engine": engine,
+                "step_breakdown_ms": parts[engine],
+                "peak_gpu_reserved_gib": gib + 1,
+            }
+            paths.append(
+                make_record(
+                    tmp_path,
+                    name,
+                    k,
+                    tokens_per_s=speed * (1 + k / 100),
+                    offload_optimizer=opt,
+                    offload_param=param,
+                    seed=k,
+                    peak_gpu_gib=gib,
+                    label=name,
+                    extra=extra,
+                )
+            )
     html, _, _ = build_report(tmp_path, paths)
     block = html[html.index('id="engines"') : html.index('id="figures"')]
     assert "CPUOffloadPolicy" in block and "optimizer and parameter offload to the CPU" in block
@@ -158,9 +210,19 @@ def test_foreach_adams_temporary_is_held_where_foreach_steps(cluster):
     from offload_study.prediction import shared
 
     temp = "foreach AdamW's temporary (fp32, in the step)"
-    spec = {off: make_spec(cluster, {"name": off, "engine": "fsdp2", "gpus_per_node": 2,
-                                     "offload_optimizer": off, "offload_param": off})
-            for off in ("none", "cpu")}  # fmt: skip
+    spec = {
+        off: make_spec(
+            cluster,
+            {
+                "name": off,
+                "engine": "fsdp2",
+                "gpus_per_node": 2,
+                "offload_optimizer": off,
+                "offload_param": off,
+            },
+        )
+        for off in ("none", "cpu")
+    }
     shape = shared.model_shape(spec["none"])
     shard = 4.0 * math.ceil(shape.params / 2)
     host = fsdp2_model.rank_host_parts(spec["cpu"], shape)

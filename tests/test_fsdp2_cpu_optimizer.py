@@ -16,19 +16,43 @@ from offload_study.engines import fsdp2_cpu_optimizer
 from offload_study.prediction import predict
 
 OPTIMIZER_ONLY = {"engine": "fsdp2", "offload_optimizer": "cpu", "offload_param": "none"}
-LLAMA_1B = {"config": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5504,
-                       "num_hidden_layers": 24, "num_attention_heads": 16, "vocab_size": 32000,
-                       "max_position_embeddings": 2048}}  # fmt: skip
-CAL = Calibration(cluster="example-slurm", accelerator="cuda", source="test", matmul_tflops=700.0,
-                  matmul_dtype="bf16", cpu_adam_params_per_s=2e9, cpu_adam_threads=16,
-                  torch_adam_params_per_s=1e9, h2d_gb_s=50.0, d2h_gb_s=50.0)  # fmt: skip
+LLAMA_1B = {
+    "config": {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 5504,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+    }
+}
+CAL = Calibration(
+    cluster="example-slurm",
+    accelerator="cuda",
+    source="test",
+    matmul_tflops=700.0,
+    matmul_dtype="bf16",
+    cpu_adam_params_per_s=2e9,
+    cpu_adam_threads=16,
+    torch_adam_params_per_s=1e9,
+    h2d_gb_s=50.0,
+    d2h_gb_s=50.0,
+)
 
 
 def gpu_spec(offload: dict, **study):
     """One run on the example SLURM cluster (CUDA; its nodes, not this machine, train)."""
     scenario = {"name": "s", "gpus_per_node": 1, "gradient_accumulation_steps": 1, **offload}
-    return make_spec("example-slurm", scenario, model=LLAMA_1B, seq_len=2048, micro_batch=4,
-                     gradient_checkpointing=True, **study)  # fmt: skip
+    return make_spec(
+        "example-slurm",
+        scenario,
+        model=LLAMA_1B,
+        seq_len=2048,
+        micro_batch=4,
+        gradient_checkpointing=True,
+        **study,
+    )
 
 
 def refusal(cluster: str, scenario: dict, **study) -> str:

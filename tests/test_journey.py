@@ -95,9 +95,17 @@ def test_their_first_jobs_read_their_cluster_file_not_the_installs(checkout):
     assert not (REPO / layout.cluster_file("mine-cpu")).exists()
     snakefile = str(REPO / "Snakefile")
     result = snakemake(
-        checkout, "-s", snakefile, "-d", str(checkout), "-c2", "plan",
-        "--config", "cluster=mine-cpu", timeout=600,
-    )  # fmt: skip
+        checkout,
+        "-s",
+        snakefile,
+        "-d",
+        str(checkout),
+        "-c2",
+        "plan",
+        "--config",
+        "cluster=mine-cpu",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     study = yaml.safe_load((checkout / "config/config.yaml").read_text())["study"]
     assert (checkout / layout.measured_calibration("mine-cpu")).is_file()

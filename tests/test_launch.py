@@ -21,9 +21,14 @@ FIXED = {
 
 def test_single_node_command_line():
     lch = launch.build_launch(
-        SPEC, "cfg/run.json", "out/rep0.tmp-1", cores=8, run_id="r1", port=29555,
+        SPEC,
+        "cfg/run.json",
+        "out/rep0.tmp-1",
+        cores=8,
+        run_id="r1",
+        port=29555,
         torchrun=["torchrun"],
-    )  # fmt: skip
+    )
     assert lch.argv == shlex.split(
         "torchrun --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port 29555 "
         "-m offload_study.training.harness --spec cfg/run.json --out out/rep0.tmp-1 --run-id r1"
@@ -60,9 +65,15 @@ def test_multi_node_command_line():
     spec = make_spec(GPU_CLUSTER, {"nodes": 2, "gpus_per_node": 4})
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-02]", "SLURM_NTASKS": "1"}
     lch = launch.build_launch(
-        spec, "run.json", "out", cores=64, run_id="r", environ=env, torchrun=["torchrun"],
+        spec,
+        "run.json",
+        "out",
+        cores=64,
+        run_id="r",
+        environ=env,
+        torchrun=["torchrun"],
         hostname_resolver=lambda nl: launch.first_slurm_host(nl, runner=fake_scontrol),
-    )  # fmt: skip
+    )
     assert calls == [["scontrol", "show", "hostnames", "gpu-a[01-02]"]]
     port = launch.slurm_port("4242")
     assert 20000 <= port < 40000 and port == launch.slurm_port(4242)
@@ -76,8 +87,11 @@ def test_multi_node_command_line():
     assert lch.argv[9:13] == wrapper
     assert lch.port == port and lch.rdzv_host == "gpu-a01"
     # the runner's job step variables stay behind, the job's identity goes along
-    assert lch.environ({**env, "HOME": "/root"}) == {"SLURM_JOB_ID": "4242", "HOME": "/root",
-                                                     **lch.env}  # fmt: skip
+    assert lch.environ({**env, "HOME": "/root"}) == {
+        "SLURM_JOB_ID": "4242",
+        "HOME": "/root",
+        **lch.env,
+    }
     assert lch.env["OMP_NUM_THREADS"] == "16"
     assert FIXED.items() <= lch.env.items()
 

@@ -39,8 +39,15 @@ def test_breakdown_skips_warmup_and_takes_median():
     assert bd["step"] == pytest.approx((5.00 + 6.96) / 2)
     # swap timers only appear in the measured steps here; skip_steps=1 drops the first of them
     assert bd["optimizer_swap_in"] == 9.0 and bd["optimizer_swap_out"] == 3.0
-    assert set(bd) == {"forward", "backward", "backward_inner", "backward_allreduce", "step",
-                       "optimizer_swap_in", "optimizer_swap_out"}  # fmt: skip
+    assert set(bd) == {
+        "forward",
+        "backward",
+        "backward_inner",
+        "backward_allreduce",
+        "step",
+        "optimizer_swap_in",
+        "optimizer_swap_out",
+    }
 
 
 def test_breakdown_missing_timers_are_none():
@@ -50,9 +57,17 @@ def test_breakdown_missing_timers_are_none():
 
 def test_throughput():
     rows = logparse.parse_throughput(LOG)
-    assert rows == [{"epoch": 0, "micro_step": 6, "global_step": 3,
-                     "running_avg": pytest.approx(93.995271), "curr": pytest.approx(93.993063),
-                     "mem_alloc": 0.48, "max_mem_alloc": 0.48}]  # fmt: skip
+    assert rows == [
+        {
+            "epoch": 0,
+            "micro_step": 6,
+            "global_step": 3,
+            "running_avg": pytest.approx(93.995271),
+            "curr": pytest.approx(93.993063),
+            "mem_alloc": 0.48,
+            "max_mem_alloc": 0.48,
+        }
+    ]
     assert logparse.last_running_avg_samples_per_s(LOG) == pytest.approx(93.995, 1e-4)
     assert logparse.last_running_avg_samples_per_s("") is None
 
@@ -84,8 +99,10 @@ def test_classify(expected, text):
 
 def test_root_cause_beats_consequence():
     # rank 1 ran out of GPU memory, rank 0 then lost its gloo peer
-    text = ("[rank0]: RuntimeError: Connection closed by peer\n"
-            "[rank1]: torch.OutOfMemoryError: CUDA out of memory.\n")  # fmt: skip
+    text = (
+        "[rank0]: RuntimeError: Connection closed by peer\n"
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory.\n"
+    )
     assert logparse.classify_text(text)[0] == "gpu_oom"
 
 

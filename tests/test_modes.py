@@ -43,7 +43,7 @@ def test_modes_go_where_deepspeed_reads_them_and_its_parser_accepts_them():
         "ratio": ({**CPU_OPT, "offload_optimizer_ratio": 0.3}, ("offload_optimizer", "ratio"), 0.3),
         "super": ({**CPU_OPT, "super_offload": True}, ("offload_optimizer", "super_offload"), True),
         "zenflow": ({**CPU_OPT, "zenflow": ZENFLOW}, ("zenflow",), ZENFLOW),
-    }  # fmt: skip
+    }
     for scenario, path, expected in cases.values():
         config = ds_config_of(scenario)
         value = config["zero_optimization"]
@@ -52,8 +52,8 @@ def test_modes_go_where_deepspeed_reads_them_and_its_parser_accepts_them():
         assert value == expected
         parsed = dsconfig.parse_with_deepspeed(config, 1).zero_config  # DeepSpeed's own classes
         assert parsed.offload_optimizer.device == "cpu"
-    assert dsconfig.parse_with_deepspeed(ds_config_of(cases["ratio"][0]), 1).zero_config \
-        .offload_optimizer.ratio == 0.3  # fmt: skip
+    ratio_zero = dsconfig.parse_with_deepspeed(ds_config_of(cases["ratio"][0]), 1).zero_config
+    assert ratio_zero.offload_optimizer.ratio == 0.3
 
 
 def test_pin_memory_null_leaves_deepspeeds_default():
@@ -68,7 +68,9 @@ def test_a_study_without_modes_plans_as_before():
     spec = make_spec("local-cpu", {"gpus_per_node": 1, **CPU_OPT})
     assert spec.modes == {} and spec.pin_memory is True
     assert set(ds_config_of(CPU_OPT)["zero_optimization"]["offload_optimizer"]) == {
-        "device", "pin_memory"}  # fmt: skip
+        "device",
+        "pin_memory",
+    }
 
 
 def test_mode_knobs_sweep_with_readable_names():
@@ -78,15 +80,27 @@ def test_mode_knobs_sweep_with_readable_names():
     from offload_study.planning.plan import expand_plan
 
     study = {
-        "study": "t", "cluster": "local-cpu", "model": {"preset": "tiny-llama"}, "global_batch": 4,
-        "micro_batch": 2, "scenarios": [{"name": "opt", "gpus_per_node": 1, **CPU_OPT,
-        "sweep": {"offload_optimizer_ratio": [0.3, 0.9], "bind_cores": [True, False]}}],
-    }  # fmt: skip
+        "study": "t",
+        "cluster": "local-cpu",
+        "model": {"preset": "tiny-llama"},
+        "global_batch": 4,
+        "micro_batch": 2,
+        "scenarios": [
+            {
+                "name": "opt",
+                "gpus_per_node": 1,
+                **CPU_OPT,
+                "sweep": {"offload_optimizer_ratio": [0.3, 0.9], "bind_cores": [True, False]},
+            }
+        ],
+    }
     runs = expand_plan(load_study(study), make_cluster())
     assert [r.scenario for r in runs] == [
-        "opt__ratio-0.3__bind-true", "opt__ratio-0.3__bind-false",
-        "opt__ratio-0.9__bind-true", "opt__ratio-0.9__bind-false",
-    ]  # fmt: skip
+        "opt__ratio-0.3__bind-true",
+        "opt__ratio-0.3__bind-false",
+        "opt__ratio-0.9__bind-true",
+        "opt__ratio-0.9__bind-false",
+    ]
     assert runs[0].modes == {"offload_optimizer_ratio": 0.3, "bind_cores": True}
     assert runs[1].zero.get("offload_optimizer_ratio") is None  # a mode, not a ZeRO override
 
@@ -96,15 +110,28 @@ def test_mode_knobs_sweep_with_readable_names():
     ("scenario", "message"),
     [
         ({"offload_optimizer_ratio": 0.5}, "offload_optimizer_ratio: needs offload_optimizer: cpu"),
-        ({"super_offload": True, "offload_optimizer": "nvme", "nvme_path": "/tmp"},
-         "super_offload: needs offload_optimizer: cpu"),
-        ({**CPU_OPT, "zenflow": {"topk": 0.1}}, "zenflow.topk: not a key of the installed DeepSpeed"),
-        ({**CPU_OPT, "sweep": {"offload_optimizer_ratio": [0.5, 1.5]}},
-         "sweep.offload_optimizer_ratio: 1.5"),
+        (
+            {"super_offload": True, "offload_optimizer": "nvme", "nvme_path": "/tmp"},
+            "super_offload: needs offload_optimizer: cpu",
+        ),
+        (
+            {**CPU_OPT, "zenflow": {"topk": 0.1}},
+            "zenflow.topk: not a key of the installed DeepSpeed",
+        ),
+        (
+            {**CPU_OPT, "sweep": {"offload_optimizer_ratio": [0.5, 1.5]}},
+            "sweep.offload_optimizer_ratio: 1.5",
+        ),
         ({**CPU_OPT, "sweep": {"bind_cores": ["yes"]}}, "sweep.bind_cores: 'yes'"),
     ],
-    ids=["ratio-without-cpu-offload", "super-on-nvme", "zenflow-typo", "ratio-above-1", "bind-not-bool"],
-)  # fmt: skip
+    ids=[
+        "ratio-without-cpu-offload",
+        "super-on-nvme",
+        "zenflow-typo",
+        "ratio-above-1",
+        "bind-not-bool",
+    ],
+)
 def test_bad_mode_input_is_refused_naming_the_key(scenario, message):
     with pytest.raises(StudyError, match="scenarios\\[0\\]." + message.replace("[", "\\[")):
         make_spec("local-cpu", {"gpus_per_node": 1, **scenario})
@@ -115,20 +142,27 @@ def test_a_deepspeed_without_a_mode_refuses_it_naming_key_and_version(tmp_path, 
     """A DeepSpeed source tree like the installed one minus ratio/super_offload and ZenFlow (an
     older release): the plan refuses each mode, naming the key and the DeepSpeed version."""
     real = dsconfig._deepspeed_dir()
-    for rel in ("runtime/zero/config.py", "runtime/zero/offload_config.py",
-                "runtime/swap_tensor/constants.py"):  # fmt: skip
+    for rel in (
+        "runtime/zero/config.py",
+        "runtime/zero/offload_config.py",
+        "runtime/swap_tensor/constants.py",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(real / rel, tmp_path / rel)
     offload = tmp_path / "runtime/zero/offload_config.py"
     lines = offload.read_text().splitlines()
-    offload.write_text("\n".join(ln for ln in lines
-                                 if not ln.lstrip().startswith(("ratio:", "super_offload:"))))  # fmt: skip
+    offload.write_text(
+        "\n".join(ln for ln in lines if not ln.lstrip().startswith(("ratio:", "super_offload:")))
+    )
     monkeypatch.setattr(dsconfig, "_deepspeed_dir", lambda: tmp_path)
     dsconfig.installed_fields.cache_clear()
     dsconfig.installed_key_names.cache_clear()
     try:
-        for key, value in (("offload_optimizer_ratio", 0.5), ("super_offload", True),
-                           ("zenflow", ZENFLOW)):  # fmt: skip
+        for key, value in (
+            ("offload_optimizer_ratio", 0.5),
+            ("super_offload", True),
+            ("zenflow", ZENFLOW),
+        ):
             with pytest.raises(StudyError) as err:
                 make_spec("local-cpu", {"gpus_per_node": 1, **CPU_OPT, key: value})
             text = str(err.value)
@@ -160,8 +194,17 @@ def test_bind_cores_gives_each_local_rank_its_own_slice():
 
 # --------------------------------------------------------------------------- loss parity
 def _runs(scenario: str, losses: list[float], steps_measured=6) -> list[dict]:
-    return [{"scenario": scenario, "repeat": k, "outcome": "ok", "steps_warmup": 2,
-             "steps_measured": steps_measured, "loss_last": v} for k, v in enumerate(losses)]  # fmt: skip
+    return [
+        {
+            "scenario": scenario,
+            "repeat": k,
+            "outcome": "ok",
+            "steps_warmup": 2,
+            "steps_measured": steps_measured,
+            "loss_last": v,
+        }
+        for k, v in enumerate(losses)
+    ]
 
 
 def _parity(mine: list[float], pair: list[float], steps_measured=6):
@@ -182,13 +225,25 @@ def test_loss_parity_fires_only_beyond_its_tolerance_at_the_same_step():
 # --------------------------------------------------------------------------- real runs on CPU
 def run_mode(tmp_path, name: str, scenario: dict) -> dict:
     """One real run of a one-rank scenario through the runner; its metrics.json."""
-    spec = make_spec("local-cpu", {"name": name, "gpus_per_node": 1, "cpu_mem_gb": 16,
-                                   **scenario}, timeout_min=15)  # fmt: skip
+    spec = make_spec(
+        "local-cpu",
+        {"name": name, "gpus_per_node": 1, "cpu_mem_gb": 16, **scenario},
+        timeout_min=15,
+    )
     spec_path, ds_path = tmp_path / f"{name}.run.json", tmp_path / f"{name}.json"
     write_scenario_files(spec, str(ds_path), str(spec_path))
     outdir = tmp_path / "results" / "local-cpu" / "test" / name / "rep0"
-    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
-           "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.training.runner",
+        "--spec",
+        str(spec_path),
+        "--repeat",
+        "0",
+        "--outdir",
+        str(outdir),
+    ]
     subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     return read_json(outdir / "metrics.json")
 
@@ -205,8 +260,10 @@ def run_mode(tmp_path, name: str, scenario: dict) -> dict:
 )
 def test_each_mode_runs_or_is_refused_with_deepspeeds_message(tmp_path, name, scenario):
     m = run_mode(tmp_path, name, scenario)
-    assert m["modes"]["requested"] == {"pin_memory": scenario.get("pin_memory", True),
-                                       **{k: v for k, v in scenario.items() if k in modes.MODE_KEYS}}  # fmt: skip
+    assert m["modes"]["requested"] == {
+        "pin_memory": scenario.get("pin_memory", True),
+        **{k: v for k, v in scenario.items() if k in modes.MODE_KEYS},
+    }
     if m["outcome"] != "ok":  # a refusal is a record with DeepSpeed's own words, not a crash
         assert m["outcome"] in ("config_error", "error") and m["error_excerpt"]
         assert m["tokens_per_s"] is None

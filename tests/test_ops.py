@@ -101,9 +101,14 @@ tmpfs /home/scratch tmpfs rw 0 0
 
 @pytest.mark.parametrize(
     ("path", "kind"),
-    [("/home/u/.cache/torch_extensions", "nfs4"), ("/home/scratch/x", "tmpfs"),
-     ("/homework", "ext4"), ("/home/my disk/x", "xfs"), ("/", "ext4")],
-)  # fmt: skip
+    [
+        ("/home/u/.cache/torch_extensions", "nfs4"),
+        ("/home/scratch/x", "tmpfs"),
+        ("/homework", "ext4"),
+        ("/home/my disk/x", "xfs"),
+        ("/", "ext4"),
+    ],
+)
 def test_the_filesystem_of_a_path_is_its_deepest_mount(path, kind):
     """A lock on a shared filesystem (nfs4 here) may be held on another host: it is kept for
     SHARED_LOCK_STALE_S; on a local one, no holder on this host means abandoned."""
@@ -122,8 +127,9 @@ def copy_machine_build(name: str, extensions: Path) -> None:
             env.delenv("TORCH_EXTENSIONS_DIR")
         built = ops.build_dir(name)
     if built.is_dir():
-        shutil.copytree(built, extensions / name, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("lock"))  # fmt: skip
+        shutil.copytree(
+            built, extensions / name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock")
+        )
 
 
 def test_building_the_ops_ahead_gets_past_a_stale_lock(extensions):
@@ -133,8 +139,10 @@ def test_building_the_ops_ahead_gets_past_a_stale_lock(extensions):
     killed_build(extensions / OP)
     res = subprocess.run(
         [sys.executable, "-m", "offload_study.admission.ops", "--accelerator", "cpu", "shm_comm"],
-        capture_output=True, text=True, timeout=480,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"removed the stale build lock {extensions / OP / 'lock'}" in res.stderr
     assert "shm_comm: ready in" in res.stdout

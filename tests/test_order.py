@@ -19,14 +19,24 @@ S, R = ["a", "b", "c"], [0, 1]
 
 def test_interleaved_runs_every_scenario_once_per_round():
     assert P.run_order(S, R, "interleaved") == [
-        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1),
-    ]  # fmt: skip
+        ("a", 0),
+        ("b", 0),
+        ("c", 0),
+        ("a", 1),
+        ("b", 1),
+        ("c", 1),
+    ]
 
 
 def test_grouped_runs_a_scenarios_repeats_back_to_back():
     assert P.run_order(S, R, "grouped") == [
-        ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1),
-    ]  # fmt: skip
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+        ("b", 1),
+        ("c", 0),
+        ("c", 1),
+    ]
 
 
 def test_the_orders_are_the_schemas():

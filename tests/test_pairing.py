@@ -45,9 +45,12 @@ def test_repeats_pair_by_index_and_unmatched_ones_are_left_out(tmp_path):
 
 
 def test_no_repeat_in_common_gives_no_ratio_and_says_why(tmp_path):
-    paths = [make_record(tmp_path, "base", 0), make_record(tmp_path, "base", 1, outcome="timeout"),
-             make_record(tmp_path, "off", 0, outcome="timeout", offload_optimizer="cpu"),
-             make_record(tmp_path, "off", 1, offload_optimizer="cpu")]  # fmt: skip
+    paths = [
+        make_record(tmp_path, "base", 0),
+        make_record(tmp_path, "base", 1, outcome="timeout"),
+        make_record(tmp_path, "off", 0, outcome="timeout", offload_optimizer="cpu"),
+        make_record(tmp_path, "off", 1, offload_optimizer="cpu"),
+    ]
     _, s = C.collect(paths, n_boot=100)
     off = by_name(s).loc["off"]
     assert off["pair"] == "base" and math.isnan(off["paired_ratio"])
@@ -99,8 +102,9 @@ def test_runs_without_provenance_pair_as_before(tmp_path):
     _, s = C.collect(paths, n_boot=300)
     off = by_name(s).loc["off"]
     assert off["paired_repeats"] == 3 and off["pair_note"].endswith("3 pair(s) by repeat")
-    set_provenance(make_record(tmp_path, "off", 1, tokens_per_s=350, offload_optimizer="cpu"),
-                   boot_id="m1")  # fmt: skip
+    set_provenance(
+        make_record(tmp_path, "off", 1, tokens_per_s=350, offload_optimizer="cpu"), boot_id="m1"
+    )
     _, s = C.collect(paths, n_boot=300)  # one side known: kept, and the note says so
     off = by_name(s).loc["off"]
     assert off["paired_repeats"] == 3
@@ -165,13 +169,22 @@ def test_summary_csv_carries_the_pair_columns(tmp_path):
 def test_the_reports_reference_follows_collects_pair_rule():
     """One rule (contracts.no_offload_pairs): the report's predicted overhead is taken over the
     pair collect would choose, the no-offload scenario with the same card first."""
-    setup = {"nodes": 1, "world_size": 8, "micro_batch": 4, "gradient_accumulation_steps": 4,
-             "offload_param": "none"}  # fmt: skip
+    setup = {
+        "nodes": 1,
+        "world_size": 8,
+        "micro_batch": 4,
+        "gradient_accumulation_steps": 4,
+        "offload_param": "none",
+    }
     planned = {
         name: {"name": name, "gpu_mem_gb": gpu, "offload_optimizer": opt, **setup}
-        for name, gpu, opt in [("base-80", 80, "none"), ("base-40", 40, "none"),
-                               ("off-40", 40, "cpu"), ("off-gas8", 40, "cpu")]
-    }  # fmt: skip
+        for name, gpu, opt in [
+            ("base-80", 80, "none"),
+            ("base-40", 40, "none"),
+            ("off-40", 40, "cpu"),
+            ("off-gas8", 40, "cpu"),
+        ]
+    }
     planned["off-gas8"]["gradient_accumulation_steps"] = 8
     pairs = contracts.no_offload_pairs(planned["off-40"], planned.values())
     assert [p["name"] for p in pairs] == ["base-40", "base-80"]

@@ -229,7 +229,9 @@ def test_shipped_configs_pass_deepspeeds_parser(study_path, tmp_path, deepspeed_
         config = json.loads(ds_path.read_text())
         if run.engine == "fsdp2":  # its settings: the same batch arithmetic, no DeepSpeed keys
             per_step = config["micro_batch"] * config["gradient_accumulation_steps"]
-            assert per_step * run.world_size == run.global_batch and "zero_optimization" not in config
+            assert (
+                per_step * run.world_size == run.global_batch and "zero_optimization" not in config
+            )
             continue
         assert (
             config["train_batch_size"]
@@ -291,8 +293,18 @@ def test_a_dry_run_refuses_held_out_input_naming_the_key(study, path, value, wor
     """Through the real Snakefile: `snakemake -n` stops with one "invalid study" error."""
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump(with_change(study, path, value)))
-    snakemake = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"),
-                 "-d", str(REPO_ROOT), "-n", "--config", f"study_file={study_file}"]  # fmt: skip
+    snakemake = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO_ROOT / "Snakefile"),
+        "-d",
+        str(REPO_ROOT),
+        "-n",
+        "--config",
+        f"study_file={study_file}",
+    ]
     result = subprocess.run(snakemake, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "invalid study: " in output, output
@@ -305,8 +317,15 @@ def test_the_layers_import_downward_without_circles():
     imports of this library (module level and inside functions) go to its own layer or below,
     and no import circle joins two modules. The engine folders (offload_study.engines) stand
     beside the layers: every stage asks the registry, an engine builds on the stages' parts."""
-    rank = {"core": 0, "planning": 1, "admission": 2, "prediction": 2, "training": 3,
-            "analysis": 4, "across": 5}  # fmt: skip
+    rank = {
+        "core": 0,
+        "planning": 1,
+        "admission": 2,
+        "prediction": 2,
+        "training": 3,
+        "analysis": 4,
+        "across": 5,
+    }
     package = REPO_ROOT / "workflow" / "offload_study"
     graph: dict[str, set[str]] = {}
     for path in package.rglob("*.py"):
@@ -328,12 +347,22 @@ def test_the_layers_import_downward_without_circles():
         parts = module.split(".")
         return rank.get(parts[1]) if len(parts) > 2 else None
 
-    upward = {(m, t) for m, ts in graph.items() for t in ts
-              if layer(m) is not None and layer(t) is not None and layer(t) > layer(m)
-              and {m.split(".")[1], t.split(".")[1]} != {"admission", "prediction"}}  # fmt: skip
+    upward = {
+        (m, t)
+        for m, ts in graph.items()
+        for t in ts
+        if layer(m) is not None
+        and layer(t) is not None
+        and layer(t) > layer(m)
+        and {m.split(".")[1], t.split(".")[1]} != {"admission", "prediction"}
+    }
     # a package's __init__ and its own submodules are one unit, not a circle
-    circles = [(m, t) for m, ts in graph.items() for t in ts
-               if m in graph.get(t, set()) and m < t and not t.startswith(f"{m}.")]  # fmt: skip
+    circles = [
+        (m, t)
+        for m, ts in graph.items()
+        for t in ts
+        if m in graph.get(t, set()) and m < t and not t.startswith(f"{m}.")
+    ]
     assert circles == [], circles
     assert upward == KNOWN_UPWARD, upward - KNOWN_UPWARD or f"now downward: {KNOWN_UPWARD - upward}"
 

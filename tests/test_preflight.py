@@ -147,17 +147,29 @@ def write_study(tmp_path: Path, mode: str) -> tuple[Path, list[str]]:
     scenario = {"gpus_per_node": 1, "gpu_mem_gb": 40, "cpu_mem_gb": 64}
     plan = Plan(
         {
-            "study": "preflight", "cluster": "local-cpu", "preflight": mode,
-            "model": {"config": dict(SMALL_LLAMA)}, "seq_len": 64, "micro_batch": 2,
-            "global_batch": 4, "gradient_checkpointing": False, "steps": 2, "warmup_steps": 1,
+            "study": "preflight",
+            "cluster": "local-cpu",
+            "preflight": mode,
+            "model": {"config": dict(SMALL_LLAMA)},
+            "seq_len": 64,
+            "micro_batch": 2,
+            "global_batch": 4,
+            "gradient_checkpointing": False,
+            "steps": 2,
+            "warmup_steps": 1,
             "scenarios": [
                 {"name": "zero3", **scenario},
-                {"name": "nvme-opt-param", "offload_optimizer": "nvme", "offload_param": "nvme",
-                 "nvme_path": str(tmp_path / "nvme"), **scenario},
+                {
+                    "name": "nvme-opt-param",
+                    "offload_optimizer": "nvme",
+                    "offload_param": "nvme",
+                    "nvme_path": str(tmp_path / "nvme"),
+                    **scenario,
+                },
             ],
         },
         cluster_dir=CLUSTER_DIR,
-    )  # fmt: skip
+    )
     specs = []
     for name in plan.scenarios:  # the paths of plan.json, under tmp_path (the runs' cwd)
         spec_path = f"{plan.results_dir}/configs/{name}.run.json"
@@ -171,15 +183,24 @@ def write_study(tmp_path: Path, mode: str) -> tuple[Path, list[str]]:
 
 def run_module(tmp_path: Path, module: str, *args: str, **env: str):
     cmd = [sys.executable, "-m", f"offload_study.{module}", *args]
-    return subprocess.run(cmd, cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        cmd, cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_plan_refuses_a_study_whose_op_cannot_be_built(tmp_path):
     summary, specs = write_study(tmp_path, "refuse")
     out = summary.with_name("plan.json")
-    res = run_module(tmp_path, "admission.admit", "--plan-json", str(summary), "--out", str(out), *specs,
-                     LDFLAGS=hide_libaio(tmp_path))  # fmt: skip
+    res = run_module(
+        tmp_path,
+        "admission.admit",
+        "--plan-json",
+        str(summary),
+        "--out",
+        str(out),
+        *specs,
+        LDFLAGS=hide_libaio(tmp_path),
+    )
     assert res.returncode == 1, res.stderr
     refused = [ln for ln in res.stderr.splitlines() if ln.startswith("scenario ")]
     assert refused == [
@@ -194,15 +215,32 @@ def test_warn_plans_it_and_the_runner_records_op_build_error_unlaunched(tmp_path
     summary, specs = write_study(tmp_path, "warn")
     out = summary.with_name("plan.json")
     hidden = hide_libaio(tmp_path)
-    res = run_module(tmp_path, "admission.admit", "--plan-json", str(summary), "--out", str(out), *specs,
-                     LDFLAGS=hidden)  # fmt: skip
+    res = run_module(
+        tmp_path,
+        "admission.admit",
+        "--plan-json",
+        str(summary),
+        "--out",
+        str(out),
+        *specs,
+        LDFLAGS=hidden,
+    )
     assert res.returncode == 0, res.stderr
     checked = read_json(out)["preflight"]
     assert checked["mode"] == "warn" and list(checked["refusals"]) == ["nvme-opt-param"]
     outdir = tmp_path / "rep0"
     nvme_spec = next(s for s in specs if "nvme" in s)
-    res = run_module(tmp_path, "training.runner", "--spec", nvme_spec, "--repeat", "0", "--outdir",
-                     str(outdir), LDFLAGS=hidden)  # fmt: skip
+    res = run_module(
+        tmp_path,
+        "training.runner",
+        "--spec",
+        nvme_spec,
+        "--repeat",
+        "0",
+        "--outdir",
+        str(outdir),
+        LDFLAGS=hidden,
+    )
     assert res.returncode == 0, res.stderr
     metrics = read_json(outdir / "metrics.json")
     assert metrics["outcome"] == "op_build_error"
@@ -237,8 +275,10 @@ def test_the_runners_refusal_is_a_value_not_its_logged_line(tmp_path, monkeypatc
     """The runner's gate records the refusal as Supervision values (outcome, fix) that the
     outcome reads; the refusal line in the launcher log alone decides nothing."""
     monkeypatch.setenv("LDFLAGS", hide_libaio(tmp_path))
-    spec = make_spec("local-cpu", {"offload_optimizer": "nvme", "offload_param": "nvme",
-                                   "nvme_path": str(tmp_path)})  # fmt: skip
+    spec = make_spec(
+        "local-cpu",
+        {"offload_optimizer": "nvme", "offload_param": "nvme", "nvme_path": str(tmp_path)},
+    )
     checked = preflight.check_runs([spec])
     fix = ops.remedy("libaio", "async_io", "cpu")
     assert checked.fixes == {spec.scenario: fix} and "fixes" not in checked.to_dict()
@@ -264,7 +304,11 @@ def test_every_remedy_is_a_fix_line():
 
 def test_the_ops_cli_builds_the_op_a_remedy_names():
     """A remedy quotes DeepSpeed's op name (deepspeed_shm_comm): the ops command takes it."""
-    res = subprocess.run([sys.executable, "-m", "offload_study.admission.ops", "--help"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "offload_study.admission.ops", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0 and "deepspeed_shm_comm" in res.stdout
     assert ops.our_name("deepspeed_shm_comm") == "shm_comm"

@@ -25,8 +25,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    done = subprocess.run(
+        ["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True
+    )
     return done.stdout.strip()
 
 
@@ -63,8 +64,9 @@ def test_an_exported_tree_inside_another_repository_names_its_own_commit(tmp_pat
 def test_git_archive_writes_the_commit_into_the_source_commit_file(tmp_path):
     """.gitattributes (export-subst) makes `git archive` fill in the placeholder."""
     path = provenance.SOURCE_COMMIT.relative_to(REPO_ROOT).as_posix()
-    data = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "HEAD", path],
-                          capture_output=True, check=True).stdout  # fmt: skip
+    data = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "HEAD", path], capture_output=True, check=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         text = tar.extractfile(path).read().decode()
     (tmp_path / "SOURCE_COMMIT").write_text(text)
@@ -94,10 +96,17 @@ def test_an_unreadable_boot_id_is_null(tmp_path):
 
 def test_the_record_names_every_ranks_cores_and_threads(tmp_path):
     spec = make_spec("local-cpu", {"gpus_per_node": 2}).with_ds_config(str(tmp_path / "ds.json"))
-    seen = {"cpu_affinity": "0-2", "torch_threads": 3, "torch_interop_threads": 16,
-            "omp_num_threads": "3", "mkl_num_threads": None}  # fmt: skip
-    stats = {1: RankStats(rank=1, local_rank=1, world_size=2, host="h", pid=2),  # died early
-             0: RankStats(rank=0, local_rank=0, world_size=2, host="h", pid=1, **seen)}  # fmt: skip
+    seen = {
+        "cpu_affinity": "0-2",
+        "torch_threads": 3,
+        "torch_interop_threads": 16,
+        "omp_num_threads": "3",
+        "mkl_num_threads": None,
+    }
+    stats = {
+        1: RankStats(rank=1, local_rank=1, world_size=2, host="h", pid=2),  # died early
+        0: RankStats(rank=0, local_rank=0, world_size=2, host="h", pid=1, **seen),
+    }
     record = provenance.provenance(spec, None, stats, 1, Supervision(rc=0), "run-1")
     assert record["rank_threads"] == [
         {"rank": 0, "host": "h", **seen},

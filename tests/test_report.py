@@ -52,8 +52,9 @@ def test_full_report(tmp_path):
     assert 'id="headline-table"' in html and "ZeRO-3 + Offload (4 GPU)" in html
     assert "8 GPUs × 40 GiB" in html and ">35%</td>" in html  # measured setup and seed reference
     speed = headline_cells(html, "ZeRO-3 + Offload (4 GPU)")[3]  # measured: 2800/8000 tokens/s
-    assert re.fullmatch(r"35(\.\d)?% \[[\d.]+%–[\d.]+%\] slower 2,800 \[[\d,–]+\] tokens/s",
-                        speed), speed  # fmt: skip
+    assert re.fullmatch(
+        r"35(\.\d)?% \[[\d.]+%–[\d.]+%\] slower 2,800 \[[\d,–]+\] tokens/s", speed
+    ), speed
     # every figure but speed vs accumulation (it never varies here); the seed's among them
     assert html.count("data:image/png;base64,") == len(figures.FIGURES) - 1
     assert 'id="fig-seed_share"' in html and 'id="fig-speed_vs_gas"' not in html
@@ -110,13 +111,21 @@ def test_missing_baseline_and_missing_records(tmp_path):
 def test_nans_and_no_gpu_memory(tmp_path):
     paths = [
         make_record(tmp_path, "base", peak_gpu_gib=None, breakdown={}, steps=False),
-        make_record(tmp_path, "off", offload_optimizer="cpu", tokens_per_s=300, peak_gpu_gib=None,
-                    host_rss_gib=None),
-    ]  # fmt: skip
+        make_record(
+            tmp_path,
+            "off",
+            offload_optimizer="cpu",
+            tokens_per_s=300,
+            peak_gpu_gib=None,
+            host_rss_gib=None,
+        ),
+    ]
     html, figs, _ = build_report(tmp_path, paths)
     off = headline_cells(html, "ZeRO-3 off")
-    assert off[1:3] == ["8 GPUs × 40 GiB peak — GiB allocated per GPU",
-                        "64 GiB peak — GiB used per node"]  # fmt: skip
+    assert off[1:3] == [
+        "8 GPUs × 40 GiB peak — GiB allocated per GPU",
+        "64 GiB peak — GiB used per node",
+    ]
     assert re.match(r"30(\.0)?% \[", off[3]) and "] slower 300 [" in off[3]
     assert "tokens/s vs ZeRO-3 base: 30" in off[3]
     assert_figures(figs)
@@ -127,9 +136,15 @@ def test_gas_sweep_and_other_cluster(tmp_path):
     for gas in (1, 2, 4, 8):
         name = f"off-sw-gas{gas}"
         paths.append(
-            make_record(tmp_path, name, gas=gas, offload_optimizer="cpu",
-                        tokens_per_s=200 * gas ** 0.5, sweep={"gradient_accumulation_steps": gas})
-        )  # fmt: skip
+            make_record(
+                tmp_path,
+                name,
+                gas=gas,
+                offload_optimizer="cpu",
+                tokens_per_s=200 * gas**0.5,
+                sweep={"gradient_accumulation_steps": gas},
+            )
+        )
     paths.insert(0, make_record(tmp_path, "base", tokens_per_s=1000))
     other = tmp_path / "other" / "summary.csv"
     other.parent.mkdir()
@@ -148,10 +163,19 @@ def test_empty_inputs(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps({"study": "s", "cluster": "c", "scenarios": []}))
     out = tmp_path / "r" / "report.html"
     R.main(
-        ["--runs", str(tmp_path / "runs.csv"), "--summary", str(tmp_path / "summary.csv"),
-         "--plan", str(tmp_path / "plan.json"), "--out", str(out),
-         "--figures-dir", str(tmp_path / "f")]
-    )  # fmt: skip
+        [
+            "--runs",
+            str(tmp_path / "runs.csv"),
+            "--summary",
+            str(tmp_path / "summary.csv"),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--out",
+            str(out),
+            "--figures-dir",
+            str(tmp_path / "f"),
+        ]
+    )
     assert out.exists()
     assert_figures(tmp_path / "f")
 
@@ -169,9 +193,11 @@ def test_fmt(v, exp):
 
 
 LLAMA_135B = {  # the model of config/studies/h200-1gpu.yaml, as plan.json carries it
-    "source": "config", "preset": None, "name_or_path": None,
+    "source": "config",
+    "preset": None,
+    "name_or_path": None,
     "config": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24},
-}  # fmt: skip
+}
 
 
 def test_header_names_the_model_and_counts_one_gpu(tmp_path):
@@ -184,9 +210,20 @@ def test_header_names_the_model_and_counts_one_gpu(tmp_path):
     plan = {**json.loads(plan_path.read_text()), "model": LLAMA_135B, "model_params": 1345423360}
     plan_path.write_text(json.dumps(plan))
     out = tmp_path / "out"
-    R.main(["--runs", str(out / "runs.csv"), "--summary", str(out / "summary.csv"),
-            "--plan", str(plan_path), "--out", str(html_path),
-            "--figures-dir", str(tmp_path / "f")])  # fmt: skip
+    R.main(
+        [
+            "--runs",
+            str(out / "runs.csv"),
+            "--summary",
+            str(out / "summary.csv"),
+            "--plan",
+            str(plan_path),
+            "--out",
+            str(html_path),
+            "--figures-dir",
+            str(tmp_path / "f"),
+        ]
+    )
     html = html_path.read_text()
     assert "model Llama 1.35B" in html and "model ?" not in html
     assert "tokens/s on 1 GPU," in html and "1 GPUs" not in html
@@ -228,8 +265,10 @@ def test_speed_memory_labels_do_not_overlap():
     ax.set_ylim(0, 118)
     fig.tight_layout()
     renderer = fig.canvas.get_renderer()
-    naive = [ax.annotate(t, p, xytext=(7, 0), textcoords="offset points", fontsize=8, va="center")
-             for p, t in zip(pts, texts, strict=True)]  # fmt: skip
+    naive = [
+        ax.annotate(t, p, xytext=(7, 0), textcoords="offset points", fontsize=8, va="center")
+        for p, t in zip(pts, texts, strict=True)
+    ]
     assert _overlapping_pairs([a.get_window_extent(renderer) for a in naive]) > 0
     for a in naive:
         a.remove()
@@ -247,8 +286,11 @@ def test_large_study_plots_one_bar_per_configuration():
     def view(base, gas, rel):
         return views.Row(scenario=f"{base}__gas-{gas}", base_scenario=base, relative_speed=rel)
 
-    many = [view(b, g, r) for b, f in (("a", 1.0), ("b", 0.5)) for g, r in
-            ((g, f * g / (g + 1)) for g in range(1, 21))]  # fmt: skip
+    many = [
+        view(b, g, r)
+        for b, f in (("a", 1.0), ("b", 0.5))
+        for g, r in ((g, f * g / (g + 1)) for g in range(1, 21))
+    ]
     rows, note = figures.bar_rows(many)
     assert [(v["scenario"], len(group)) for v, group in rows] == [
         ("a__gas-20", 20),
@@ -287,16 +329,35 @@ print("ran without torch and deepspeed")
 def test_collect_and_report_need_neither_torch_nor_deepspeed(tmp_path):
     paths = seed_like_records(tmp_path)
     plan, out = make_plan(tmp_path, paths), tmp_path / "out"
-    collect_args = ["--runs-csv", str(out / "runs.csv"), "--runs-parquet",
-                    str(out / "runs.parquet"), "--summary-csv", str(out / "summary.csv"),
-                    "--n-boot", "100", *map(str, paths)]  # fmt: skip
-    report_args = ["--runs", str(out / "runs.csv"), "--summary", str(out / "summary.csv"),
-                   "--plan", str(plan), "--out", str(out / "report.html"),
-                   "--figures-dir", str(out / "figures")]  # fmt: skip
+    collect_args = [
+        "--runs-csv",
+        str(out / "runs.csv"),
+        "--runs-parquet",
+        str(out / "runs.parquet"),
+        "--summary-csv",
+        str(out / "summary.csv"),
+        "--n-boot",
+        "100",
+        *map(str, paths),
+    ]
+    report_args = [
+        "--runs",
+        str(out / "runs.csv"),
+        "--summary",
+        str(out / "summary.csv"),
+        "--plan",
+        str(plan),
+        "--out",
+        str(out / "report.html"),
+        "--figures-dir",
+        str(out / "figures"),
+    ]
     res = subprocess.run(
         [sys.executable, "-c", BLOCK_TORCH, "\x1f".join(collect_args), "\x1f".join(report_args)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert "ran without torch and deepspeed" in res.stdout
     assert (out / "report.html").exists()
@@ -312,10 +373,16 @@ def test_paired_ratio_verdict_and_its_pair_are_stated(tmp_path):
     paths = []
     for k, drift in enumerate((1.0, 0.98, 1.02)):
         paths.append(make_record(tmp_path, "base", k, tokens_per_s=1000 * drift, seed=k))
-        paths.append(make_record(tmp_path, "same", k, tokens_per_s=1000 * drift,
-                                 offload_optimizer="cpu", seed=9 + k))  # fmt: skip
-        paths.append(make_record(tmp_path, "slow", k, tokens_per_s=500 * drift,
-                                 offload_optimizer="cpu", seed=19 + k))  # fmt: skip
+        paths.append(
+            make_record(
+                tmp_path, "same", k, tokens_per_s=1000 * drift, offload_optimizer="cpu", seed=9 + k
+            )
+        )
+        paths.append(
+            make_record(
+                tmp_path, "slow", k, tokens_per_s=500 * drift, offload_optimizer="cpu", seed=19 + k
+            )
+        )
     html, _, _ = build_report(tmp_path, paths)
     lines = {line.split(":")[0]: line for line in verdict_lines(html)}
     assert "no difference shown from its no-offload pair, ZeRO-3 base" in lines["ZeRO-3 same"]
@@ -333,15 +400,21 @@ def test_the_h200_report_states_no_implausible_number_as_a_finding(tmp_path):
     paths = [H200 / s["name"] / "rep0" / "metrics.json" for s in plan["scenarios"]]
     out = tmp_path / "out"
     run_collect_cli(paths, out, plan["baseline"])
-    html = R.render(C.read_table(out / "runs.csv"), C.read_table(out / "summary.csv"), plan,
-                    tmp_path / "figures")  # fmt: skip
+    html = R.render(
+        C.read_table(out / "runs.csv"),
+        C.read_table(out / "summary.csv"),
+        plan,
+        tmp_path / "figures",
+    )
     lines = {line.split(":")[0]: line for line in verdict_lines(html)}
     gas8 = lines["ZeRO-3, no offload; gradient accumulation steps 8"]
     assert gas8.startswith("ZeRO-3, no offload; gradient accumulation steps 8: flagged, not a")
     assert "slower with more accumulation" in gas8 and "of baseline speed" not in gas8
     opt8 = lines["ZeRO-3 + CPU optimizer offload; gradient accumulation steps 8"]
-    assert ("its no-offload pair, ZeRO-3, no offload; gradient accumulation steps 8, is flagged, "
-            "so no paired ratio") in opt8  # fmt: skip
+    assert (
+        "its no-offload pair, ZeRO-3, no offload; gradient accumulation steps 8, is flagged, "
+        "so no paired ratio"
+    ) in opt8
     opt1 = lines["ZeRO-3 + CPU optimizer offload; gradient accumulation steps 1"]
     assert re.search(r"slower: \d+% \[\d+%–\d+%\] of baseline speed", opt1), opt1
     # the caution most rows carry is said once, under the verdicts, not on each line
@@ -365,8 +438,11 @@ def test_the_remeasured_h200_report_states_its_findings_with_their_caution():
     (common,) = views.common_cautions(scenarios)
     assert common["name"] == "ci-target-missed" and common["n"] == common["of"]
     assert not any("not a finding" in line or "is flagged" in line for line in lines)
-    (opt1,) = [line for line in lines
-               if line.startswith("ZeRO-3 + CPU optimizer offload; gradient accumulation steps 1")]
+    (opt1,) = [
+        line
+        for line in lines
+        if line.startswith("ZeRO-3 + CPU optimizer offload; gradient accumulation steps 1")
+    ]
     pair = summary.set_index("scenario").loc["offload-opt__gas-1", "paired_ratio"]
     assert 0.25 < pair < 0.35
     assert f"{views.fmt_pct(pair)} [" in opt1
@@ -389,27 +465,51 @@ def flag_views(flags: dict[str, str]) -> list[views.Row]:
             "pair_kind": "self",
         }
     ]
-    rows += [{"scenario": n, "tokens_per_s": 500.0, "relative_speed": 0.5,
-              "relative_speed_ci_low": 0.45, "relative_speed_ci_high": 0.55, "paired_ratio": 0.5,
-              "paired_ratio_ci_low": 0.45, "paired_ratio_ci_high": 0.55, "pair": "base",
-              "pair_kind": "same-settings", "n_ok": 2, "flags": f, "offload_optimizer": "cpu"}
-             for n, f in flags.items() if n != "base"]  # fmt: skip
+    rows += [
+        {
+            "scenario": n,
+            "tokens_per_s": 500.0,
+            "relative_speed": 0.5,
+            "relative_speed_ci_low": 0.45,
+            "relative_speed_ci_high": 0.55,
+            "paired_ratio": 0.5,
+            "paired_ratio_ci_low": 0.45,
+            "paired_ratio_ci_high": 0.55,
+            "pair": "base",
+            "pair_kind": "same-settings",
+            "n_ok": 2,
+            "flags": f,
+            "offload_optimizer": "cpu",
+        }
+        for n, f in flags.items()
+        if n != "base"
+    ]
     return views.scenario_views(pd.DataFrame(rows), {}, "base")
 
 
 def test_a_caution_is_a_finding_and_an_implausible_flag_is_not():
-    vs = flag_views({"caution": "ci-target-missed", "implausible": "offload-faster-than-pair",
-                     "mixed": "many-skipped-steps;gpu-over-cap", "clean": ""})  # fmt: skip
+    vs = flag_views(
+        {
+            "caution": "ci-target-missed",
+            "implausible": "offload-faster-than-pair",
+            "mixed": "many-skipped-steps;gpu-over-cap",
+            "clean": "",
+        }
+    )
     head, lines = views.verdicts(vs, "base", None)
     by = {line.split(":")[0]: line for line in lines}
-    assert by["caution"] == ("caution: slower: 50% [45%–55%] of baseline speed; slower: 50% "
-                             "[45%–55%] of its no-offload pair, base (same settings); caution: "
-                             "CI target missed.")  # fmt: skip
+    assert by["caution"] == (
+        "caution: slower: 50% [45%–55%] of baseline speed; slower: 50% "
+        "[45%–55%] of its no-offload pair, base (same settings); caution: "
+        "CI target missed."
+    )
     assert by["clean"].endswith("of its no-offload pair, base (same settings).")
-    assert by["implausible"] == ("implausible: flagged, not a finding: offload faster than no "
-                                 "offload.")  # fmt: skip
-    assert by["mixed"].startswith("mixed: flagged, not a finding: many skipped steps; GPU memory "
-                                  "over its cap")  # fmt: skip
+    assert by["implausible"] == (
+        "implausible: flagged, not a finding: offload faster than no offload."
+    )
+    assert by["mixed"].startswith(
+        "mixed: flagged, not a finding: many skipped steps; GPU memory over its cap"
+    )
     assert [v["scenario"] for v in vs if v["blocking"]] == ["implausible", "mixed"]
 
     import matplotlib.pyplot as plt
@@ -424,12 +524,16 @@ def test_a_caution_is_a_finding_and_an_implausible_flag_is_not():
 def test_a_baseline_with_only_a_caution_keeps_its_ratios():
     head, lines = views.verdicts(flag_views({"base": "ci-target-missed", "off": ""}), "base", None)
     assert head.endswith("; caution: CI target missed.") and "Flagged" not in head
-    assert lines == ["off: slower: 50% [45%–55%] of baseline speed; slower: 50% [45%–55%] of its "
-                     "no-offload pair, base (same settings)."]  # fmt: skip
+    assert lines == [
+        "off: slower: 50% [45%–55%] of baseline speed; slower: 50% [45%–55%] of its "
+        "no-offload pair, base (same settings)."
+    ]
     head, lines = views.verdicts(flag_views({"base": "loss-parity", "off": ""}), "base", None)
     assert "Flagged, so no ratio to it is stated: loss differs from its pair." in head
-    assert lines == ["off: 500 tokens/s (the baseline is flagged); its no-offload pair, base, is "
-                     "flagged, so no paired ratio is stated."]  # fmt: skip
+    assert lines == [
+        "off: 500 tokens/s (the baseline is flagged); its no-offload pair, base, is "
+        "flagged, so no paired ratio is stated."
+    ]
 
 
 def test_the_report_marks_a_caution_beside_the_number_and_strikes_only_the_implausible(tmp_path):
@@ -446,8 +550,18 @@ def test_the_report_marks_a_caution_beside_the_number_and_strikes_only_the_impla
         )
         for k in range(2)
     ]
-    paths += [make_record(tmp_path, "capped", k, offload_optimizer="cpu", tokens_per_s=500,
-                          seed=9 + k, extra={"gpu_mem_cap_gib": 20.0}) for k in range(2)]  # fmt: skip
+    paths += [
+        make_record(
+            tmp_path,
+            "capped",
+            k,
+            offload_optimizer="cpu",
+            tokens_per_s=500,
+            seed=9 + k,
+            extra={"gpu_mem_cap_gib": 20.0},
+        )
+        for k in range(2)
+    ]
     html, _, _ = build_report(tmp_path, paths, baseline="base")
     assert html.count('class="flagged"') == 1  # the capped one's speed, not the noisy one's
     assert (
@@ -473,9 +587,15 @@ def test_skipped_steps_show_when_the_records_count_them(tmp_path):
 
 def test_flagged_bars_are_hatched(tmp_path):
     def view(name, flagged):
-        return views.Row(scenario=name, label=name, relative_speed=0.5, n_ok=1,
-                         offload_kind="cpu", blocking=["non-finite-loss"] if flagged else [],
-                         sweep_text="")  # fmt: skip
+        return views.Row(
+            scenario=name,
+            label=name,
+            relative_speed=0.5,
+            n_ok=1,
+            offload_kind="cpu",
+            blocking=["non-finite-loss"] if flagged else [],
+            sweep_text="",
+        )
 
     import matplotlib.pyplot as plt
 
@@ -493,8 +613,11 @@ def test_the_runs_table_shows_what_moved_between_repeats():
     the offloaded optimizer step stayed at ~1.0-1.2 s, and which machine each run came from."""
 
     plan = json.loads((H200_REMEASURED / "plan.json").read_text())
-    paths = [H200_REMEASURED / s["name"] / f"rep{k}" / "metrics.json"
-             for s in plan["scenarios"] for k in range(plan["repeats"])]  # fmt: skip
+    paths = [
+        H200_REMEASURED / s["name"] / f"rep{k}" / "metrics.json"
+        for s in plan["scenarios"]
+        for k in range(plan["repeats"])
+    ]
     runs, summary = C.collect(paths, baseline=plan["baseline"], n_boot=200)
     rows = views.run_rows(runs, views.scenario_views(summary, plan, plan["baseline"]))
     assert len(rows) == 21
@@ -507,10 +630,14 @@ def test_the_runs_table_shows_what_moved_between_repeats():
     assert max(opt_step) < 1.2 * min(opt_step)
     assert by[("zero3__gas-1", "1")]["settled"] is False
     assert by[("zero3__gas-1", "0")]["stop"] == "CI target out of reach"
-    # repeat 2 of three scenarios (and the OOM) ran in a later lease, on another machine
+    # repeat 2 of three scenarios (and the OOM) ran later, on another machine
     later = {s for s, k in by if k == "2" and by[(s, k)]["machine"] == "B"}
-    assert later == {"offload-opt__gas-8", "offload-opt-param__gas-1", "offload-opt-param__gas-8",
-                     "zero3-40gb-oom"}  # fmt: skip
+    assert later == {
+        "offload-opt__gas-8",
+        "offload-opt-param__gas-1",
+        "offload-opt-param__gas-8",
+        "zero3-40gb-oom",
+    }
     assert {r["machine"] for r in rows} == {"A", "B"}
 
 
@@ -533,7 +660,7 @@ def test_the_report_has_the_runs_table(tmp_path):
         (2800, None, None, "2,800"),  # no CI: three significant digits
         (None, 1, 2, "—"),
     ],
-)  # fmt: skip
+)
 def test_a_number_keeps_the_precision_its_ci_supports(v, lo, hi, text):
     assert views.fmt_ci(v, lo, hi) == text
 
@@ -552,40 +679,78 @@ def test_the_planners_names_become_words():
 
     assert words.sweep_words("rec-opt__mb-8__rbs-5e8", {}) == "micro-batch 8, reduce bucket 5e8"
     assert words.sweep_words("zero3__gas-8", {"gradient_accumulation_steps": 8}) == (
-        "gradient accumulation steps 8")  # fmt: skip
-    assert words.reader_label("candidate opt-r0.8", "x") == "partial CPU optimizer offload, ratio 0.8"
+        "gradient accumulation steps 8"
+    )
+    assert (
+        words.reader_label("candidate opt-r0.8", "x") == "partial CPU optimizer offload, ratio 0.8"
+    )
     assert words.reader_label("", "rec-optparam__mb-4") == "CPU optimizer + parameter offload"
     assert words.reader_label("ZeRO-3, no offload", "zero3") == "ZeRO-3, no offload"
     assert words.outcomes("infeasible:1, missing:1") == (
-        "1 predicted not to fit, not run, 1 left no record")  # fmt: skip
+        "1 predicted not to fit, not run, 1 left no record"
+    )
     assert words.gpu_setup(2, 80, 140.4) == "2 GPUs × 80 GiB"
     assert words.gpu_setup(1, None, 140.4) == "1 GPU × 140.4 GiB (the whole card)"
 
 
 def use_views(rows: list[dict]) -> list[views.Row]:
-    base = {"n_ok": 2, "world_size": 1, "offload_optimizer": "none", "offload_param": "none",
-            "micro_batch": 4, "gradient_accumulation_steps": 1, "nodes": 1}  # fmt: skip
+    base = {
+        "n_ok": 2,
+        "world_size": 1,
+        "offload_optimizer": "none",
+        "offload_param": "none",
+        "micro_batch": 4,
+        "gradient_accumulation_steps": 1,
+        "nodes": 1,
+    }
     return views.scenario_views(pd.DataFrame([{**base, **r} for r in rows]), {}, None, 140.4)
 
 
 def test_use_this_picks_the_fastest_that_fits_each_memory_level_and_says_when_it_cannot():
     from offload_study.analysis.report import usethis
 
-    vs = use_views([
-        {"scenario": "big", "label": "no offload", "tokens_per_s": 1000.0,
-         "tokens_per_s_ci_low": 950.0, "tokens_per_s_ci_high": 1050.0},
-        {"scenario": "opt24", "label": "optimizer offload", "gpu_mem_gb": 24,
-         "offload_optimizer": "cpu", "tokens_per_s": 700.0, "tokens_per_s_ci_low": 680.0,
-         "tokens_per_s_ci_high": 720.0},
-        {"scenario": "par24", "label": "both offloaded", "gpu_mem_gb": 24,
-         "offload_optimizer": "cpu", "offload_param": "cpu", "tokens_per_s": 690.0,
-         "tokens_per_s_ci_low": 600.0, "tokens_per_s_ci_high": 700.0},
-        {"scenario": "flagged", "label": "flagged", "gpu_mem_gb": 16, "tokens_per_s": 5000.0,
-         "flags": "gpu-over-cap"},
-    ])  # fmt: skip
+    vs = use_views(
+        [
+            {
+                "scenario": "big",
+                "label": "no offload",
+                "tokens_per_s": 1000.0,
+                "tokens_per_s_ci_low": 950.0,
+                "tokens_per_s_ci_high": 1050.0,
+            },
+            {
+                "scenario": "opt24",
+                "label": "optimizer offload",
+                "gpu_mem_gb": 24,
+                "offload_optimizer": "cpu",
+                "tokens_per_s": 700.0,
+                "tokens_per_s_ci_low": 680.0,
+                "tokens_per_s_ci_high": 720.0,
+            },
+            {
+                "scenario": "par24",
+                "label": "both offloaded",
+                "gpu_mem_gb": 24,
+                "offload_optimizer": "cpu",
+                "offload_param": "cpu",
+                "tokens_per_s": 690.0,
+                "tokens_per_s_ci_low": 600.0,
+                "tokens_per_s_ci_high": 700.0,
+            },
+            {
+                "scenario": "flagged",
+                "label": "flagged",
+                "gpu_mem_gb": 16,
+                "tokens_per_s": 5000.0,
+                "flags": "gpu-over-cap",
+            },
+        ]
+    )
     levels = usethis.picks(vs)
     assert [(p["level"], p["pick"]["label"]) for p in levels] == [
-        ("24 GiB per GPU", "optimizer offload"), ("the whole card (140.4 GiB)", "no offload")]
+        ("24 GiB per GPU", "optimizer offload"),
+        ("the whole card (140.4 GiB)", "no offload"),
+    ]
     assert [r["label"] for r in levels[0]["rivals"]] == ["both offloaded"]  # CIs overlap
     assert levels[1]["rivals"] == []  # 950 and up: above every 24 GiB CI
     assert levels[0]["pick"]["tokens"] == "700 [680–720]"
@@ -595,14 +760,31 @@ def test_a_result_a_reader_would_not_expect_gets_its_measured_breakdown():
     from offload_study.analysis.report import usethis
 
     step = {"breakdown_ms.forward": 100.0, "breakdown_ms.backward": 200.0}
-    vs = use_views([
-        {"scenario": "opt", "label": "optimizer offload", "offload_optimizer": "cpu",
-         "tokens_per_s": 400.0, "tokens_per_s_ci_low": 380.0, "tokens_per_s_ci_high": 420.0,
-         **step, "breakdown_ms.step": 1700.0},
-        {"scenario": "both", "label": "optimizer + parameter offload", "offload_optimizer": "cpu",
-         "offload_param": "cpu", "tokens_per_s": 700.0, "tokens_per_s_ci_low": 650.0,
-         "tokens_per_s_ci_high": 720.0, **step, "breakdown_ms.step": 650.0},
-    ])  # fmt: skip
+    vs = use_views(
+        [
+            {
+                "scenario": "opt",
+                "label": "optimizer offload",
+                "offload_optimizer": "cpu",
+                "tokens_per_s": 400.0,
+                "tokens_per_s_ci_low": 380.0,
+                "tokens_per_s_ci_high": 420.0,
+                **step,
+                "breakdown_ms.step": 1700.0,
+            },
+            {
+                "scenario": "both",
+                "label": "optimizer + parameter offload",
+                "offload_optimizer": "cpu",
+                "offload_param": "cpu",
+                "tokens_per_s": 700.0,
+                "tokens_per_s_ci_low": 650.0,
+                "tokens_per_s_ci_high": 720.0,
+                **step,
+                "breakdown_ms.step": 650.0,
+            },
+        ]
+    )
     (said,) = usethis.surprises(vs)
     assert said.startswith("optimizer + parameter offload is faster than optimizer offload though")
     assert "the optimizer step differs most: 0.65 s against 1.7 s" in said
@@ -615,14 +797,26 @@ def test_parts_that_overlap_in_time_are_said_to(tmp_path):
     from offload_study.core.contracts import PREDICTION_COLUMNS, Prediction
 
     empty = dict.fromkeys(PREDICTION_COLUMNS)
-    row = Prediction(**{**empty, "scenario": "off", "step_time_s": 30.2, "compute_s": 21.3,
-                        "pcie_s": 3.66, "optimizer_s": 5.31, "nvme_s": 0.0})  # fmt: skip
+    row = Prediction(
+        **{
+            **empty,
+            "scenario": "off",
+            "step_time_s": 30.2,
+            "compute_s": 21.3,
+            "pcie_s": 3.66,
+            "optimizer_s": 5.31,
+            "nvme_s": 0.0,
+        }
+    )
     ref = Prediction(**{**empty, "scenario": "base", "step_time_s": 21.4, "compute_s": 21.3})
     planned = {"off": {"offload_optimizer": "cpu", "offload_param": "none"}}
-    text = predicted.overhead_text(row, ref, planned, {"off": 26.66, "base": 21.52},
-                                   {"base": "no offload"})  # fmt: skip
-    assert text == ("PCIe 3.7 s and CPU Adam 5.3 s, which overlap: together more than the 5.1 s "
-                    "measured overhead over no offload")  # fmt: skip
+    text = predicted.overhead_text(
+        row, ref, planned, {"off": 26.66, "base": 21.52}, {"base": "no offload"}
+    )
+    assert text == (
+        "PCIe 3.7 s and CPU Adam 5.3 s, which overlap: together more than the 5.1 s "
+        "measured overhead over no offload"
+    )
 
 
 def test_provenance_is_what_differs_and_one_line_of_what_is_shared(tmp_path):
@@ -638,8 +832,10 @@ def test_provenance_is_what_differs_and_one_line_of_what_is_shared(tmp_path):
     assert shared["host"] == "node001" and shared["engine version"] == "deepspeed 0.16.4"
     assert shared["GPU memory"] == "140.4 GiB"
     assert prov["columns"] == ["commit"]  # started and config agree in these records
-    assert [r["facts"] for r in prov["rows"]] == [["deadbeef"],
-                                                  ["cafecafecafe with uncommitted changes"]]  # fmt: skip
+    assert [r["facts"] for r in prov["rows"]] == [
+        ["deadbeef"],
+        ["cafecafecafe with uncommitted changes"],
+    ]
     assert origin.dirty(runs).startswith("1 of 2 runs ran from a working tree with uncommitted")
     assert origin.usable_gib(runs) == 140.4
 
@@ -654,4 +850,5 @@ def test_a_moved_plans_configs_are_found_beside_it(tmp_path):
     assert found_beside("results/c/s/configs/x.json", records, plan) == records / "configs/x.json"
     assert found_beside("elsewhere/x.json", records, plan) == records / "configs/x.json"
     assert found_beside("results/c/s/configs/y.json", records, plan) == Path(
-        "results/c/s/configs/y.json")  # fmt: skip
+        "results/c/s/configs/y.json"
+    )

@@ -34,8 +34,9 @@ GPU_CLUSTER = {
 }
 CPU_CLUSTER = {"name": "local-cpu", "accelerator": "cpu", "gpus_per_node": 2, "nodes": 1}
 #: Room for every scenario below, so the planner accepts them; check_fits then meets GPU_CLUSTER.
-BIG_CLUSTER = dict(GPU_CLUSTER, name="big", gpus_per_node=16, nodes=8, mem_gb_per_node=4000,
-                   cpu_cores_per_node=192)  # fmt: skip
+BIG_CLUSTER = dict(
+    GPU_CLUSTER, name="big", gpus_per_node=16, nodes=8, mem_gb_per_node=4000, cpu_cores_per_node=192
+)
 
 
 def spec(cluster=GPU_CLUSTER, timeout_min=30, **scenario):
@@ -145,8 +146,9 @@ def test_nvme_capacity_refuses_only_the_clearly_impossible():
         e.value
     )
     # the same on two nodes: 50.2 GiB each
-    run = make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=60), {"name": "n", "nodes": 2, **nvme},
-                    **seven_b)  # fmt: skip
+    run = make_spec(
+        dict(GPU_CLUSTER, nvme_capacity_gb=60), {"name": "n", "nodes": 2, **nvme}, **seven_b
+    )
     assert run.nvme_capacity_gb == 60
 
 

@@ -115,12 +115,18 @@ def study_dir(root: Path) -> Path:
     return root / "results" / CLUSTER / STUDY
 
 
-def place_failed(root: Path, scratch: Path, stamp: str, outcome_: str = "cancelled",
-                 excerpt: str = "received signal 15") -> Path:  # fmt: skip
+def place_failed(
+    root: Path,
+    scratch: Path,
+    stamp: str,
+    outcome_: str = "cancelled",
+    excerpt: str = "received signal 15",
+) -> Path:
     """A failed run's record made as the runner makes it: a temp record, archived, moved into
     place (placement.place). Returns the record folder."""
-    made = make_record(scratch / stamp, "s", outcome=outcome_, error_excerpt=excerpt,
-                       extra={"finished_at": stamp})  # fmt: skip
+    made = make_record(
+        scratch / stamp, "s", outcome=outcome_, error_excerpt=excerpt, extra={"finished_at": stamp}
+    )
     record = Path(layout.record_dir(study_dir(root), "s", 0))
     tmp = placement.temp_record(record)
     shutil.copytree(made.parent, tmp.root, dirs_exist_ok=True)
@@ -162,8 +168,13 @@ def round_file(r: int) -> str:
 def made_from_records(root: Path) -> list[Path]:
     """The tables and recommend files a finished study holds, made from its records."""
     study, recommend = study_dir(root), study_dir(root) / layout.RECOMMEND_DIR
-    made = [study / layout.RUNS_CSV, study / layout.RUNS_PARQUET, study / layout.SUMMARY_CSV,
-            recommend / layout.RECOMMENDATION_JSON, recommend / round_file(1)]  # fmt: skip
+    made = [
+        study / layout.RUNS_CSV,
+        study / layout.RUNS_PARQUET,
+        study / layout.SUMMARY_CSV,
+        recommend / layout.RECOMMENDATION_JSON,
+        recommend / round_file(1),
+    ]
     for path in [*made, recommend / round_file(0)]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
@@ -186,8 +197,9 @@ def test_a_retried_record_takes_what_was_made_from_the_records_with_it(tmp_path,
 
 @pytest.mark.parametrize("failure", WORKLOAD)
 def test_a_workload_failure_stays_with_why(tmp_path, failure):
-    record = place_failed(tmp_path / "w", tmp_path / "scratch", "2026-12-01T10:00:00Z", failure,
-                          "boom")  # fmt: skip
+    record = place_failed(
+        tmp_path / "w", tmp_path / "scratch", "2026-12-01T10:00:00Z", failure, "boom"
+    )
     before = contracts.sha256_file(record / "metrics.json")
     (note,) = placement.retry_failed_runs(study_dir(tmp_path / "w"), [("s", 0)], BUDGET)
     assert not note.retried and note.why == outcome.RETRY_POLICY[failure].why

@@ -120,8 +120,17 @@ def test_step_timeout(tmp_path):
 @pytest.mark.slow
 def test_sigterm_cancelled(tmp_path):
     spec_path, outdir, _ = make_run(tmp_path, steps=100000, world=2)
-    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
-           "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.training.runner",
+        "--spec",
+        str(spec_path),
+        "--repeat",
+        "0",
+        "--outdir",
+        str(outdir),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     tmp_logs = None
@@ -144,8 +153,15 @@ def test_sigterm_cancelled(tmp_path):
 
 # --------------------------------------------------------------------------- fast helpers
 def test_allowed_env_drops_secrets():
-    env = {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO", "HF_TOKEN": "x", "NCCL_API_KEY": "y",
-           "SLURM_JOB_ID": "12", "AWS_SECRET_ACCESS_KEY": "z", "HOME": "/root"}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "4",
+        "NCCL_DEBUG": "INFO",
+        "HF_TOKEN": "x",
+        "NCCL_API_KEY": "y",
+        "SLURM_JOB_ID": "12",
+        "AWS_SECRET_ACCESS_KEY": "z",
+        "HOME": "/root",
+    }
     got = provenance.allowed_env(env)
     assert got == {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "SLURM_JOB_ID": "12"}
 
@@ -158,8 +174,10 @@ def test_archive_dir(tmp_path):
 
 # a worker process that holds 200 MiB it has written (every page resident), then waits
 WORKER_BYTES = 200 * 2**20
-WORKER = (f"import sys; held = bytearray({WORKER_BYTES}); held[::4096] = b'x' * len(held[::4096]); "
-          "print('ready', flush=True); sys.stdin.read()")  # fmt: skip
+WORKER = (
+    f"import sys; held = bytearray({WORKER_BYTES}); held[::4096] = b'x' * len(held[::4096]); "
+    "print('ready', flush=True); sys.stdin.read()"
+)
 
 
 def vm_rss_bytes(pid: int) -> int:
@@ -177,16 +195,20 @@ def test_the_host_memory_sampler_counts_the_ranks_worker_process(unique):
     """The rank (this process) starts a worker holding 200 MiB, as SuperOffload's optimizer
     worker holds the Adam moments: the tree's peak exceeds the rank's own by about that."""
     sampler = probes.HostMemorySampler(interval_s=0.05, unique=unique).start()
-    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert worker.stdout.readline().strip() == "ready"
         time.sleep(0.2)  # a few samples while the worker holds its memory
         worker_rss = vm_rss_bytes(worker.pid)
         recorded = sampler.stop()
         # a process an earlier test in this pytest process left running is in the tree too
-        others = sum(sampler.child_size(c.pid) for c in psutil.Process().children(recursive=True)
-                     if c.pid != worker.pid)  # fmt: skip
+        others = sum(
+            sampler.child_size(c.pid)
+            for c in psutil.Process().children(recursive=True)
+            if c.pid != worker.pid
+        )
     finally:
         worker.stdin.close()
         worker.wait(timeout=30)
@@ -205,9 +227,16 @@ def test_memory_own_and_tree_per_rank_and_per_node():
     gib = 2**30
 
     def rank(r, tree):
-        return RankStats(rank=r, local_rank=r, world_size=2, host="h", pid=1,
-                         host_peak_rss_bytes=3 * gib, host_peak_tree_bytes=tree,
-                         host_tree_measure="rss+uss" if tree else None)  # fmt: skip
+        return RankStats(
+            rank=r,
+            local_rank=r,
+            world_size=2,
+            host="h",
+            pid=1,
+            host_peak_rss_bytes=3 * gib,
+            host_peak_tree_bytes=tree,
+            host_tree_measure="rss+uss" if tree else None,
+        )
 
     m = metrics_of(spec, {0: rank(0, 5 * gib), 1: rank(1, 4 * gib)})
     assert m["host_peak_rss_gib_per_rank"] == [3.0, 3.0] and m["host_peak_rss_gib"] == 6.0
@@ -257,8 +286,10 @@ def test_token_file_and_gradient_checkpointing(tmp_path):
 
 # --------------------------------------------------------------------------- outcome (pure)
 def evidence(rc=1, killed=None, detail=None, logs=None, finished=(), steps=(), step_timeout=None):
-    stats = {r: RankStats(rank=r, local_rank=r, world_size=2, host="h", pid=1, finished=True)
-             for r in finished}  # fmt: skip
+    stats = {
+        r: RankStats(rank=r, local_rank=r, world_size=2, host="h", pid=1, finished=True)
+        for r in finished
+    }
     sup = Supervision(rc=rc, killed=killed, detail=detail)
     return outcome.Evidence(sup, logs or {}, stats, list(steps), 2, step_timeout)
 
@@ -269,25 +300,47 @@ WARM_SKIPPED = StepRow(1, "warmup", 0.3, 160.0, 1.6, 6.0, skipped=1, loss_scale=
 OOM_LOG = {"launcher.log": "exitcode 1", "rank1.log": "torch.OutOfMemoryError: CUDA out of memory."}
 DECISIONS = [
     # (evidence, outcome, words the excerpt must contain)
-    (evidence(rc=-15, killed="timeout", detail="run exceeded timeout_s=60"), "timeout",
-     ["run exceeded timeout_s=60"]),
-    (evidence(rc=0, finished=(0, 1), steps=[STEP], step_timeout=0.1), "timeout",
-     ["a step exceeded step_timeout_s=0.1"]),
+    (
+        evidence(rc=-15, killed="timeout", detail="run exceeded timeout_s=60"),
+        "timeout",
+        ["run exceeded timeout_s=60"],
+    ),
+    (
+        evidence(rc=0, finished=(0, 1), steps=[STEP], step_timeout=0.1),
+        "timeout",
+        ["a step exceeded step_timeout_s=0.1"],
+    ),
     (evidence(rc=0, finished=(0, 1), steps=[STEP], step_timeout=1.0), "ok", []),
-    (evidence(rc=0, finished=(0, 1), steps=[SKIPPED, SKIPPED]), "error",
-     ["all 2 measured optimizer steps were skipped", "initial_scale_power"]),
+    (
+        evidence(rc=0, finished=(0, 1), steps=[SKIPPED, SKIPPED]),
+        "error",
+        ["all 2 measured optimizer steps were skipped", "initial_scale_power"],
+    ),
     (evidence(rc=0, finished=(0, 1), steps=[WARM_SKIPPED, SKIPPED, STEP]), "ok", []),
     (evidence(rc=1, logs=OOM_LOG, finished=(0,)), "gpu_oom", ["CUDA out of memory"]),
     (evidence(rc=-9, logs={"rank0.log": "step 3"}), "host_oom", []),
     (evidence(rc=1), "error", ["exit code 1"]),
-    (evidence(rc=0, finished=(0,), logs={"rank0.log": "bye"}), "error",
-     ["launcher exited 0 but 1/2 ranks finished"]),
-    (evidence(rc=None, logs={"launcher.log": "launch failed: RuntimeError: no SLURM"}), "error",
-     ["launch failed"]),
-    (evidence(rc=None, killed="op_build_error", detail="fix: apt-get install libaio-dev",
-              logs={"launcher.log": "not launched: op async_io"}), "op_build_error",
-     ["fix: apt-get install libaio-dev\nnot launched: op async_io"]),
-]  # fmt: skip
+    (
+        evidence(rc=0, finished=(0,), logs={"rank0.log": "bye"}),
+        "error",
+        ["launcher exited 0 but 1/2 ranks finished"],
+    ),
+    (
+        evidence(rc=None, logs={"launcher.log": "launch failed: RuntimeError: no SLURM"}),
+        "error",
+        ["launch failed"],
+    ),
+    (
+        evidence(
+            rc=None,
+            killed="op_build_error",
+            detail="fix: apt-get install libaio-dev",
+            logs={"launcher.log": "not launched: op async_io"},
+        ),
+        "op_build_error",
+        ["fix: apt-get install libaio-dev\nnot launched: op async_io"],
+    ),
+]
 
 
 @pytest.mark.parametrize(("ev", "expected", "words"), DECISIONS)
@@ -309,21 +362,44 @@ def test_every_outcome_a_rule_or_pattern_gives_is_in_the_schema():
 # --------------------------------------------------------------------------- metrics (pure)
 def metrics_of(spec, stats=None, logs=None, steps=(STEP,), outcome_="ok"):
     spec = spec.with_ds_config("no-such-config.json")  # its sha256 is then null
-    inp = metrics.MetricsInput(spec, 0, Supervision(rc=0, elapsed=3.0), outcome_, None,
-                               list(steps), stats or {}, logs or {}, "2026-01-01T00:00:00Z",
-                               "2026-01-01T00:00:03Z")  # fmt: skip
+    inp = metrics.MetricsInput(
+        spec,
+        0,
+        Supervision(rc=0, elapsed=3.0),
+        outcome_,
+        None,
+        list(steps),
+        stats or {},
+        logs or {},
+        "2026-01-01T00:00:00Z",
+        "2026-01-01T00:00:03Z",
+    )
     m = metrics.compute_metrics(inp)
     assert metrics.metrics_problems(m) == [] and list(m) == contracts.METRICS_FIELDS
     return m
 
 
-GPU_CLUSTER = {"name": "g", "accelerator": "cuda", "gpus_per_node": 1, "gpu_mem_gb": 141,
-               "gpu_model": "NVIDIA H200"}  # fmt: skip
+GPU_CLUSTER = {
+    "name": "g",
+    "accelerator": "cuda",
+    "gpus_per_node": 1,
+    "gpu_mem_gb": 141,
+    "gpu_model": "NVIDIA H200",
+}
 
 
 def test_mfu_uses_the_clusters_peak_tflops_override():
-    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1,
-                          device_name="NVIDIA H200", model_params=10**9)}  # fmt: skip
+    stats = {
+        0: RankStats(
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            host="h",
+            pid=1,
+            device_name="NVIDIA H200",
+            model_params=10**9,
+        )
+    }
     m = metrics_of(make_spec(dict(GPU_CLUSTER, peak_tflops=500.0), {"gpus_per_node": 1}), stats)
     assert m["peak_tflops"] == 500.0 and m["mfu"] == pytest.approx(m["tflops_per_gpu"] / 500)
     # no override: the device torch named, else the cluster's gpu_model
@@ -333,8 +409,9 @@ def test_mfu_uses_the_clusters_peak_tflops_override():
 
 def test_gpu_cap_from_stats_else_from_the_log():
     spec = make_spec(GPU_CLUSTER, {"gpus_per_node": 1, "gpu_mem_gb": 40})
-    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1,
-                          gpu_mem_cap_gib=40.0)}  # fmt: skip
+    stats = {
+        0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1, gpu_mem_cap_gib=40.0)
+    }
     died = {"rank0.log": f"{contracts.GPU_CAP_LOG_PREFIX}40.00 GiB of 139.80 GiB\nTraceback"}
     assert metrics_of(spec, stats)["gpu_mem_cap_gib"] == 40.0
     assert metrics_of(spec, logs=died, steps=(), outcome_="gpu_oom")["gpu_mem_cap_gib"] == 40.0

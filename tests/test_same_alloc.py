@@ -25,21 +25,37 @@ PAIR_OPTION = {"enabled": True, "warmup_steps": 1, "steps": 2, "timeout_min": 4}
 
 
 def scenario(name: str, offload_optimizer: str = "none", **keys) -> dict:
-    return {"name": name, "gpus_per_node": 1, "gradient_accumulation_steps": 2,
-            "cpu_mem_gb": 64, "offload_optimizer": offload_optimizer, **keys}  # fmt: skip
+    return {
+        "name": name,
+        "gpus_per_node": 1,
+        "gradient_accumulation_steps": 2,
+        "cpu_mem_gb": 64,
+        "offload_optimizer": offload_optimizer,
+        **keys,
+    }
 
 
 def plan_study(option: dict | None = None, cluster="local-cpu", **study) -> dict:
     """name -> RunSpec of a small study: 'base' (no offload), 'off' (CPU optimizer offload, the
     same settings) and 'off-gas4' (no same-settings pair), planned by the real planner."""
     config = {
-        "study": "test", "cluster": make_cluster(cluster)["name"],
-        "model": {"config": dict(SMALL_LLAMA)}, "seq_len": 64, "micro_batch": 2,
-        "gradient_checkpointing": False, "steps": 3, "warmup_steps": 1, "timeout_min": 5,
-        "scenarios": [scenario("base"), scenario("off", "cpu"),
-                      scenario("off-gas4", "cpu", gradient_accumulation_steps=4)],
-        **({"same_allocation_baseline": option} if option is not None else {}), **study,
-    }  # fmt: skip
+        "study": "test",
+        "cluster": make_cluster(cluster)["name"],
+        "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64,
+        "micro_batch": 2,
+        "gradient_checkpointing": False,
+        "steps": 3,
+        "warmup_steps": 1,
+        "timeout_min": 5,
+        "scenarios": [
+            scenario("base"),
+            scenario("off", "cpu"),
+            scenario("off-gas4", "cpu", gradient_accumulation_steps=4),
+        ],
+        **({"same_allocation_baseline": option} if option is not None else {}),
+        **study,
+    }
     runs = expand_plan(load_study(config, source="test study"), make_cluster(cluster))
     return {run.scenario: run for run in runs}
 
@@ -49,7 +65,10 @@ def test_an_offload_run_gets_a_short_run_of_its_same_settings_pair():
     runs = plan_study(PAIR_OPTION)
     pair = runs["off"].pair_spec()
     assert (pair.scenario, pair.offload_optimizer, pair.gradient_accumulation_steps) == (
-        "base", "none", 2)  # fmt: skip
+        "base",
+        "none",
+        2,
+    )
     assert (pair.measure.mode, pair.warmup_steps, pair.steps) == ("fixed", 1, 2)
     assert pair.timeout_s == 240 and not pair.strict and pair.same_allocation_pair is None
     assert runs["base"].same_allocation_pair is None  # it offloads nothing: its own reference
@@ -57,8 +76,10 @@ def test_an_offload_run_gets_a_short_run_of_its_same_settings_pair():
     # the job's time limit holds the pair run too (SLURM must not kill it)
     cluster = make_cluster("local-cpu")
     assert runs["off"].job_timeout_s == 300 + 240
-    extra = train_resources(runs["off"], cluster)["runtime"] - train_resources(
-        runs["off-gas4"], cluster)["runtime"]  # fmt: skip
+    extra = (
+        train_resources(runs["off"], cluster)["runtime"]
+        - train_resources(runs["off-gas4"], cluster)["runtime"]
+    )
     assert extra >= 4
 
 
@@ -93,10 +114,12 @@ def drifting_allocations(root: Path, pair_outcome: str = "ok", nodes=DRIFT) -> l
     paths = []
     for k, node in enumerate(nodes):
         paths.append(make_record(root, "base", k, tokens_per_s=1000.0, seed=k))
-        off = make_record(root, "off", k, tokens_per_s=500.0 * node, offload_optimizer="cpu",
-                          seed=10 + k)  # fmt: skip
-        nest_pair(root, off, "base", k, tokens_per_s=1000.0 * node, seed=20 + k,
-                  outcome=pair_outcome)  # fmt: skip
+        off = make_record(
+            root, "off", k, tokens_per_s=500.0 * node, offload_optimizer="cpu", seed=10 + k
+        )
+        nest_pair(
+            root, off, "base", k, tokens_per_s=1000.0 * node, seed=20 + k, outcome=pair_outcome
+        )
         paths.append(off)
     return paths
 
@@ -104,8 +127,11 @@ def drifting_allocations(root: Path, pair_outcome: str = "ok", nodes=DRIFT) -> l
 def test_the_paired_ratio_divides_by_the_pair_run_of_the_same_allocation(tmp_path):
     runs, s = C.collect(drifting_allocations(tmp_path), n_boot=1000)
     off = by_name(s).loc["off"]
-    assert (off["pair"], off["pair_kind"], off["pairing"]) == ("base", "same-settings",
-                                                               "same allocation")  # fmt: skip
+    assert (off["pair"], off["pair_kind"], off["pairing"]) == (
+        "base",
+        "same-settings",
+        "same allocation",
+    )
     assert off["paired_ratio"] == pytest.approx(0.5, rel=0.02)
     assert off["paired_ratio_ci_low"] <= 0.5 <= off["paired_ratio_ci_high"]
     assert off["paired_ratio_ci_high"] - off["paired_ratio_ci_low"] < 0.05
@@ -132,8 +158,10 @@ def test_failed_pair_runs_fall_back_to_the_pair_scenario_and_say_so(tmp_path):
 
 def test_records_without_pair_runs_give_the_tables_they_gave_before(tmp_path):
     paths = [make_record(tmp_path, "base", k, seed=k) for k in range(2)]
-    paths += [make_record(tmp_path, "off", k, tokens_per_s=500.0, offload_optimizer="cpu",
-                          seed=9 + k) for k in range(2)]  # fmt: skip
+    paths += [
+        make_record(tmp_path, "off", k, tokens_per_s=500.0, offload_optimizer="cpu", seed=9 + k)
+        for k in range(2)
+    ]
     runs, s = C.collect(paths, n_boot=100)
     assert not set(C.SAME_ALLOCATION_COLUMNS) & set(runs.columns)
     assert by_name(s).loc["off", "pairing"] == "pair scenario"
@@ -200,10 +228,20 @@ def pair_in_slurm_job(cluster, tmp_path_factory) -> tuple[Path, str]:
     (its record folder, the job id). The two tests below judge the one run."""
     tmp_path = tmp_path_factory.mktemp("pair-in-slurm")
     spec_path, outdir = write_configs(tmp_path, plan_study(PAIR_OPTION), "off")
-    runner = (f"{sys.executable} -m offload_study.training.runner --spec {spec_path} --repeat 0 "
-              f"--outdir {outdir}")  # fmt: skip
-    job = cluster.sbatch("--cpus-per-task=2", "--mem=4000", "-o", str(tmp_path / "job.out"),
-                         "--chdir", str(tmp_path), "--wrap", runner)  # fmt: skip
+    runner = (
+        f"{sys.executable} -m offload_study.training.runner --spec {spec_path} --repeat 0 "
+        f"--outdir {outdir}"
+    )
+    job = cluster.sbatch(
+        "--cpus-per-task=2",
+        "--mem=4000",
+        "-o",
+        str(tmp_path / "job.out"),
+        "--chdir",
+        str(tmp_path),
+        "--wrap",
+        runner,
+    )
     state = cluster.wait_job_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 600)
     out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert state == "COMPLETED", out + cluster.logs()
@@ -216,8 +254,10 @@ def test_the_pair_run_is_made_inside_the_run_s_slurm_job(pair_in_slurm_job):
     outdir, job = pair_in_slurm_job
     main, pair = assert_complete(outdir), assert_complete(outdir / "pair")
     assert (main["outcome"], pair["outcome"]) == ("ok", "ok"), main["error_excerpt"]
-    jobs = [contracts.read_json(d / "provenance.json")["slurm_job_id"]
-            for d in (outdir, outdir / "pair")]  # fmt: skip
+    jobs = [
+        contracts.read_json(d / "provenance.json")["slurm_job_id"]
+        for d in (outdir, outdir / "pair")
+    ]
     assert jobs == [job, job]
     assert main["slurm_job_id"] == pair["slurm_job_id"] == job
 

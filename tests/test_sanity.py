@@ -32,9 +32,17 @@ def clean_study(root: Path) -> list[Path]:
         paths += [
             make_record(root, "base-gas1", k, gas=1, tokens_per_s=1000, seed=k),
             make_record(root, "base-gas8", k, gas=8, tokens_per_s=1050, seed=10 + k),
-            make_record(root, "off-gas8", k, gas=8, tokens_per_s=700, offload_optimizer="cpu",
-                        seed=20 + k, extra={"gpu_mem_cap_gib": 40.0}),
-        ]  # fmt: skip
+            make_record(
+                root,
+                "off-gas8",
+                k,
+                gas=8,
+                tokens_per_s=700,
+                offload_optimizer="cpu",
+                seed=20 + k,
+                extra={"gpu_mem_cap_gib": 40.0},
+            ),
+        ]
     return paths
 
 
@@ -43,10 +51,12 @@ def test_a_clean_study_has_no_flag(tmp_path):
 
 
 def test_accumulation_slower_per_token_fires_on_the_slower_no_offload_scenario(tmp_path):
-    paths = [make_record(tmp_path, "base-gas1", gas=1, tokens_per_s=1000),
-             make_record(tmp_path, "base-gas8", gas=8, tokens_per_s=800),
-             make_record(tmp_path, "off-gas1", gas=1, tokens_per_s=400, offload_optimizer="cpu"),
-             make_record(tmp_path, "off-gas8", gas=8, tokens_per_s=300, offload_optimizer="cpu")]  # fmt: skip
+    paths = [
+        make_record(tmp_path, "base-gas1", gas=1, tokens_per_s=1000),
+        make_record(tmp_path, "base-gas8", gas=8, tokens_per_s=800),
+        make_record(tmp_path, "off-gas1", gas=1, tokens_per_s=400, offload_optimizer="cpu"),
+        make_record(tmp_path, "off-gas8", gas=8, tokens_per_s=300, offload_optimizer="cpu"),
+    ]
     flags = flags_of(paths)
     assert "accumulation-slower-per-token" in flags["base-gas8"]
     assert "accumulation-slower-per-token" not in flags["base-gas1"]  # the faster one
@@ -54,23 +64,30 @@ def test_accumulation_slower_per_token_fires_on_the_slower_no_offload_scenario(t
 
 
 def test_accumulation_compares_only_the_same_gpus_and_micro_batch(tmp_path):
-    paths = [make_record(tmp_path, "base-gas1", gas=1, tokens_per_s=1000),
-             make_record(tmp_path, "base-gas8-2gpu", gas=8, tokens_per_s=800, world_size=2,
-                         gpus_per_node=2)]  # fmt: skip
+    paths = [
+        make_record(tmp_path, "base-gas1", gas=1, tokens_per_s=1000),
+        make_record(
+            tmp_path, "base-gas8-2gpu", gas=8, tokens_per_s=800, world_size=2, gpus_per_node=2
+        ),
+    ]
     assert flags_of(paths)["base-gas8-2gpu"] == []
 
 
 def test_offload_faster_than_its_pair_fires(tmp_path):
     paths = [make_record(tmp_path, "base", k, tokens_per_s=1000, seed=k) for k in range(2)]
-    paths += [make_record(tmp_path, "off", k, tokens_per_s=1300, offload_param="cpu", seed=5 + k)
-              for k in range(2)]  # fmt: skip
+    paths += [
+        make_record(tmp_path, "off", k, tokens_per_s=1300, offload_param="cpu", seed=5 + k)
+        for k in range(2)
+    ]
     assert flags_of(paths) == {"base": [], "off": ["offload-faster-than-pair"]}
 
 
 def test_gpu_over_cap_fires_on_a_run_above_its_cap(tmp_path):
     capped = {"gpu_mem_cap_gib": 20.0}  # peak_gpu_gib 30 -> 32 GiB reserved
-    paths = [make_record(tmp_path, "capped", extra=capped),
-             make_record(tmp_path, "roomy", extra={"gpu_mem_cap_gib": 40.0})]  # fmt: skip
+    paths = [
+        make_record(tmp_path, "capped", extra=capped),
+        make_record(tmp_path, "roomy", extra={"gpu_mem_cap_gib": 40.0}),
+    ]
     flags = flags_of(paths)
     assert flags == {"capped": ["gpu-over-cap"], "roomy": []}
 
@@ -87,9 +104,11 @@ def test_ci_target_missed_from_the_runs(tmp_path):
 
 
 def test_ci_target_missed_falls_back_to_the_summary_ci(tmp_path):
-    paths = [make_record(tmp_path, "noisy", step_noise=0.4),
-             make_record(tmp_path, "quiet", step_noise=0.005),
-             make_record(tmp_path, "no-steps", steps=False)]  # fmt: skip
+    paths = [
+        make_record(tmp_path, "noisy", step_noise=0.4),
+        make_record(tmp_path, "quiet", step_noise=0.005),
+        make_record(tmp_path, "no-steps", steps=False),
+    ]
     flags = flags_of(paths)
     assert flags == {"noisy": ["ci-target-missed"], "quiet": [], "no-steps": ["ci-target-missed"]}
 
@@ -100,8 +119,10 @@ def test_non_finite_loss_fires(tmp_path):
 
 
 def test_many_skipped_steps_fires_above_its_tolerance(tmp_path):
-    paths = [make_record(tmp_path, "many", extra={"skipped_steps_measured": 2}),  # 2 of 8
-             make_record(tmp_path, "few", extra={"skipped_steps_measured": 0})]  # fmt: skip
+    paths = [
+        make_record(tmp_path, "many", extra={"skipped_steps_measured": 2}),  # 2 of 8
+        make_record(tmp_path, "few", extra={"skipped_steps_measured": 0}),
+    ]
     assert flags_of(paths) == {"many": ["many-skipped-steps"], "few": []}
 
 
@@ -144,7 +165,7 @@ def with_step_times(metrics: Path, times: list[float], stop_reason: str | None =
         ([0.36, 0.29, 0.38, 0.36, 0.59, 0.29], "max_steps", False),  # one slow step: no trend
         ([2.0, 2.02, 2.04, 2.06, 2.08], "max_time", False),  # a trend of 4 %: below tolerance
     ],
-)  # fmt: skip
+)
 def test_not_steady_fires_on_a_step_time_still_moving_at_the_cap(tmp_path, times, stop, fires):
     paths = [with_step_times(make_record(tmp_path, "run"), times, stop)]
     assert ("not-steady" in flags_of(paths)["run"]) is fires
@@ -167,19 +188,23 @@ def test_the_drift_is_the_lines_change_over_the_median():
         ("ci-target-missed;many-skipped-steps", []),
         ("gpu-over-cap", ["gpu-over-cap"]),
         ("ci-target-missed;loss-parity", ["loss-parity"]),  # mixed: the implausible one blocks
-        ("accumulation-slower-per-token;offload-faster-than-pair;non-finite-loss",
-         ["accumulation-slower-per-token", "offload-faster-than-pair", "non-finite-loss"]),
+        (
+            "accumulation-slower-per-token;offload-faster-than-pair;non-finite-loss",
+            ["accumulation-slower-per-token", "offload-faster-than-pair", "non-finite-loss"],
+        ),
         ("ci-target-missed;a-check-of-another-version", ["a-check-of-another-version"]),
     ],
-)  # fmt: skip
+)
 def test_blocking_names_the_flags_that_block_a_finding(flags, blocks):
     assert sanity.blocking(flags) == blocks
 
 
 def test_severity_is_data_of_each_check():
     """Implausible results block; a missed CI target or many skipped steps only caution."""
-    by = {sev: {c.name for c in sanity.CHECKS if c.severity == sev}
-          for sev in (sanity.IMPLAUSIBLE, sanity.CAUTION)}  # fmt: skip
+    by = {
+        sev: {c.name for c in sanity.CHECKS if c.severity == sev}
+        for sev in (sanity.IMPLAUSIBLE, sanity.CAUTION)
+    }
     assert by[sanity.CAUTION] == {"ci-target-missed", "many-skipped-steps", "not-steady"}
     assert by[sanity.IMPLAUSIBLE] == {c.name for c in sanity.CHECKS} - by[sanity.CAUTION]
     with pytest.raises(ValueError, match="severity 'severe'"):
@@ -228,8 +253,11 @@ def test_seed_2gpu_rows_still_climbing_at_the_step_cap_are_not_steady():
     28.1, 31.8, 36.0 s when the 3-step cap stopped it."""
     study = Path(__file__).resolve().parents[1] / "docs/results/h200-2gpu/seed-2gpu"
     plan = json.loads((study / "plan.json").read_text())
-    paths = [study / s["name"] / f"rep{k}" / "metrics.json" for s in plan["scenarios"]
-             for k in range(plan["repeats"])]  # fmt: skip
+    paths = [
+        study / s["name"] / f"rep{k}" / "metrics.json"
+        for s in plan["scenarios"]
+        for k in range(plan["repeats"])
+    ]
     flagged = {name for name, f in flags_of(paths, n_boot=50).items() if "not-steady" in f}
     assert flagged == {"offload-2gpu-80gb", "offload-opt-2gpu-80gb", "offload-2gpu-80gb-gas4"}
 
@@ -239,6 +267,7 @@ def test_the_tolerance_decides(tolerance, fires):
     """gas 8's CI reaches 14,307 tokens/s: 19 % below gas 1's 17,638."""
     s = h200_summary().reset_index()
     rows = s.to_dict("records")
-    facts = sanity.Facts(rows[[r["scenario"] for r in rows].index("zero3__gas-8")],
-                         {r["scenario"]: r for r in rows})  # fmt: skip
+    facts = sanity.Facts(
+        rows[[r["scenario"] for r in rows].index("zero3__gas-8")], {r["scenario"]: r for r in rows}
+    )
     assert (sanity.accumulation_slower(facts, tolerance) is not None) is fires

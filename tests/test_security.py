@@ -39,8 +39,9 @@ DEFAULT_STUDY = REPO_ROOT / "config" / "config.yaml"
 def snakemake(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO_ROOT / "Snakefile"), *args]
     # Snakemake prints its errors on stdout: everything in one stream (.stdout)
-    return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
 
 
 def refusal(path: Path) -> str:
@@ -198,8 +199,15 @@ def test_a_refusal_inside_the_plan_rule_shows_its_reason_on_the_terminal(tmp_pat
     shipped = tmp_path / "config" / "calibration" / "local-cpu.json"
     shipped.parent.mkdir(parents=True)
     shipped.write_text('{"schema_version": 99}')  # a calibration this reader does not know
-    result = snakemake("--directory", str(with_clusters(tmp_path)), "-c", "1", "plan",
-                       "--config", f"study_file={DEFAULT_STUDY}")  # fmt: skip
+    result = snakemake(
+        "--directory",
+        str(with_clusters(tmp_path)),
+        "-c",
+        "1",
+        "plan",
+        "--config",
+        f"study_file={DEFAULT_STUDY}",
+    )
     assert result.returncode != 0
     assert "plan refused; the end of" in result.stdout
     assert "config/calibration/local-cpu.json: not a calibration file" in result.stdout
@@ -253,18 +261,28 @@ def test_unsafe_sbatch_options_are_refused_naming_the_key(extra):
 def test_allowed_sbatch_options_reach_the_shell_as_the_same_options():
     text = "--exclusive --mail-type=END,FAIL -x node[01-03] --reservation maint -s"
     options = resources.sbatch_extra(text)
-    echoed = subprocess.run(["bash", "-c", f"printf '%s\\n' {options}"],
-                            capture_output=True, text=True, check=True)  # fmt: skip
+    echoed = subprocess.run(
+        ["bash", "-c", f"printf '%s\\n' {options}"], capture_output=True, text=True, check=True
+    )
     assert echoed.stdout.splitlines() == [
-        "--exclusive", "--mail-type=END,FAIL", "--exclude=node[01-03]", "--reservation=maint",
+        "--exclusive",
+        "--mail-type=END,FAIL",
+        "--exclude=node[01-03]",
+        "--reservation=maint",
         "--oversubscribe",
-    ]  # fmt: skip
+    ]
 
 
 @refuses
 def test_a_cluster_with_an_unsafe_slurm_extra_is_refused_before_any_job():
-    cluster = {"name": "evil", "accelerator": "cpu", "gpus_per_node": 2, "nodes": 1,
-               "scheduler": "slurm", "slurm": {"slurm_extra": "--exclusive; rm -rf ~"}}  # fmt: skip
+    cluster = {
+        "name": "evil",
+        "accelerator": "cpu",
+        "gpus_per_node": 2,
+        "nodes": 1,
+        "scheduler": "slurm",
+        "slurm": {"slurm_extra": "--exclusive; rm -rf ~"},
+    }
     spec = make_spec("local-cpu")
     with pytest.raises(StudyError, match=r"cluster 'evil': slurm.slurm_extra: "):
         resources.train_resources(spec, cluster)
@@ -390,8 +408,10 @@ def test_a_malicious_bundle_goes_through_compare_check_and_publish_harmlessly(
     bundle.create(tmp_path / "elsewhere", CLUSTER, STUDY, evil, report=report)
     twin = bundles / "twin.tar.gz"  # the same records as a second bundle: a compare page
     twin.write_bytes(evil.read_bytes())
-    bad = {case: with_member(evil, bundles / f"{case}.tar.gz", member, make())
-           for case, (member, make, _) in BAD_BUNDLE_MEMBERS.items()}  # fmt: skip
+    bad = {
+        case: with_member(evil, bundles / f"{case}.tar.gz", member, make())
+        for case, (member, make, _) in BAD_BUNDLE_MEMBERS.items()
+    }
 
     work, temp = tmp_path / "work", tmp_path / "tmp"
     reports = work / "reports"  # the results folder: all the commands may write
@@ -402,10 +422,16 @@ def test_a_malicious_bundle_goes_through_compare_check_and_publish_harmlessly(
     compare_page = reports / "compare" / f"{bundle.compare_name([evil, twin])}.html"
     refs = str(REPO_ROOT / "config" / "references")
     assert compare.main(["--out", str(compare_page), str(evil), str(twin)]) == 0
-    assert check.main(["--bundle", str(evil), "--references", refs,
-                       "--out", str(reports / "check.json")]) == 0  # fmt: skip
-    site_args = ["--index", str(reports / "index.html"), "--site-dir", str(reports / "site"),
-                 "--reports-root", str(reports)]  # fmt: skip
+    check_args = ["--bundle", str(evil), "--references", refs, "--out", str(reports / "check.json")]
+    assert check.main(check_args) == 0
+    site_args = [
+        "--index",
+        str(reports / "index.html"),
+        "--site-dir",
+        str(reports / "site"),
+        "--reports-root",
+        str(reports),
+    ]
     assert site.main([*site_args, str(evil), str(twin)]) == 0
     capsys.readouterr()
     for case, path in bad.items():
@@ -428,8 +454,12 @@ def test_a_malicious_bundle_goes_through_compare_check_and_publish_harmlessly(
     assert snapshot(tmp_path, reports) == before
     assert not (reports / "compare" / "bad.html").exists()
 
-    pages = [compare_page, reports / "index.html", reports / "site" / "compare" / f"{STUDY}.html",
-             *sorted((reports / "site" / "pages").glob("*.html"))]  # fmt: skip
+    pages = [
+        compare_page,
+        reports / "index.html",
+        reports / "site" / "compare" / f"{STUDY}.html",
+        *sorted((reports / "site" / "pages").glob("*.html")),
+    ]
     for page in pages:
         assert CSP_META.search(page.read_text()), page
         dom, requests = opened_without_csp(page, tmp_path)
@@ -444,8 +474,10 @@ def test_a_malicious_bundle_goes_through_compare_check_and_publish_harmlessly(
 def test_the_malicious_bundles_detector_sees_a_script_run_and_a_request(tmp_path):
     """Control: the same payloads unescaped do run and fetch, and are seen doing so."""
     page = tmp_path / "raw.html"
-    page.write_text(f"<html><head><title>x</title></head><body>{EVIL['script']}{EVIL['fetch']}"
-                    f"{EVIL['link']}</body></html>")  # fmt: skip
+    page.write_text(
+        f"<html><head><title>x</title></head><body>{EVIL['script']}{EVIL['fetch']}"
+        f"{EVIL['link']}</body></html>"
+    )
     dom, reqs = chromium(tmp_path, page.as_uri(), "--dump-dom")
     assert f"<title>{MARKER}</title>" in dom and page_requests(reqs)
     assert LIVE_MARKUP.search(dom)
@@ -484,15 +516,23 @@ def test_json_depth_is_counted_on_bytes_across_pieces_and_strings_do_not_count(t
 # --------------------------------------------------------------------------- provenance
 def test_provenance_stores_no_secret(monkeypatch, tmp_path):
     secrets = {
-        "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123", "AWS_SECRET_ACCESS_KEY": "s3cr3t",
-        "DS_API_KEY": "k3y", "NCCL_DB_PASSWORD": "pw",
-    }  # fmt: skip
+        "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+        "DS_API_KEY": "k3y",
+        "NCCL_DB_PASSWORD": "pw",
+    }
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("NCCL_DEBUG_FILE", "https://user:hunter2@logs.example/x")
     spec = make_spec("local-cpu").with_ds_config(str(tmp_path / "ds.json"))
-    launch = Launch(["python", "-m", "x", "--token", "hf_abcdefghijklmnopqrstuvwxyz0123"],
-                    {"NCCL_SOCKET_IFNAME": "lo", "MY_TOKEN": "t0k"}, 29500, "127.0.0.1", 1, 2)  # fmt: skip
+    launch = Launch(
+        ["python", "-m", "x", "--token", "hf_abcdefghijklmnopqrstuvwxyz0123"],
+        {"NCCL_SOCKET_IFNAME": "lo", "MY_TOKEN": "t0k"},
+        29500,
+        "127.0.0.1",
+        1,
+        2,
+    )
     record = provenance.provenance(spec, launch, {}, 1, Supervision(rc=0), "run-1")
     text = json.dumps(record)
     for value in [*secrets.values(), "hunter2", "t0k"]:

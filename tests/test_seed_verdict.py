@@ -26,20 +26,36 @@ SEED_ROWS = {  # scenario -> (seed %, GPUs), the seed's table
 
 def prediction(name: str, tokens_per_s: float, world_size: int) -> contracts.Prediction:
     empty = {f: None for f in contracts.PREDICTION_COLUMNS}
-    return contracts.Prediction(**{**empty, "scenario": name, "predict_only": True, "force": False,
-                                   "world_size": world_size, "tokens_per_s": tokens_per_s,
-                                   "feasible": True})  # fmt: skip
+    return contracts.Prediction(
+        **{
+            **empty,
+            "scenario": name,
+            "predict_only": True,
+            "force": False,
+            "world_size": world_size,
+            "tokens_per_s": tokens_per_s,
+            "feasible": True,
+        }
+    )
 
 
 def plan_of(names_run: list[str], baseline: str) -> dict:
     scenarios, predict_only = [], []
     for name, (pct, gpus) in SEED_ROWS.items():
-        s = {"name": name, "label": name, "gpus_per_node": gpus,
-             "reference": {"speed_pct": pct, "gpu_memory": f"{80 if gpus == 2 else 40}GB × {gpus}"}}  # fmt: skip
+        s = {
+            "name": name,
+            "label": name,
+            "gpus_per_node": gpus,
+            "reference": {"speed_pct": pct, "gpu_memory": f"{80 if gpus == 2 else 40}GB × {gpus}"},
+        }
         (scenarios if name in names_run else predict_only).append(s)
-    return {"study": "seed", "baseline": baseline, "scenarios": scenarios,
-            "predict_only": predict_only,  # predicted with the shipped calibration
-            "prediction": {"calibration": "config/calibration/h200-2gpu.json"}}  # fmt: skip
+    return {
+        "study": "seed",
+        "baseline": baseline,
+        "scenarios": scenarios,
+        "predict_only": predict_only,  # predicted with the shipped calibration
+        "prediction": {"calibration": "config/calibration/h200-2gpu.json"},
+    }
 
 
 def summary_views(tmp_path, speeds: dict[str, float], baseline: str, noise: float = 0.02):
@@ -49,8 +65,19 @@ def summary_views(tmp_path, speeds: dict[str, float], baseline: str, noise: floa
         gpus = SEED_ROWS[name][1]
         kw = OFFLOAD if name.startswith("offload") else {}
         for k in range(3):
-            paths.append(make_record(tmp_path, name, k, tokens_per_s=tps, world_size=gpus,
-                                     gpus_per_node=gpus, step_noise=noise, seed=k, **kw))  # fmt: skip
+            paths.append(
+                make_record(
+                    tmp_path,
+                    name,
+                    k,
+                    tokens_per_s=tps,
+                    world_size=gpus,
+                    gpus_per_node=gpus,
+                    step_noise=noise,
+                    seed=k,
+                    **kw,
+                )
+            )
     out = tmp_path / "out"
     assert run_collect_cli(paths, out, baseline) == 0
     summary = C.read_table(out / "summary.csv")
@@ -92,8 +119,9 @@ def test_a_2gpu_cluster_measures_over_a_predicted_baseline(tmp_path):
     only predicted (plan.csv, written and read back)."""
     plan, vs = summary_views(tmp_path, {"offload-2gpu-80gb": 1000.0}, "offload-2gpu-80gb")
     csv = tmp_path / "plan.csv"
-    contracts.write_predictions(csv, [prediction("zero3-8gpu-40gb", 5000.0, 8),
-                                      prediction("offload-4gpu-40gb", 1750.0, 4)])  # fmt: skip
+    contracts.write_predictions(
+        csv, [prediction("zero3-8gpu-40gb", 5000.0, 8), prediction("offload-4gpu-40gb", 1750.0, 4)]
+    )
     view = seed.seed_view(plan, vs, contracts.read_predictions(csv), REFS, "offload-2gpu-80gb")
     rows = by_scenario(view)
     assert view["basis_how"] == "predicted" and view["basis_tokens_per_s"] == 5000.0
@@ -139,8 +167,12 @@ def test_the_report_opens_on_the_seed_block_with_one_verdict_per_seed_row(tmp_pa
     speeds = {"zero3-8gpu-40gb": 10000.0, "offload-2gpu-80gb": 1900.0}
     plan, _ = summary_views(tmp_path, speeds, "zero3-8gpu-40gb")
     out = tmp_path / "out"
-    html = render(C.read_table(out / "runs.csv"), C.read_table(out / "summary.csv"), plan,
-                  tmp_path / "figures")  # fmt: skip
+    html = render(
+        C.read_table(out / "runs.csv"),
+        C.read_table(out / "summary.csv"),
+        plan,
+        tmp_path / "figures",
+    )
     assert html.index('id="seed"') < html.index('id="verdict"') < html.index('id="headline"')
     table = html[
         html.index('id="seed-table"') : html.index("</table>", html.index('id="seed-table"'))
@@ -159,8 +191,10 @@ def test_predicted_seed_rows_carry_the_uncalibrated_band_and_never_say_reproduce
     predictions with the wider band, worded as predictions, in the page too."""
     plan, vs = summary_views(tmp_path, {"offload-2gpu-80gb": 1000.0}, "offload-2gpu-80gb")
     plan["prediction"] = {"calibration": "x.json", "calibrated": False}
-    predictions = {"zero3-8gpu-40gb": prediction("zero3-8gpu-40gb", 5000.0, 8),
-                   "offload-4gpu-40gb": prediction("offload-4gpu-40gb", 1750.0, 4)}  # fmt: skip
+    predictions = {
+        "zero3-8gpu-40gb": prediction("zero3-8gpu-40gb", 5000.0, 8),
+        "offload-4gpu-40gb": prediction("offload-4gpu-40gb", 1750.0, 4),
+    }
     view = seed.seed_view(plan, vs, predictions, REFS, "offload-2gpu-80gb")
     p = error_bands.bands(calibrated=False)["step_time"]
     assert view["error"] == p > error_bands.bands(calibrated=True)["step_time"]

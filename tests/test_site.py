@@ -41,7 +41,9 @@ def hrefs(page: Path, css_class: str | None = None) -> list[Path]:
     )
     found = [h for h in re.findall(pattern, page.read_text()) if not h.startswith(("#", "data:"))]
     assert not [h for h in found if re.match(r"[a-z]+:", h)], "a link leaves the site"
-    return [(page.parent / h.partition("#")[0]).resolve() for h in found]  # the file, not its anchor
+    return [
+        (page.parent / h.partition("#")[0]).resolve() for h in found
+    ]  # the file, not its anchor
 
 
 def test_site_holds_index_report_pages_compare_page_and_bundles(published, cross_cluster):  # noqa: F811
@@ -123,8 +125,17 @@ def test_a_bundles_report_page_can_neither_fetch_nor_run_script(cross_cluster, t
 
 # --------------------------------------------------------------------------- the rules
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(workdir / "Snakefile"),
-           "--directory", str(workdir), "-n", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(workdir / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "-n",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
@@ -140,8 +151,9 @@ def test_rules_plan_bundle_check_publish_and_compare(cross_cluster, tmp_path):  
     for path in cross_cluster.bundles.values():
         shutil.copy(path, tmp_path / "bundles")
     a, b = (f"bundles/{p.name}" for p in cross_cluster.bundles.values())
-    res = snakemake(tmp_path, "bundle", "check", "publish", "compare",
-                    "--config", f"compare=[{a}, {b}]")  # fmt: skip
+    res = snakemake(
+        tmp_path, "bundle", "check", "publish", "compare", "--config", f"compare=[{a}, {b}]"
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout
     for job in ("bundle", "check", "publish", "compare", "report", "collect"):
@@ -173,27 +185,44 @@ def landing_tree(root: Path) -> Path:
     for folder, winner in (("rec", "rec-opt__mb-8"), ("rec-superseded", "rec-old")):
         records = root / "docs" / "results" / REC_CLUSTER / folder
         (records / "recommend").mkdir(parents=True)
-        (records / "plan.json").write_text(json.dumps(
-            {"study": REC_STUDY, "cluster": REC_CLUSTER, "model": {"config": {"model_type": "llama"}},
-             "model_params": 1_345_423_360}))  # fmt: skip
-        (records / "recommend" / "recommendation.json").write_text(json.dumps(
-            {"winner": winner, "tokens_per_s": 19864.2, "gpu_mem_gb": 16}))  # fmt: skip
+        (records / "plan.json").write_text(
+            json.dumps(
+                {
+                    "study": REC_STUDY,
+                    "cluster": REC_CLUSTER,
+                    "model": {"config": {"model_type": "llama"}},
+                    "model_params": 1_345_423_360,
+                }
+            )
+        )
+        (records / "recommend" / "recommendation.json").write_text(
+            json.dumps({"winner": winner, "tokens_per_s": 19864.2, "gpu_mem_gb": 16})
+        )
     reports = root / "reports"
-    for page in (f"{CLUSTER}/{STUDY}/report.html", f"{REC_CLUSTER}/{REC_STUDY}/recommend.html",
-                 "lost/gone/report.html", "site/pages/report.html"):  # fmt: skip
+    for page in (
+        f"{CLUSTER}/{STUDY}/report.html",
+        f"{REC_CLUSTER}/{REC_STUDY}/recommend.html",
+        "lost/gone/report.html",
+        "site/pages/report.html",
+    ):
         (reports / page).parent.mkdir(parents=True, exist_ok=True)
         (reports / page).write_text("<!DOCTYPE html><html><body><p>a page</p></body></html>")
     (reports / CLUSTER / STUDY / "report.html").write_text(
         '<!DOCTYPE html><html><head><meta name="rendered" content="2026-01-02 03:04 UTC">'
-        "</head><body><p>a page</p></body></html>")  # fmt: skip
+        "</head><body><p>a page</p></body></html>"
+    )
     return reports
 
 
 def headline_rows(index: Path) -> dict[str, str]:
     """{page link: its headline's text} of the index's pages table."""
     text = index.read_text()
-    rows = re.findall(r'<a class="(?:report|recommend)" href="([^"]+)">.*?<td class="headline">'
-                      r"(.*?)</td>", text, re.S)  # fmt: skip
+    rows = re.findall(
+        r'<a class="(?:report|recommend)" href="([^"]+)">.*?<td class="headline">'
+        r"(.*?)</td>",
+        text,
+        re.S,
+    )
     return {href: " ".join(re.sub(r"<[^>]+>", "", h).split()) for href, h in rows}
 
 
@@ -212,16 +241,19 @@ def test_the_index_links_every_page_under_reports_with_its_headline(tmp_path, mo
     assert mine.startswith(f"{CLUSTER} · llama2-7b (6.74B params) · seed 100%: "), mine
     assert mine.count("%: ") == 3  # one verdict per seed row (100 %, ~35 %, ~20 %)
     rec = rows[f"{REC_CLUSTER}/{REC_STUDY}/recommend.html"]
-    assert rec == (f"{REC_CLUSTER} · Llama 1.35B · winner CPU optimizer offload; micro-batch 8: "
-                   "19,900 tokens/s within 16 GiB per GPU"), rec  # fmt: skip  (not the superseded)
+    assert rec == (
+        f"{REC_CLUSTER} · Llama 1.35B · winner CPU optimizer offload; micro-batch 8: "
+        "19,900 tokens/s within 16 GiB per GPU"
+    ), rec  # not the superseded
     assert rows["lost/gone/report.html"].startswith("lost · no records found")
     # a method study sits in its own section, below; each line says when its page was rendered
     text = index.read_text()
     method = text[text.index('id="method-table"') :]
     assert f"{CLUSTER}/{STUDY}/report.html" in method and "2026-01-02 03:04 UTC" in method
     assert f"{REC_CLUSTER}/{REC_STUDY}/recommend.html" not in method
-    assert text.index('id="pages-table"') < text.index('id="method-table"') < text.index(
-        'id="legend"')  # fmt: skip
+    assert (
+        text.index('id="pages-table"') < text.index('id="method-table"') < text.index('id="legend"')
+    )
 
 
 def test_without_a_seed_table_the_headline_is_the_fastest_against_the_baseline(tmp_path):
@@ -230,8 +262,10 @@ def test_without_a_seed_table_the_headline_is_the_fastest_against_the_baseline(t
     from offload_study.analysis import collect
     from offload_study.analysis.report import views
 
-    paths = [make_record(tmp_path, "base", tokens_per_s=1000, seed=1),
-             make_record(tmp_path, "offload", tokens_per_s=500, offload_optimizer="cpu", seed=2)]  # fmt: skip
+    paths = [
+        make_record(tmp_path, "base", tokens_per_s=1000, seed=1),
+        make_record(tmp_path, "offload", tokens_per_s=500, offload_optimizer="cpu", seed=2),
+    ]
     study_dir = tmp_path / "results" / CLUSTER / STUDY
     assert run_collect_cli(paths, study_dir, baseline="base") == 0
     plan = json.loads(make_plan(tmp_path, paths).read_text())

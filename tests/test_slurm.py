@@ -55,8 +55,12 @@ URGENT = "urgent"
 
 @pytest.fixture(scope="module", params=list(SETUPS), ids=[f"setup-{k}" for k in SETUPS])
 def cluster(request):
-    for cl in slurm_fixture_gen(**SETUPS[request.param], min_job_age=MIN_JOB_AGE_S,
-                                requeue_delay_s=REQUEUE_DELAY_S, preempt_partition=URGENT):  # fmt: skip
+    for cl in slurm_fixture_gen(
+        **SETUPS[request.param],
+        min_job_age=MIN_JOB_AGE_S,
+        requeue_delay_s=REQUEUE_DELAY_S,
+        preempt_partition=URGENT,
+    ):
         cl.setup = request.param
         yield cl
 
@@ -233,8 +237,14 @@ def one_run_study(work: Path, cluster_name: str, study: str) -> str:
     """A study of the default study's offload-opt-param-1rank run alone, measuring a fixed number
     of steps (FAULT_STEPS: long enough for a fault to land while it trains); its file name."""
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    config.update(study=study, cluster=cluster_name, measure={"mode": "fixed"}, steps=FAULT_STEPS,
-                  warmup_steps=1, timeout_min=10)  # fmt: skip
+    config.update(
+        study=study,
+        cluster=cluster_name,
+        measure={"mode": "fixed"},
+        steps=FAULT_STEPS,
+        warmup_steps=1,
+        timeout_min=10,
+    )
     config["scenarios"] = [s for s in config["scenarios"] if s["name"] == "offload-opt-param-1rank"]
     (work / f"{study}.yaml").write_text(yaml.safe_dump(config))
     return f"{study}.yaml"
@@ -313,8 +323,9 @@ def inject(cluster, job_id: str, fault: str) -> None:
         cluster.wait_job_state(job_id, {"PENDING", "COMPLETING"}, timeout=60)
         cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME", check=False)
     else:
-        cluster.sbatch("-p", URGENT, "--exclusive", "--mem=100", "-o", "/dev/null", "--wrap",
-                       "sleep 1")  # fmt: skip
+        cluster.sbatch(
+            "-p", URGENT, "--exclusive", "--mem=100", "-o", "/dev/null", "--wrap", "sleep 1"
+        )
         cluster.wait_job_state(job_id, {"PENDING", "COMPLETING"}, timeout=60)
 
 
@@ -371,11 +382,23 @@ def test_two_node_run_of_the_default_study(two_nodes, tmp_path, cpu_calibration)
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     (scenario,) = [s for s in study["scenarios"] if s["name"] == "zero3-2rank"]
     scenario.update(name="zero3-2node", nodes=2, gpus_per_node=1)
-    study.update(study="two-node", cluster="test-slurm-2node", scenarios=[scenario],
-                 measure={"mode": "fixed"}, steps=3, warmup_steps=1)  # fmt: skip
+    study.update(
+        study="two-node",
+        cluster="test-slurm-2node",
+        scenarios=[scenario],
+        measure={"mode": "fixed"},
+        steps=3,
+        warmup_steps=1,
+    )
     (work / "two-node.yaml").write_text(yaml.safe_dump(study))
-    cp = snakemake(two_nodes, work, write_profile(tmp_path / "prof"), "--configfile",
-                   "two-node.yaml", timeout=900)  # fmt: skip
+    cp = snakemake(
+        two_nodes,
+        work,
+        write_profile(tmp_path / "prof"),
+        "--configfile",
+        "two-node.yaml",
+        timeout=900,
+    )
     assert cp.returncode == 0, cp.stdout[-6000:] + cp.stderr[-6000:] + two_nodes.logs()
     record = work / "results" / "test-slurm-2node" / "two-node" / "zero3-2node" / "rep0"
     metrics, prov = read_json(record / "metrics.json"), read_json(record / "provenance.json")

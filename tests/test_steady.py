@@ -32,8 +32,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def measure(**keys) -> contracts.MeasureSpec:
     """The study schema's measure defaults (adaptive), with ``keys`` replacing some."""
-    study = load_study({"study": "s", "cluster": "local-cpu", "model": {"preset": "tiny-llama"},
-                        "scenarios": [{"name": "a", "gpus_per_node": 1}]})  # fmt: skip
+    study = load_study(
+        {
+            "study": "s",
+            "cluster": "local-cpu",
+            "model": {"preset": "tiny-llama"},
+            "scenarios": [{"name": "a", "gpus_per_node": 1}],
+        }
+    )
     return contracts.MeasureSpec(**{"mode": "adaptive", **study["measure"], **keys})
 
 
@@ -186,8 +192,14 @@ def study(scenario_measure=None, **keys) -> dict:
     scenario = {"name": "a", "gpus_per_node": 1, "gradient_accumulation_steps": 1}
     if scenario_measure is not None:
         scenario["measure"] = scenario_measure
-    config = {"study": "s", "cluster": "local-cpu", "model": {"config": dict(SMALL_LLAMA)},
-              "seq_len": 64, "scenarios": [scenario], **keys}  # fmt: skip
+    config = {
+        "study": "s",
+        "cluster": "local-cpu",
+        "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64,
+        "scenarios": [scenario],
+        **keys,
+    }
     return load_study(config, source="test study")
 
 
@@ -214,15 +226,20 @@ def test_mode_is_fixed_when_the_study_sets_steps_else_adaptive():
     ("kwargs", "words"),
     [
         ({"steps": 5, "measure": {"mode": "adaptive"}}, ["steps:", "measure.mode: fixed"]),
-        ({"scenario_measure": {"mode": "fixed"}}, ["scenarios[0].measure.mode", "needs the study's steps"]),
+        (
+            {"scenario_measure": {"mode": "fixed"}},
+            ["scenarios[0].measure.mode", "needs the study's steps"],
+        ),
         ({"measure": {"min_steps": 20, "max_steps": 10}}, ["measure.min_steps: 20", "max_steps"]),
-        ({"scenario_measure": {"min_steps": 20}, "measure": {"max_steps": 10}},
-         ["scenarios[0].measure.min_steps: 20"]),
+        (
+            {"scenario_measure": {"min_steps": 20}, "measure": {"max_steps": 10}},
+            ["scenarios[0].measure.min_steps: 20"],
+        ),
         ({"measure": {"max_warmup_steps": 5}}, ["measure.max_warmup_steps: 5", "settle_window"]),
         ({"measure": {"min_warmup_steps": 9, "max_warmup_steps": 8}}, ["measure.min_warmup_steps"]),
         ({"scenario_measure": {"min_steps": 3}}, ["scenarios[0].measure.min_steps", ">= 6"]),
     ],
-)  # fmt: skip
+)
 def test_contradicting_measure_keys_are_refused_naming_the_key(kwargs, words):
     with pytest.raises(StudyError) as err:
         plan_one(**kwargs)
@@ -235,28 +252,44 @@ def test_committed_studies_keep_their_fixed_steps():
 
     from offload_study.planning.plan import Plan
 
-    fixed = [p for p in sorted((REPO_ROOT / "config" / "studies").glob("*.yaml"))
-             if "steps" in load_study(p)]  # fmt: skip
+    fixed = [
+        p
+        for p in sorted((REPO_ROOT / "config" / "studies").glob("*.yaml"))
+        if "steps" in load_study(p)
+    ]
     assert len(fixed) >= 4
     for path in fixed:
         raw = load_study(path)
         for run in Plan(path).runs:
             assert (run.measure.mode, run.steps, run.warmup_steps) == (
-                "fixed", raw["steps"], raw["warmup_steps"]
-            ), path  # fmt: skip
+                "fixed",
+                raw["steps"],
+                raw["warmup_steps"],
+            ), path
 
 
 # --------------------------------------------------------------------------- metrics
 def step_rows(times, skipped, warmup):
-    return [StepRow(i + 1, "warmup" if i < warmup else "measured", t, 1000 / t, 8 / t, 6.0,
-                    int(s), 1.0) for i, (t, s) in enumerate(zip(times, skipped, strict=True))]  # fmt: skip
+    return [
+        StepRow(i + 1, "warmup" if i < warmup else "measured", t, 1000 / t, 8 / t, 6.0, int(s), 1.0)
+        for i, (t, s) in enumerate(zip(times, skipped, strict=True))
+    ]
 
 
 def metrics_for(spec, steps, stats=None, logs=None, outcome="ok"):
     spec = spec.with_ds_config("no-such-config.json")
-    inp = metrics.MetricsInput(spec, 0, Supervision(rc=0, elapsed=3.0), outcome, None, steps,
-                               stats or {}, logs or {}, "2026-01-01T00:00:00Z",
-                               "2026-01-01T00:00:03Z")  # fmt: skip
+    inp = metrics.MetricsInput(
+        spec,
+        0,
+        Supervision(rc=0, elapsed=3.0),
+        outcome,
+        None,
+        steps,
+        stats or {},
+        logs or {},
+        "2026-01-01T00:00:00Z",
+        "2026-01-01T00:00:03Z",
+    )
     record = metrics.compute_metrics(inp)
     assert metrics.metrics_problems(record) == []
     return record
@@ -266,8 +299,7 @@ def test_metrics_leave_skipped_steps_out_of_the_speed_and_count_them():
     spec = make_spec(steps=10, warmup_steps=3)
     times = [9.0, 1.0, 1.0] + [1.0, 1.01, 0.99, 0.1, 1.0, 1.015, 0.985, 0.1, 1.0, 1.0]
     skipped = [False, True, False] + [False] * 3 + [True] + [False] * 3 + [True, False, False]
-    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1,
-                          stop_reason="fixed")}  # fmt: skip
+    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1, stop_reason="fixed")}
     m = metrics_for(spec, step_rows(times, skipped, 3), stats)
     assert m["step_time_s"] == 1.0 and m["steps_measured"] == 10 and m["steps_warmup"] == 3
     assert (m["skipped_steps_warmup"], m["skipped_steps_measured"]) == (1, 2)
@@ -284,8 +316,10 @@ def test_metrics_leave_skipped_steps_out_of_the_speed_and_count_them():
 
 # --------------------------------------------------------------------------- steps.csv
 def test_steps_csv_round_trips_the_new_columns_and_reads_old_files(tmp_path):
-    rows = [StepRow(1, "warmup", 0.5, 10.0, 1.0, 6.0, 1, 32768.0),
-            StepRow(2, "measured", 0.5, 10.0, 1.0, 6.0, 0, None)]  # fmt: skip
+    rows = [
+        StepRow(1, "warmup", 0.5, 10.0, 1.0, 6.0, 1, 32768.0),
+        StepRow(2, "measured", 0.5, 10.0, 1.0, 6.0, 0, None),
+    ]
     contracts.write_steps(tmp_path / "steps.csv", rows)
     assert contracts.read_steps(tmp_path / "steps.csv") == rows
     assert [r.timed for r in rows] == [False, True]
@@ -334,8 +368,9 @@ def test_overflow_lines_of_deepspeeds_own_fp16_loss_scaler():
     text = out.getvalue()
     overflows = logparse.skip_lines(text, "overflow")
     assert [(o["rank"], o["attempted"], o["hysteresis"], o["reduced"]) for o in overflows] == [
-        (0, 65536, 2, None), (0, 65536, None, 32768)
-    ], text  # fmt: skip
+        (0, 65536, 2, None),
+        (0, 65536, None, 32768),
+    ], text
     assert logparse.ds_skipped_steps(text) == 2 and scaler.cur_scale == 32768
 
 
@@ -359,7 +394,7 @@ def test_a_real_gpu_fp16_overflow_run_is_counted_from_its_log_and_its_steps():
     m = json.loads((record / "metrics.json").read_text())
     assert m["skipped_steps_measured"] == m["skipped_steps_ds_log"] == 6
     assert m["step_time_s"] is None  # no step did optimizer work: no speed to report
-    # This record predates outcome.nothing_timed (it says "ok"); judged today, it is an error:
+    # The record says "ok" (its runner had no outcome.nothing_timed); the rule judges it an error:
     from offload_study.training import outcome
 
     stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1, finished=True)}
@@ -382,14 +417,20 @@ def overflowing_engine(out: str) -> None:
     from offload_study.training import harness, launch
     from offload_study.training.tokens import Batches
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()), RANK="0",
-                      LOCAL_RANK="0", WORLD_SIZE="1")  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(launch.free_port()),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+    )
     harness.tee_output(Path(out) / "rank0.log")
     spec = make_spec(scenario={"gpus_per_node": 1, "gradient_accumulation_steps": 1})
     ds_config = dsconfig.build_ds_config(spec)
     # the harness' DeepSpeed engine (its rank stats: no NVMe folder, local rank 0)
-    engine = zero3.ZeroEngine(spec, ds_config, types.SimpleNamespace(nvme_dir=None, local_rank=0),
-                            False)  # fmt: skip
+    engine = zero3.ZeroEngine(
+        spec, ds_config, types.SimpleNamespace(nvme_dir=None, local_rank=0), False
+    )
     model = engine.engine.module
     batches, weight, steps = Batches(spec, engine.vocab_size, 0), model.lm_head.weight, []
     for poisoned in (False, False, True, False):
@@ -432,8 +473,13 @@ def test_a_real_overflow_is_counted_by_the_harness_and_by_deepspeeds_log(tmp_pat
 @pytest.mark.alone  # its CI target is a timing: other tests' load is its noise
 def test_adaptive_run_stops_on_its_ci_target(tmp_path):
     # a generous budget; the target is loose enough for a 2-core machine that other work shares
-    adaptive = {"mode": "adaptive", "target_ci_pct": 15, "max_warmup_steps": 12,
-                "max_steps": 400, "max_measure_s": 120}  # fmt: skip
+    adaptive = {
+        "mode": "adaptive",
+        "target_ci_pct": 15,
+        "max_warmup_steps": 12,
+        "max_steps": 400,
+        "max_measure_s": 120,
+    }
     scenario = {"measure": adaptive, "gradient_accumulation_steps": 1}
     spec_path, outdir, spec = make_run(tmp_path, scenario=scenario)
     assert spec.measure.mode == "adaptive" and spec.steps is None

@@ -18,19 +18,36 @@ from offload_study.training.supervise import Supervision
 
 GIB = 2**30
 REPO = Path(__file__).resolve().parents[1]
-H200 = {"name": "h200", "accelerator": "cuda", "gpus_per_node": 8, "nodes": 2,
-        "gpu_mem_gb": 141, "mem_gb_per_node": 1500, "gpu_model": "NVIDIA H200"}  # fmt: skip
+H200 = {
+    "name": "h200",
+    "accelerator": "cuda",
+    "gpus_per_node": 8,
+    "nodes": 2,
+    "gpu_mem_gb": 141,
+    "mem_gb_per_node": 1500,
+    "gpu_model": "NVIDIA H200",
+}
 #: what torch reports as an H200's total memory (140.4 GiB; docs/results rank stats)
 H200_CARD_BYTES = 150_754_820_096
 
 
 def record_of(spec, stats):
     """metrics.json of a run that made one measured step, by the real metrics code."""
-    step = StepRow(step=1, phase="measured", step_time_s=1.0, tokens_per_s=1.0,
-                   samples_per_s=1.0, loss=1.0)  # fmt: skip
-    inp = metrics.MetricsInput(spec.with_ds_config("no-such-config.json"), 0,
-                               Supervision(rc=0, elapsed=1.0), "ok", None, [step], stats, {},
-                               "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z")  # fmt: skip
+    step = StepRow(
+        step=1, phase="measured", step_time_s=1.0, tokens_per_s=1.0, samples_per_s=1.0, loss=1.0
+    )
+    inp = metrics.MetricsInput(
+        spec.with_ds_config("no-such-config.json"),
+        0,
+        Supervision(rc=0, elapsed=1.0),
+        "ok",
+        None,
+        [step],
+        stats,
+        {},
+        "2026-01-01T00:00:00Z",
+        "2026-01-01T00:00:01Z",
+    )
     return metrics.compute_metrics(inp)
 
 
@@ -70,9 +87,17 @@ def test_the_whole_node_and_an_uncapped_card_are_gib_too():
 
 
 def test_nvme_need_is_one_number_for_the_fit_check_and_the_prediction():
-    spec = make_spec(H200, {"gpus_per_node": 1, "offload_optimizer": "nvme",
-                            "offload_param": "nvme", "nvme_path": "/scratch"},
-                     model={"preset": "llama2-7b"}, timeout_min=30)  # fmt: skip
+    spec = make_spec(
+        H200,
+        {
+            "gpus_per_node": 1,
+            "offload_optimizer": "nvme",
+            "offload_param": "nvme",
+            "nvme_path": "/scratch",
+        },
+        model={"preset": "llama2-7b"},
+        timeout_min=30,
+    )
     per_param = units.bytes_per_param("nvme", "bf16", "nvme", "nvme")
     assert per_param == 4 + 8 + 4 + 2  # fp32 master, Adam moments, fp32 gradients; bf16 params
     need = sum(ds_model.nvme_parts(spec, shared.model_shape(spec)).values())

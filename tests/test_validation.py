@@ -106,9 +106,11 @@ def schema_refuses(config: dict) -> bool:
 #: Corpus changes the schema refuses. Not the cluster key: every check judges against the
 #: cluster, so a study whose cluster is refused is judged no further.
 SCHEMA_CASES = [
-    case for case in BAD_INPUT + STUDY_CASES
-    if case[0] != "cluster" and schema_refuses(with_change(shipped("config/config.yaml"), *case[:2]))
-]  # fmt: skip
+    case
+    for case in BAD_INPUT + STUDY_CASES
+    if case[0] != "cluster"
+    and schema_refuses(with_change(shipped("config/config.yaml"), *case[:2]))
+]
 #: A problem only admission finds, on a key the change does not touch: (key, value, words).
 SENSE_PROBLEMS = {
     "zero": ("zero", {"reduce_bucket_sise": 1}, "zero.reduce_bucket_sise: not a key"),
@@ -179,8 +181,18 @@ def test_a_dry_run_lists_schema_and_sense_problems_in_one_error(study, tmp_path)
     config = with_change(with_change(study, "measure.min_steps", 5), "measure.max_warmup_steps", 5)
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump(config, sort_keys=False))
-    snakemake = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"),
-                 "-d", str(REPO_ROOT), "-n", "--config", f"study_file={study_file}"]  # fmt: skip
+    snakemake = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO_ROOT / "Snakefile"),
+        "-d",
+        str(REPO_ROOT),
+        "-n",
+        "--config",
+        f"study_file={study_file}",
+    ]
     result = subprocess.run(snakemake, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "Traceback" not in output, output
@@ -269,8 +281,17 @@ def test_the_run_checks_its_nvme_folder_first(tmp_path):
     spec_path, ds_path = tmp_path / "s.run.json", tmp_path / "s.json"
     write_scenario_files(spec, str(ds_path), str(spec_path))
     outdir = tmp_path / "results" / "local-cpu" / "test" / spec.scenario / "rep0"
-    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
-           "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.training.runner",
+        "--spec",
+        str(spec_path),
+        "--repeat",
+        "0",
+        "--outdir",
+        str(outdir),
+    ]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     metrics = json.loads((outdir / "metrics.json").read_text())
     assert metrics["outcome"] == "config_error", metrics["error_excerpt"]

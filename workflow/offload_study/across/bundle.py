@@ -233,11 +233,14 @@ def create(root: str | Path, cluster: str, study: str, out: str | Path, report=N
                 listed[member] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                 _add(tar, f"{top}/{member}", data, source.stat().st_mtime)
             manifest = Manifest(
-                study=study, cluster=cluster, created_at=_now(),
+                study=study,
+                cluster=cluster,
+                created_at=_now(),
                 created_by={"offload_study": __version__, "host": socket.gethostname()},
-                report=report_member, members=listed,
+                report=report_member,
+                members=listed,
                 calibration=calibration_path(cluster) if calibration else None,
-            )  # fmt: skip
+            )
             text = json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n"
             _add(tar, f"{top}/{MANIFEST}", text.encode(), dt.datetime.now().timestamp())
     os.replace(tmp, out)
@@ -472,8 +475,11 @@ def _verified_manifest(path: Path, root: Path, top: str, found: dict) -> Manifes
 
 # --------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m offload_study.across.bundle", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.across.bundle",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     make = sub.add_parser("create", help="bundle one study's results on one cluster")
     make.add_argument("--root", default=".", help="working tree holding results/ (default: .)")
@@ -492,8 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with opened(a.bundles) as bundles:
             for b in bundles:
                 m = b.manifest
-                print(f"bundle: ok {b.path}: study {m.study} on {m.cluster}, "
-                      f"{len(m.members)} members, made {m.created_at}, sha256 {b.sha256}")  # fmt: skip
+                print(
+                    f"bundle: ok {b.path}: study {m.study} on {m.cluster}, "
+                    f"{len(m.members)} members, made {m.created_at}, sha256 {b.sha256}"
+                )
     except BundleError as e:
         print(f"bundle: {e}")
         return 1

@@ -36,12 +36,20 @@ from offload_study.core.references import Reference, format_number, load_referen
 from offload_study.core.study import StudyError
 
 PASS, FAIL, INCONCLUSIVE, MISSING, NO_REFERENCE = (
-    "pass", "fail", verdict.INCONCLUSIVE, "missing", "no reference"
-)  # fmt: skip
+    "pass",
+    "fail",
+    verdict.INCONCLUSIVE,
+    "missing",
+    "no reference",
+)
 FAILING = (FAIL, INCONCLUSIVE, MISSING)
 #: the band rule's verdict -> check's status
-STATUS = {verdict.REPRODUCED: PASS, verdict.NOT_REPRODUCED: FAIL,
-          verdict.INCONCLUSIVE: INCONCLUSIVE, verdict.NOT_MEASURED: MISSING}  # fmt: skip
+STATUS = {
+    verdict.REPRODUCED: PASS,
+    verdict.NOT_REPRODUCED: FAIL,
+    verdict.INCONCLUSIVE: INCONCLUSIVE,
+    verdict.NOT_MEASURED: MISSING,
+}
 
 
 @dataclass(frozen=True)
@@ -159,8 +167,11 @@ def _inputs(a) -> tuple[pd.DataFrame, dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m offload_study.across.check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.across.check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--summary", help="summary.csv of the study (collect)")
     ap.add_argument("--plan", help="plan.json of the study")
     ap.add_argument("--bundle", help="check a bundle instead of --summary/--plan")
@@ -188,9 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (" -> FAILED" if failed else " -> ok")
     )
     if a.out:
-        contracts.write_json(a.out, {"study": plan.get("study"), "cluster": plan.get("cluster"),
-                                     "passed": not failed,
-                                     "verdicts": [verdict_record(v) for v in found]})  # fmt: skip
+        contracts.write_json(
+            a.out,
+            {
+                "study": plan.get("study"),
+                "cluster": plan.get("cluster"),
+                "passed": not failed,
+                "verdicts": [verdict_record(v) for v in found],
+            },
+        )
     return 1 if failed else 0
 
 

@@ -234,8 +234,13 @@ def calibration_differences(sides: Sequence[Side]) -> tuple[list[dict], list[str
         values = [[s.calibration[key]] for s in sides]
         if not all(same(values[0], v, CALIBRATION_TOLERANCE) for v in values[1:]):
             shown = [views.fmt(v[0], 2) for v in values]
-            out.append({"fact": f"calibration {key}", "meaning": "measured on the cluster",
-                        "values": shown})  # fmt: skip
+            out.append(
+                {
+                    "fact": f"calibration {key}",
+                    "meaning": "measured on the cluster",
+                    "values": shown,
+                }
+            )
     return out, notes
 
 
@@ -335,8 +340,13 @@ def scenario_row(sides: Sequence[Side], scenario: str) -> dict:
     against = []
     for side in sides[1:]:
         reason = why_not(side, ref, scenario, differences([ref, side], scenario, WORKLOAD))
-        against.append({"label": side.label, "reason": reason,
-                        **(ratio(side, ref, scenario) if reason is None else {})})  # fmt: skip
+        against.append(
+            {
+                "label": side.label,
+                "reason": reason,
+                **(ratio(side, ref, scenario) if reason is None else {}),
+            }
+        )
     labels = [s.row(scenario)["label"] for s in sides if s.row(scenario)["label"]]
     return {
         "name": scenario,
@@ -402,10 +412,15 @@ def comparison(sides: Sequence[Side]) -> dict:
     platform = differences(sides, None, PLATFORM) + calib
     differing = {d["fact"] for d in platform + differences(sides, None, WORKLOAD)}
     facts = [
-        {"fact": f.name, "kind": f.kind, "meaning": f.meaning, "differs": f.name in differing,
-         "values": [show_values(s, f, fact_values(s, None, f)) for s in sides]}
+        {
+            "fact": f.name,
+            "kind": f.kind,
+            "meaning": f.meaning,
+            "differs": f.name in differing,
+            "values": [show_values(s, f, fact_values(s, None, f)) for s in sides],
+        }
         for f in FACTS
-    ]  # fmt: skip
+    ]
     verdicts = [
         verdict(sides[0], side, [r["against"][j] for r in rows], platform)
         for j, side in enumerate(sides[1:])
@@ -457,8 +472,10 @@ def compare_bundles(paths: Sequence[str | Path], out: str | Path, index_link=Non
     """Check, extract and compare the bundles; write the page to ``out``; return the view."""
     out = Path(out)
     with bundle.opened(paths) as bundles:
-        sides = [load_side(b, label, seed=1000 * i)
-                 for i, (b, label) in enumerate(zip(bundles, side_labels(bundles), strict=True))]  # fmt: skip
+        sides = [
+            load_side(b, label, seed=1000 * i)
+            for i, (b, label) in enumerate(zip(bundles, side_labels(bundles), strict=True))
+        ]
         links = {b.name: pages.href(b.path, out) for b in bundles}
         view = comparison(sides)
         html = render(view, links, index_link)
@@ -468,8 +485,11 @@ def compare_bundles(paths: Sequence[str | Path], out: str | Path, index_link=Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m offload_study.across.compare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.across.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", required=True, help="compare page to write (.html)")
     ap.add_argument("bundles", nargs="+", help="bundles (.tar.gz); the first is the reference")
     a = ap.parse_args(argv)

@@ -45,10 +45,18 @@ def local_pages(reports_root: str | Path, index: str | Path, root: str | Path = 
             if cluster in ("site", "compare"):  # the site's own folders (layout)
                 continue
             records = records_of(cluster, study, Path(root))
-            out.append({"cluster": cluster, "study": study, "kind": kind,
-                        "href": html.href(page, index), "page": page,
-                        "headline": headline(kind, records), "purpose": purpose(records),
-                        "rendered": rendered(page)})  # fmt: skip
+            out.append(
+                {
+                    "cluster": cluster,
+                    "study": study,
+                    "kind": kind,
+                    "href": html.href(page, index),
+                    "page": page,
+                    "headline": headline(kind, records),
+                    "purpose": purpose(records),
+                    "rendered": rendered(page),
+                }
+            )
     return sorted(out, key=lambda e: (e["cluster"], e["study"], e["kind"]))
 
 
@@ -101,8 +109,10 @@ def winner_line(records: Path) -> str:
     plan = contracts.read_json(records / layout.PLAN_JSON)
     name = recommend_view.scenario_words(plan, rec["winner"])
     ci = rec.get("tokens_per_s_ci") or (None, None)
-    return (f"winner {name}: {views.fmt_ci(rec['tokens_per_s'], *ci)} tokens/s within "
-            f"{rec['gpu_mem_gb']:g} GiB per GPU")  # fmt: skip
+    return (
+        f"winner {name}: {views.fmt_ci(rec['tokens_per_s'], *ci)} tokens/s within "
+        f"{rec['gpu_mem_gb']:g} GiB per GPU"
+    )
 
 
 def verdict_line(records: Path, plan: dict) -> str:
@@ -128,8 +138,11 @@ def verdict_line(records: Path, plan: dict) -> str:
 
 def fastest_line(scenarios: list) -> str:
     """'<fastest non-baseline scenario>: 74% [68%–82%] of baseline speed (slower)'."""
-    rated = [v for v in scenarios if not v["is_baseline"] and not v["blocking"]
-             and views.isnum(v["relative_speed"])]  # fmt: skip
+    rated = [
+        v
+        for v in scenarios
+        if not v["is_baseline"] and not v["blocking"] and views.isnum(v["relative_speed"])
+    ]
     if not rated:
         return "no scenario measured against a baseline"
     v = max(rated, key=lambda v: float(v["relative_speed"]))
@@ -137,7 +150,9 @@ def fastest_line(scenarios: list) -> str:
     return f"fastest: {v['plot_label']}, {verdict.ratio_text(*ci)} of baseline speed ({verdict.speed(*ci)})"
 
 
-def committed_pages(reports_root: str | Path, root: str | Path = ".") -> list[tuple[str, Path, Path]]:
+def committed_pages(
+    reports_root: str | Path, root: str | Path = "."
+) -> list[tuple[str, Path, Path]]:
     """(kind, records folder, page) of every page under reports_root whose records are found:
     what benchmarks/rerender.sh re-renders."""
     out = []
@@ -151,9 +166,11 @@ def committed_pages(reports_root: str | Path, root: str | Path = ".") -> list[tu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m offload_study.across.headlines",
-                                 description="List every page under a reports folder with its "
-                                 "records: kind, records folder, page (tab-separated).")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.across.headlines",
+        description="List every page under a reports folder with its "
+        "records: kind, records folder, page (tab-separated).",
+    )
     ap.add_argument("reports_root", help="reports/")
     a = ap.parse_args(argv)
     for kind, records, page in committed_pages(a.reports_root):

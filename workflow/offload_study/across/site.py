@@ -84,9 +84,15 @@ def _publish_bundle(b: bundle.Bundle, side: compare.Side, site: Layout) -> dict:
     """Copy the bundle and its report page into the site; the index's entry for it."""
     copy = site.final / "bundles" / b.path.name
     shutil.copyfile(b.path, site.building(copy))
-    entry = {"side": side, "bundle": b, "bundle_file": copy, "page": None,
-             "size": b.path.stat().st_size, "runs": len(side.runs),
-             "ok": int((side.runs["outcome"] == "ok").sum())}  # fmt: skip
+    entry = {
+        "side": side,
+        "bundle": b,
+        "bundle_file": copy,
+        "page": None,
+        "size": b.path.stat().st_size,
+        "runs": len(side.runs),
+        "ok": int((side.runs["outcome"] == "ok").sum()),
+    }
     if b.report is not None:
         page = site.final / "pages" / f"{b.name}.html"
         text = b.report.read_text(encoding="utf-8", errors="replace")
@@ -152,24 +158,38 @@ def _index_view(groups: dict[str, list[dict]], compares: dict, index: Path) -> d
     studies = []
     for study, entries in groups.items():
         rows = [
-            {**e, "page_href": e["page"] and href(e["page"], index),
-             "bundle_href": href(e["bundle_file"], index)}
+            {
+                **e,
+                "page_href": e["page"] and href(e["page"], index),
+                "bundle_href": href(e["bundle_file"], index),
+            }
             for e in entries
-        ]  # fmt: skip
+        ]
         cmp = compares.get(study)
-        studies.append({"study": study, "rows": rows,
-                        "compare_href": cmp and href(cmp["page"], index),
-                        "verdicts": cmp["verdicts"] if cmp else []})  # fmt: skip
+        studies.append(
+            {
+                "study": study,
+                "rows": rows,
+                "compare_href": cmp and href(cmp["page"], index),
+                "verdicts": cmp["verdicts"] if cmp else [],
+            }
+        )
     return {"studies": studies, "generated": compare.generated()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m offload_study.across.site", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.across.site",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--index", required=True, help="the index page (reports/index.html)")
     ap.add_argument("--site-dir", required=True, help="folder of the site's pages and bundles")
-    ap.add_argument("--reports-root", help="index every report and recommend page under it "
-                    "(reports/<cluster>/<study>/{report,recommend}.html)")  # fmt: skip
+    ap.add_argument(
+        "--reports-root",
+        help="index every report and recommend page under it "
+        "(reports/<cluster>/<study>/{report,recommend}.html)",
+    )
     ap.add_argument("bundles", nargs="*", help="bundles (.tar.gz) to publish")
     a = ap.parse_args(argv)
     try:
@@ -179,8 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     n_pages = sum(1 for s in view["studies"] for r in s["rows"] if r["page"])
     n_compare = sum(1 for s in view["studies"] if s["compare_href"])
-    print(f"site: wrote {a.index} and {a.site_dir}: {len(view['pages'])} pages indexed, "
-          f"{len(a.bundles)} bundles, {n_pages} bundle report pages, {n_compare} compare pages")  # fmt: skip
+    print(
+        f"site: wrote {a.index} and {a.site_dir}: {len(view['pages'])} pages indexed, "
+        f"{len(a.bundles)} bundles, {n_pages} bundle report pages, {n_compare} compare pages"
+    )
     return 0
 
 

@@ -118,8 +118,10 @@ def engine_parser(case: Case) -> list[Problem]:
 def op_preflight(case: Case) -> list[Problem]:
     """DeepSpeed ops each trained run needs that cannot be built on this machine."""
     result = preflight.check_runs(s for s in case.runs if not s.predict_only)
-    return [Problem(f"scenario {name}", line, "op_build_error", result.fixes.get(name))
-            for name, line in result.refusals.items()]  # fmt: skip
+    return [
+        Problem(f"scenario {name}", line, "op_build_error", result.fixes.get(name))
+        for name, line in result.refusals.items()
+    ]
 
 
 def prediction(case: Case) -> list[Problem]:
@@ -291,8 +293,10 @@ def predict_plan(plan: dict, pairs, calibration: str | None, plan_csv: str) -> d
     labelled = cal is not None and any(s.accelerator == "cuda" for s, _ in pairs)
     band = error_bands.bands(cal.calibrated) if labelled else {}
     if labelled:  # every row says how its step time was predicted, with its error band
-        said = {"calibration": error_bands.label(cal.calibrated),
-                "step_time_band": band["step_time"]}  # fmt: skip
+        said = {
+            "calibration": error_bands.label(cal.calibrated),
+            "step_time_band": band["step_time"],
+        }
         rows = [dataclasses.replace(r, **said) for r in rows]
     write_predictions(plan_csv, rows)
     summary = predict.summarize(rows, calibration, cal)

@@ -251,9 +251,11 @@ def build_ops_at_once(names: list[str], accelerator: str | None = None) -> dict[
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--accelerator", choices=sorted(ACCELERATORS), default=None,
+        "--accelerator",
+        choices=sorted(ACCELERATORS),
+        default=None,
         help="whose ops to build (default: the one DeepSpeed detects, or DS_ACCELERATOR)",
-    )  # fmt: skip
+    )
     names = sorted(OP_BUILDERS) + sorted(DEEPSPEED_NAMES.values())
     parser.add_argument("ops", nargs="*", choices=names, default=sorted(OP_BUILDERS))
     args = parser.parse_args(argv)

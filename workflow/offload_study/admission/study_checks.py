@@ -162,16 +162,29 @@ def measure_problems(study: dict, scenario: dict, where: str) -> list[str]:
         return f"{where}.measure.{name}" if name in own else f"measure.{name}"
 
     rules = [
-        ("mode", lambda: m.mode == "fixed" and "steps" not in study,
-         lambda: "the fixed mode needs the study's steps"),
-        ("min_warmup_steps", lambda: m.min_warmup_steps > m.max_warmup_steps,
-         lambda: f"is above max_warmup_steps ({m.max_warmup_steps})"),
-        ("max_warmup_steps", lambda: 2 * m.settle_window > m.max_warmup_steps,
-         lambda: f"is below 2 × settle_window ({m.settle_window}), so step times could never "
-                 "settle"),
-        ("min_steps", lambda: m.min_steps > m.max_steps,
-         lambda: f"is above max_steps ({m.max_steps})"),
-    ]  # fmt: skip
+        (
+            "mode",
+            lambda: m.mode == "fixed" and "steps" not in study,
+            lambda: "the fixed mode needs the study's steps",
+        ),
+        (
+            "min_warmup_steps",
+            lambda: m.min_warmup_steps > m.max_warmup_steps,
+            lambda: f"is above max_warmup_steps ({m.max_warmup_steps})",
+        ),
+        (
+            "max_warmup_steps",
+            lambda: 2 * m.settle_window > m.max_warmup_steps,
+            lambda: (
+                f"is below 2 × settle_window ({m.settle_window}), so step times could never settle"
+            ),
+        ),
+        (
+            "min_steps",
+            lambda: m.min_steps > m.max_steps,
+            lambda: f"is above max_steps ({m.max_steps})",
+        ),
+    ]
 
     def judged(name: str, broken, why) -> list[str]:
         if not (broken() and (name == "mode" or m.mode == "adaptive")):

@@ -61,10 +61,24 @@ OUTCOMES = [*contracts.OUTCOMES, "missing"]
 #: (:func:`machine_of`, from provenance.json), its record folder and how often it was re-run
 #: after failures of the infrastructure (its archive: placement.retries_of).
 RECORD_COLUMNS = ["machine", "record_dir", "retries"]
-_TEXT_COLUMNS = ("slurm_job_id", "sweep", "label", "scenario", "base_scenario", "error_excerpt",
-                 "machine", "engine", "engine_version", "host_tree_measure")  # fmt: skip
-_LIST_COLUMNS = ("host_peak_rss_gib_per_node", "host_peak_rss_gib_per_rank",
-                 "host_peak_tree_gib_per_node", "host_peak_tree_gib_per_rank")  # fmt: skip
+_TEXT_COLUMNS = (
+    "slurm_job_id",
+    "sweep",
+    "label",
+    "scenario",
+    "base_scenario",
+    "error_excerpt",
+    "machine",
+    "engine",
+    "engine_version",
+    "host_tree_measure",
+)
+_LIST_COLUMNS = (
+    "host_peak_rss_gib_per_node",
+    "host_peak_rss_gib_per_rank",
+    "host_peak_tree_gib_per_node",
+    "host_peak_tree_gib_per_rank",
+)
 #: The host memory per node that pages show and predictions are judged by: the ranks' process
 #: trees (their worker processes counted), else, in a record from before the trees were
 #: sampled, the ranks' own peaks.
@@ -118,8 +132,11 @@ def read_record(metrics_path: str | Path) -> dict:
     (scenario, repeat, ...) then comes from the path and the scenario's run spec when available.
     """
     p = Path(metrics_path)
-    return {**_read_metrics(p), "machine": machine_of(read_provenance(p.parent)),
-            "retries": placement.retries_of(p.parent)}  # fmt: skip
+    return {
+        **_read_metrics(p),
+        "machine": machine_of(read_provenance(p.parent)),
+        "retries": placement.retries_of(p.parent),
+    }
 
 
 def _read_metrics(p: Path) -> dict:
@@ -151,9 +168,11 @@ def _read_metrics(p: Path) -> dict:
 #: same_allocation_baseline): its scenario, outcome, tokens/s and folder. Only records that have
 #: one get them, so a study without the option has the tables it had before.
 SAME_ALLOCATION_COLUMNS = [
-    "same_allocation_pair", "same_allocation_pair_outcome", "same_allocation_pair_tokens_per_s",
+    "same_allocation_pair",
+    "same_allocation_pair_outcome",
+    "same_allocation_pair_tokens_per_s",
     "same_allocation_pair_dir",
-]  # fmt: skip
+]
 
 
 def _same_allocation_columns(rep_dir: Path) -> dict:
@@ -163,8 +182,12 @@ def _same_allocation_columns(rep_dir: Path) -> dict:
     if not pair.root.is_dir():
         return {}
     data = _read_json_object(pair.metrics) or {}
-    values = (data.get("scenario"), data.get("outcome") or "error", _num(data.get("tokens_per_s")),
-              str(pair.root))  # fmt: skip
+    values = (
+        data.get("scenario"),
+        data.get("outcome") or "error",
+        _num(data.get("tokens_per_s")),
+        str(pair.root),
+    )
     return dict(zip(SAME_ALLOCATION_COLUMNS, values, strict=True))
 
 
@@ -177,8 +200,12 @@ def flatten_record(rec: dict) -> dict:
     out = {k: v for k, v in rec.items() if k not in ("breakdown_ms", "step_breakdown_ms", "sweep")}
     parts = rec.get("step_breakdown_ms")
     parts = parts if isinstance(parts, dict) else {}
-    out.update({column: _num(parts.get(k)) for k, column in zip(STEP_PARTS, STEP_BREAKDOWN_COLUMNS,
-                                                                  strict=True)})  # fmt: skip
+    out.update(
+        {
+            column: _num(parts.get(k))
+            for k, column in zip(STEP_PARTS, STEP_BREAKDOWN_COLUMNS, strict=True)
+        }
+    )
     bd = rec.get("breakdown_ms")
     bd = bd if isinstance(bd, dict) else {}
     for k in contracts.BREAKDOWN_KEYS:
@@ -242,8 +269,14 @@ def read_provenance(record_dir: str | Path | None) -> dict | None:
 #: alone does not tell (a cloud lease is "vm" on every machine; the kernel build and RAM
 #: differ); versions and git_commit are left out: one machine runs several of them.
 MACHINE_FIELDS = (
-    "host", "platform", "ram_total_bytes", "cpu_model", "cpu_count", "gpu_model", "gpu_driver",
-)  # fmt: skip
+    "host",
+    "platform",
+    "ram_total_bytes",
+    "cpu_model",
+    "cpu_count",
+    "gpu_model",
+    "gpu_driver",
+)
 
 
 def machine_of(prov: Mapping | None) -> str | None:
@@ -266,8 +299,15 @@ def build_runs(records: Iterable[dict]) -> pd.DataFrame:
     sweep_cols = sorted(c for c in extra if c.startswith("sweep."))
     other_bd = sorted(c for c in extra if c.startswith("breakdown_ms."))
     rest = [c for c in extra if c not in sweep_cols and c not in other_bd]
-    cols = (RUN_COLUMNS + sweep_cols + BREAKDOWN_COLUMNS + STEP_BREAKDOWN_COLUMNS + other_bd
-            + rest + RECORD_COLUMNS)  # fmt: skip
+    cols = (
+        RUN_COLUMNS
+        + sweep_cols
+        + BREAKDOWN_COLUMNS
+        + STEP_BREAKDOWN_COLUMNS
+        + other_bd
+        + rest
+        + RECORD_COLUMNS
+    )
     df = df.reindex(columns=cols)
     df["sweep"] = df["sweep"].astype("object").where(df["sweep"].notna(), "{}")
     df["outcome"] = df["outcome"].fillna("missing").astype(str)
@@ -374,22 +414,48 @@ def _ci(draws: np.ndarray) -> tuple[float, float]:
 # --------------------------------------------------------------------------- summary table
 #: Setup columns of a scenario: the first non-null value over its runs.
 SUMMARY_SETUP = [
-    "study", "cluster", "base_scenario", "label", "sweep", "nodes", "gpus_per_node", "world_size",
-    "accelerator", "device_name", "gpu_mem_gb", "cpu_mem_gb", "offload_optimizer",
-    "offload_param", "micro_batch", "gradient_accumulation_steps", "global_batch", "seq_len",
-    "dtype", "gradient_checkpointing", "model_params", "engine",
-]  # fmt: skip
+    "study",
+    "cluster",
+    "base_scenario",
+    "label",
+    "sweep",
+    "nodes",
+    "gpus_per_node",
+    "world_size",
+    "accelerator",
+    "device_name",
+    "gpu_mem_gb",
+    "cpu_mem_gb",
+    "offload_optimizer",
+    "offload_param",
+    "micro_batch",
+    "gradient_accumulation_steps",
+    "global_batch",
+    "seq_len",
+    "dtype",
+    "gradient_checkpointing",
+    "model_params",
+    "engine",
+]
 #: Measured columns of a scenario over its ok runs: (how to aggregate, columns).
 SUMMARY_MEASURES = [
     ("median", ["step_time_s", "samples_per_s", "tflops_per_gpu", "mfu"]),
-    ("max", ["peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "nvml_used_gib",
-             "host_peak_rss_gib", "host_peak_tree_gib"]),
+    (
+        "max",
+        [
+            "peak_gpu_allocated_gib",
+            "peak_gpu_reserved_gib",
+            "nvml_used_gib",
+            "host_peak_rss_gib",
+            "host_peak_tree_gib",
+        ],
+    ),
     ("per_node_max", ["host_peak_rss_gib_per_node"]),
     ("per_node_max", ["host_peak_tree_gib_per_node"]),
     ("max", ["nvme_bytes_used"]),
     ("median", ["loss_last"]),
     ("sum", ["skipped_steps_measured"]),  # records from before the harness counted them lack it
-]  # fmt: skip
+]
 #: Columns of the step's parts, summarized by their median: DeepSpeed's timers, the harness'.
 BREAKDOWN_PREFIXES = ("breakdown_ms.", "step_breakdown_ms.")
 _EMPTY_SUMMARY = ["scenario", "runs", "relative_speed", "relative_speed_note"]
@@ -426,10 +492,14 @@ def summarize(
     setup = _setup_columns(runs, order)
     speed, draws = _speed_columns(ok, order, steps or {}, n_boot, seed)
     summary = pd.concat(
-        [setup, _outcome_columns(runs, order), speed,
-         _measure_columns(ok, order, [c for c in runs if c.startswith(BREAKDOWN_PREFIXES)])],
+        [
+            setup,
+            _outcome_columns(runs, order),
+            speed,
+            _measure_columns(ok, order, [c for c in runs if c.startswith(BREAKDOWN_PREFIXES)]),
+        ],
         axis=1,
-    ).reset_index()  # fmt: skip
+    ).reset_index()
     offloads = setup[["offload_optimizer", "offload_param"]].astype(str)
     base = contracts.choose_baseline(
         list(order),
@@ -439,10 +509,15 @@ def summarize(
     summary["is_baseline"] = summary["scenario"] == base
     summary["baseline"] = base
     rel, lo, hi, notes = _relative(summary, draws, base)
-    summary = summary.assign(relative_speed=rel, relative_speed_ci_low=lo,
-                             relative_speed_ci_high=hi, relative_speed_note=notes)  # fmt: skip
-    summary = pd.concat([summary, _pair_columns(summary, ok, steps or {}, base, n_boot, seed)],
-                        axis=1)  # fmt: skip
+    summary = summary.assign(
+        relative_speed=rel,
+        relative_speed_ci_low=lo,
+        relative_speed_ci_high=hi,
+        relative_speed_note=notes,
+    )
+    summary = pd.concat(
+        [summary, _pair_columns(summary, ok, steps or {}, base, n_boot, seed)], axis=1
+    )
     flags = sanity.flag(summary, runs, losses or {}, step_times or {})
     return pd.concat([summary, flags], axis=1)
 
@@ -461,17 +536,22 @@ def _outcome_columns(runs: pd.DataFrame, order: pd.Index) -> pd.DataFrame:
         n_ok = counts.get("ok", 0)
         failed = g[g["outcome"] != "ok"]
         retried = int(pd.to_numeric(g.get("retries", 0), errors="coerce").fillna(0).sum())
-        rows.append({
-            "runs": len(g), "n_ok": n_ok, "n_failed": len(g) - n_ok,
-            **{f"n_{o}": counts.get(o, 0) for o in OUTCOMES},
-            "n_retried": retried,
-            "outcomes": ", ".join(
-                [f"{o}:{n}" for o, n in counts.most_common()] + [f"retried:{retried}"] * bool(retried)
-            ),
-            "status": "ok" if n_ok == len(g) else "partial" if n_ok else "failed",
-            "first_failure_outcome": _first(failed["outcome"]),
-            "error_excerpt": _first(failed["error_excerpt"]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "runs": len(g),
+                "n_ok": n_ok,
+                "n_failed": len(g) - n_ok,
+                **{f"n_{o}": counts.get(o, 0) for o in OUTCOMES},
+                "n_retried": retried,
+                "outcomes": ", ".join(
+                    [f"{o}:{n}" for o, n in counts.most_common()]
+                    + [f"retried:{retried}"] * bool(retried)
+                ),
+                "status": "ok" if n_ok == len(g) else "partial" if n_ok else "failed",
+                "first_failure_outcome": _first(failed["outcome"]),
+                "error_excerpt": _first(failed["error_excerpt"]),
+            }
+        )
     return pd.DataFrame(rows, index=order)
 
 
@@ -491,8 +571,12 @@ def _speed_columns(ok, order, steps, n_boot, seed) -> tuple[pd.DataFrame, dict[s
             g["tokens_per_s"].tolist(), step_lists, n_boot=n_boot, seed=seed + i
         )
         lo, hi = _ci(draws[scen]) if method != "none" else (math.nan, math.nan)
-        rows[scen] = {"tokens_per_s": point, "tokens_per_s_ci_low": lo,
-                      "tokens_per_s_ci_high": hi, "ci_method": method}  # fmt: skip
+        rows[scen] = {
+            "tokens_per_s": point,
+            "tokens_per_s_ci_low": lo,
+            "tokens_per_s_ci_high": hi,
+            "ci_method": method,
+        }
     return pd.DataFrame.from_dict(rows, orient="index").reindex(order), draws
 
 
@@ -568,9 +652,15 @@ PAIR_KINDS = ("self", "same-settings", "study baseline", "none")
 #: or the pair scenario's own run of the same repeat.
 PAIRINGS = ("same allocation", "pair scenario")
 PAIR_COLUMNS = [
-    "pair", "pair_kind", "pair_note", "paired_ratio", "paired_ratio_ci_low",
-    "paired_ratio_ci_high", "paired_repeats", "pairing",
-]  # fmt: skip
+    "pair",
+    "pair_kind",
+    "pair_note",
+    "paired_ratio",
+    "paired_ratio_ci_low",
+    "paired_ratio_ci_high",
+    "paired_repeats",
+    "pairing",
+]
 
 
 @dataclass(frozen=True)
@@ -629,8 +719,10 @@ def paired_ratio(
     rng = np.random.default_rng(seed)
     per_pair = []
     for k in common:
-        mine_k, theirs_k = (_run_draws(r.tokens_per_s, steps.get(r.record_dir), n_boot, rng)[0]
-                            for r in (a[k], b[k]))  # fmt: skip
+        mine_k, theirs_k = (
+            _run_draws(r.tokens_per_s, steps.get(r.record_dir), n_boot, rng)[0]
+            for r in (a[k], b[k])
+        )
         per_pair.append(mine_k / theirs_k)
     point = float(np.median([a[k].tokens_per_s / b[k].tokens_per_s for k in common]))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -650,8 +742,9 @@ def _runs_by_repeat(ok: pd.DataFrame) -> dict[int, RepeatRun]:
     """repeat -> its ok run with a speed (the first run of a repeat)."""
     machines = ok["machine"] if "machine" in ok else pd.Series(None, index=ok.index)
     out: dict[int, RepeatRun] = {}
-    for rep, tps, rd, machine in zip(ok["repeat"], ok["tokens_per_s"], ok["record_dir"], machines,
-                                     strict=True):  # fmt: skip
+    for rep, tps, rd, machine in zip(
+        ok["repeat"], ok["tokens_per_s"], ok["record_dir"], machines, strict=True
+    ):
         if pd.notna(rep) and math.isfinite(_num(tps)) and _num(tps) > 0:
             known = machine if isinstance(machine, str) else None
             out.setdefault(int(rep), RepeatRun(float(tps), rd, known))
@@ -697,8 +790,11 @@ def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
             ratio = lo = hi = 1.0
             n = int(row["n_ok"])
         elif len(same_alloc):
-            pair = Pair(same_alloc["scenario"].iloc[0], "same-settings",
-                        "no offload, same GPUs, micro-batch and gas, run in the same job")  # fmt: skip
+            pair = Pair(
+                same_alloc["scenario"].iloc[0],
+                "same-settings",
+                "no offload, same GPUs, micro-batch and gas, run in the same job",
+            )
             ratio, lo, hi, n, how = paired_ratio(mine, same_alloc, steps, n_boot, seed + i)
             failed = f"; same-allocation pair runs not ok: {failed}" if failed else ""
             note, pairing = f"{pair.note}; {how}{failed}", "same allocation"
@@ -707,9 +803,15 @@ def _pair_columns(summary, ok, steps, baseline, n_boot, seed) -> pd.DataFrame:
             ratio, lo, hi, n, how = paired_ratio(mine, theirs, steps, n_boot, seed + i)
             failed = f"; no same-allocation pair run ok ({failed})" if failed else ""
             note, pairing = f"{note}; {how}{failed}", "pair scenario"
-        out.append(dict(zip(PAIR_COLUMNS,
-                            (pair.scenario, pair.kind, note, ratio, lo, hi, n, pairing),
-                            strict=True)))  # fmt: skip
+        out.append(
+            dict(
+                zip(
+                    PAIR_COLUMNS,
+                    (pair.scenario, pair.kind, note, ratio, lo, hi, n, pairing),
+                    strict=True,
+                )
+            )
+        )
     return pd.DataFrame(out, columns=PAIR_COLUMNS, index=summary.index)
 
 
@@ -720,11 +822,15 @@ def same_allocation_runs(mine: pd.DataFrame) -> pd.DataFrame:
     if "same_allocation_pair_outcome" not in mine:
         return pd.DataFrame(columns=["scenario", "repeat", "tokens_per_s", "record_dir", "machine"])
     made = mine[mine["same_allocation_pair_outcome"] == "ok"]
-    return pd.DataFrame({
-        "scenario": made["same_allocation_pair"], "repeat": made["repeat"],
-        "tokens_per_s": made["same_allocation_pair_tokens_per_s"],
-        "record_dir": made["same_allocation_pair_dir"], "machine": made.get("machine"),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "scenario": made["same_allocation_pair"],
+            "repeat": made["repeat"],
+            "tokens_per_s": made["same_allocation_pair_tokens_per_s"],
+            "record_dir": made["same_allocation_pair_dir"],
+            "machine": made.get("machine"),
+        }
+    )
 
 
 def _failed_same_allocation(mine: pd.DataFrame) -> str:
@@ -754,8 +860,9 @@ def collect(
     steps = {rd: np.array([r.tokens_per_s for r in rows]) for rd, rows in measured.items()}
     losses = {rd: np.array([r.loss for r in rows]) for rd, rows in measured.items()}
     times = {rd: np.array([r.step_time_s for r in rows]) for rd, rows in measured.items()}
-    return runs, summarize(runs, steps, baseline=baseline or None, n_boot=n_boot, losses=losses,
-                           step_times=times)  # fmt: skip
+    return runs, summarize(
+        runs, steps, baseline=baseline or None, n_boot=n_boot, losses=losses, step_times=times
+    )
 
 
 def write_tables(runs: pd.DataFrame, summary: pd.DataFrame, runs_csv, runs_parquet, summary_csv):

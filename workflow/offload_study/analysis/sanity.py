@@ -44,7 +44,9 @@ class Facts:
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # its runs, every outcome
     losses: list = field(default_factory=list)  # measured steps' losses of each ok run
     all_runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # every scenario's runs
-    step_times: Mapping[str, np.ndarray] = field(default_factory=dict)  # record_dir -> timed steps (s)
+    step_times: Mapping[str, np.ndarray] = field(
+        default_factory=dict
+    )  # record_dir -> timed steps (s)
 
 
 #: Severities of a check: an implausible result is not a finding; a caution is, with its CI.
@@ -63,8 +65,10 @@ class Check:
 
     def __post_init__(self):
         if self.severity not in (IMPLAUSIBLE, CAUTION):
-            raise ValueError(f"sanity check {self.name}: severity {self.severity!r} is neither "
-                             f"{IMPLAUSIBLE!r} nor {CAUTION!r}")  # fmt: skip
+            raise ValueError(
+                f"sanity check {self.name}: severity {self.severity!r} is neither "
+                f"{IMPLAUSIBLE!r} nor {CAUTION!r}"
+            )
 
 
 def _num(v) -> float:
@@ -178,8 +182,11 @@ def _last_losses(runs: pd.DataFrame) -> dict[int, tuple[float, float]]:
         return {}
     num = {c: pd.to_numeric(ok[c], errors="coerce") for c in cols}
     step = num["steps_warmup"] + num["steps_measured"]
-    return {int(r): (s, v) for r, s, v in zip(num["repeat"], step, num["loss_last"], strict=True)
-            if pd.notna(r) and pd.notna(s) and math.isfinite(v)}  # fmt: skip
+    return {
+        int(r): (s, v)
+        for r, s, v in zip(num["repeat"], step, num["loss_last"], strict=True)
+        if pd.notna(r) and pd.notna(s) and math.isfinite(v)
+    }
 
 
 def loss_parity(facts: Facts, tol: float) -> str | None:
@@ -191,16 +198,21 @@ def loss_parity(facts: Facts, tol: float) -> str | None:
     if row.get("pair_kind") != "same-settings" or "scenario" not in runs:
         return None
     mine, theirs = _last_losses(facts.runs), _last_losses(runs[runs["scenario"] == pair])
-    same = [(k, mine[k], theirs[k]) for k in sorted(set(mine) & set(theirs))
-            if mine[k][0] == theirs[k][0] and theirs[k][1]]  # fmt: skip
+    same = [
+        (k, mine[k], theirs[k])
+        for k in sorted(set(mine) & set(theirs))
+        if mine[k][0] == theirs[k][0] and theirs[k][1]
+    ]
     if not same:
         return None
     diffs = [a[1] / b[1] - 1 for _, a, b in same]
     k, a, b = same[int(np.argmax(np.abs(diffs)))]
     if float(np.median(np.abs(diffs))) <= tol:
         return None
-    return (f"loss {a[1]:.4f} vs {b[1]:.4f} of '{pair}' at step {a[0]:g} (rep {k}, "
-            f"{a[1] / b[1] - 1:+.1%})")  # fmt: skip
+    return (
+        f"loss {a[1]:.4f} vs {b[1]:.4f} of '{pair}' at step {a[0]:g} (rep {k}, "
+        f"{a[1] / b[1] - 1:+.1%})"
+    )
 
 
 #: A line through the timed steps must explain at least this share of their spread (R²) for their
@@ -236,43 +248,93 @@ def not_steady(facts: Facts, tol: float) -> str | None:
         change, r2 = drift(times)
         if abs(change) > tol and r2 >= TREND_FIT_R2:
             rep = int(r["repeat"]) if pd.notna(r.get("repeat")) else "?"
-            return (f"repeat {rep}: step time {times[0]:.3g} → {times[-1]:.3g} s over "
-                    f"{len(times)} timed steps, a trend of {change:+.0%}")  # fmt: skip
+            return (
+                f"repeat {rep}: step time {times[0]:.3g} → {times[-1]:.3g} s over "
+                f"{len(times)} timed steps, a trend of {change:+.0%}"
+            )
     return None
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("accumulation-slower-per-token",
-          "no offload, yet more gradient accumulation measured slower per token beyond the CI "
-          "(accumulation only removes optimizer steps)", 0.02, "2% of the peer's median",
-          accumulation_slower, IMPLAUSIBLE, "slower with more accumulation"),
-    Check("offload-faster-than-pair",
-          "offload measured faster than its no-offload pair of the same settings beyond the "
-          "paired CI (offloading adds transfers, removes no work)", 0.02, "2% above 1",
-          offload_faster, IMPLAUSIBLE, "offload faster than no offload"),
-    Check("gpu-over-cap",
-          "a run reserved more GPU memory than the scenario's per-process cap", 0.01,
-          "1% of the cap", gpu_over_cap, IMPLAUSIBLE, "GPU memory over its cap"),
-    Check("ci-target-missed",
-          "the measurement stopped before its CI target (older records: CI wider than the "
-          "tolerance, or none)", 0.05, "CI half-width 5% of the median", ci_target_missed,
-          CAUTION, "CI target missed"),
-    Check("non-finite-loss", "a measured step's loss is NaN or infinite", 0, "no step",
-          non_finite_loss, IMPLAUSIBLE, "loss not finite"),
-    Check("many-skipped-steps",
-          "many fp16 steps among the measured ones were skipped (loss-scale overflow)", 0.1,
-          "10% of measured steps", many_skipped, CAUTION, "many skipped steps"),
-    Check("loss-parity",
-          "the loss differs from its no-offload pair's at the same step (same settings and "
-          "repeat): the mode changed the updates (e.g. ZenFlow)", 0.02,
-          "2% of the pair's loss (median over repeats)", loss_parity, IMPLAUSIBLE,
-          "loss differs from its pair"),
-    Check("not-steady",
-          "the step time was still moving when a step or time cap stopped the measurement: "
-          "its median depends on when it stopped", 0.10,
-          f"a line through the timed steps changes by more than 10% of their median, "
-          f"R² ≥ {TREND_FIT_R2:g}", not_steady, CAUTION, "step time not steady"),
-)  # fmt: skip
+    Check(
+        "accumulation-slower-per-token",
+        "no offload, yet more gradient accumulation measured slower per token beyond the CI "
+        "(accumulation only removes optimizer steps)",
+        0.02,
+        "2% of the peer's median",
+        accumulation_slower,
+        IMPLAUSIBLE,
+        "slower with more accumulation",
+    ),
+    Check(
+        "offload-faster-than-pair",
+        "offload measured faster than its no-offload pair of the same settings beyond the "
+        "paired CI (offloading adds transfers, removes no work)",
+        0.02,
+        "2% above 1",
+        offload_faster,
+        IMPLAUSIBLE,
+        "offload faster than no offload",
+    ),
+    Check(
+        "gpu-over-cap",
+        "a run reserved more GPU memory than the scenario's per-process cap",
+        0.01,
+        "1% of the cap",
+        gpu_over_cap,
+        IMPLAUSIBLE,
+        "GPU memory over its cap",
+    ),
+    Check(
+        "ci-target-missed",
+        "the measurement stopped before its CI target (older records: CI wider than the "
+        "tolerance, or none)",
+        0.05,
+        "CI half-width 5% of the median",
+        ci_target_missed,
+        CAUTION,
+        "CI target missed",
+    ),
+    Check(
+        "non-finite-loss",
+        "a measured step's loss is NaN or infinite",
+        0,
+        "no step",
+        non_finite_loss,
+        IMPLAUSIBLE,
+        "loss not finite",
+    ),
+    Check(
+        "many-skipped-steps",
+        "many fp16 steps among the measured ones were skipped (loss-scale overflow)",
+        0.1,
+        "10% of measured steps",
+        many_skipped,
+        CAUTION,
+        "many skipped steps",
+    ),
+    Check(
+        "loss-parity",
+        "the loss differs from its no-offload pair's at the same step (same settings and "
+        "repeat): the mode changed the updates (e.g. ZenFlow)",
+        0.02,
+        "2% of the pair's loss (median over repeats)",
+        loss_parity,
+        IMPLAUSIBLE,
+        "loss differs from its pair",
+    ),
+    Check(
+        "not-steady",
+        "the step time was still moving when a step or time cap stopped the measurement: "
+        "its median depends on when it stopped",
+        0.10,
+        f"a line through the timed steps changes by more than 10% of their median, "
+        f"R² ≥ {TREND_FIT_R2:g}",
+        not_steady,
+        CAUTION,
+        "step time not steady",
+    ),
+)
 MEANINGS: dict[str, str] = {c.name: c.meaning for c in CHECKS}
 TITLES: dict[str, str] = {c.name: c.title or c.name for c in CHECKS}
 SEVERITIES: dict[str, str] = {c.name: c.severity for c in CHECKS}
@@ -301,8 +363,9 @@ def flag(
     for row in rows:
         mine = by_scenario.get(row["scenario"], runs.iloc[0:0])
         ok_dirs = mine.loc[mine["outcome"] == "ok", "record_dir"] if len(mine) else []
-        facts = Facts(row, peers, mine, [losses[d] for d in ok_dirs if d in losses], runs,
-                      step_times or {})  # fmt: skip
+        facts = Facts(
+            row, peers, mine, [losses[d] for d in ok_dirs if d in losses], runs, step_times or {}
+        )
         fired = {c.name: why for c in CHECKS if (why := c.test(facts, c.tolerance))}
         flags.append(";".join(fired))
         details.append(json.dumps(fired) if fired else "")
@@ -330,7 +393,13 @@ def parse_flags(flags, details) -> list[dict]:
     except ValueError:
         why = {}
     return [
-        {"name": n, "meaning": MEANINGS.get(n, "unknown check"), "detail": why.get(n, ""),
-         "severity": severity(n), "blocks": n in blocks, "title": TITLES.get(n, n)}
+        {
+            "name": n,
+            "meaning": MEANINGS.get(n, "unknown check"),
+            "detail": why.get(n, ""),
+            "severity": severity(n),
+            "blocks": n in blocks,
+            "title": TITLES.get(n, n),
+        }
         for n in names
-    ]  # fmt: skip
+    ]

@@ -452,8 +452,11 @@ class RunSpec:
                 f"{RUN_SPEC_VERSION}; re-plan the study"
             )
         nested = {
-            "model": ModelSpec, "data": DataSpec, "optimizer": OptimizerSpec, "measure": MeasureSpec
-        }  # fmt: skip
+            "model": ModelSpec,
+            "data": DataSpec,
+            "optimizer": OptimizerSpec,
+            "measure": MeasureSpec,
+        }
         values = {
             key: _from_mapping(nested[key], value, f"{source}: {key}") if key in nested else value
             for key, value in data.items()
@@ -591,9 +594,11 @@ class StepRow:
             f"{self.loss:.6f}",
             str(int(self.skipped)),
             "" if self.loss_scale is None else f"{self.loss_scale:g}",
-            *("" if v is None else f"{v:.6f}"
-              for v in (self.forward_s, self.backward_s, self.optimizer_s)),
-        ]  # fmt: skip
+            *(
+                "" if v is None else f"{v:.6f}"
+                for v in (self.forward_s, self.backward_s, self.optimizer_s)
+            ),
+        ]
 
 
 STEPS_COLUMNS: list[str] = [f.name for f in dataclasses.fields(StepRow)]
@@ -862,8 +867,11 @@ def offloads_nothing(offload_optimizer: str | None, offload_param: str | None) -
 #: sanity checks): the same GPUs and the same tokens per optimizer step. Model, sequence length,
 #: precision and checkpointing are the study's, shared by all its scenarios already.
 SAME_SETTINGS_KEYS: tuple[str, ...] = (
-    "nodes", "world_size", "micro_batch", "gradient_accumulation_steps",
-)  # fmt: skip
+    "nodes",
+    "world_size",
+    "micro_batch",
+    "gradient_accumulation_steps",
+)
 
 
 def settings_of(row: Mapping, keys: Sequence[str] = SAME_SETTINGS_KEYS) -> tuple | None:
@@ -888,10 +896,11 @@ def no_offload_pairs(
     if settings is None:
         return []
     same = [
-        r for r in rows
+        r
+        for r in rows
         if offloads_nothing(r.get("offload_optimizer"), r.get("offload_param"))
         and settings_of(r, keys) == settings
-    ]  # fmt: skip
+    ]
     # the same engine first (an FSDP2 offload run against FSDP2 without offload), then the card
     return sorted(
         same,

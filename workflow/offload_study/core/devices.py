@@ -50,8 +50,11 @@ def gpu_spec(device_name: str | None) -> tuple[str, dict] | None:
     if not device_name:
         return None
     name = device_name.upper().replace("-", " ")
-    aliases = [(alias.upper(), model) for model, entry in catalog()["gpus"].items()
-               for alias in entry["aliases"]]  # fmt: skip
+    aliases = [
+        (alias.upper(), model)
+        for model, entry in catalog()["gpus"].items()
+        for alias in entry["aliases"]
+    ]
     for alias, model in sorted(aliases, key=lambda am: len(am[0]), reverse=True):
         if alias in name:
             return model, catalog()["gpus"][model]

@@ -125,8 +125,11 @@ def made_from_records(study: str | Path) -> list[Path]:
     recommend = study / RECOMMEND_DIR
     first = RECOMMEND_ROUND.format(round=0)
     rounds = [p for p in recommend.glob(RECOMMEND_ROUND.format(round="*")) if p.name != first]
-    return [*(study / name for name in (RUNS_CSV, RUNS_PARQUET, SUMMARY_CSV)),
-            recommend / RECOMMENDATION_JSON, *sorted(rounds)]  # fmt: skip
+    return [
+        *(study / name for name in (RUNS_CSV, RUNS_PARQUET, SUMMARY_CSV)),
+        recommend / RECOMMENDATION_JSON,
+        *sorted(rounds),
+    ]
 
 
 def report_dir(cluster: str, study: str) -> str:

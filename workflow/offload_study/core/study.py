@@ -327,8 +327,10 @@ def _refused_keys(err: jsonschema.ValidationError, root: dict) -> list[tuple]:
     mapping that holds it)."""
     path = tuple(err.absolute_path)
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-        return [((*path, key), _describe_error(err, root, key), True)
-                for key in _unknown_keys(err, root)]  # fmt: skip
+        return [
+            ((*path, key), _describe_error(err, root, key), True)
+            for key in _unknown_keys(err, root)
+        ]
     text = _describe_error(err, root)
     if err.validator == "required":
         return [((*path, _missing_key(err)), text, False)]
@@ -341,10 +343,14 @@ def _refusals(instance: Any, schema: dict) -> list[tuple]:
     others in the file's order. Several errors of one key (wrong type and too small) speak
     through the first."""
     found = [
-        (path, f"{key_path(list(path))}: {_value_at(instance, path)!r} is not allowed; "
-               "numbers must be finite", False)
+        (
+            path,
+            f"{key_path(list(path))}: {_value_at(instance, path)!r} is not allowed; "
+            "numbers must be finite",
+            False,
+        )
         for path in non_finite_keys(instance)
-    ]  # fmt: skip
+    ]
     errors = list(StrictValidator(schema).iter_errors(instance))
     if errors:
         first = _first_error(errors)

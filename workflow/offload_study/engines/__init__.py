@@ -70,7 +70,9 @@ class OffloadPath:
     label: str
     devices: tuple[str, str]
     keys: frozenset[str] = frozenset()
-    problems: Callable[[dict, dict, dict, str], list[str]] = lambda study, scenario, cluster, where: []
+    problems: Callable[[dict, dict, dict, str], list[str]] = (
+        lambda study, scenario, cluster, where: []
+    )
     parts: object = None
     grid: tuple[dict, ...] = ()  # scenario keys a recommendation may try on this path
 

@@ -24,7 +24,9 @@ STUDY_ENGINE = re.compile(
     r"(?:(?P=indent)    .*\n)+"
 )
 #: the recommend grid's ``engine`` key: the engines a search may try
-GRID_ENGINE = re.compile(r'(\n +engine:\n +type: \[array, "null"\]\n +items: \{enum: \[)[^\]]*(\]\})')
+GRID_ENGINE = re.compile(
+    r'(\n +engine:\n +type: \[array, "null"\]\n +items: \{enum: \[)[^\]]*(\]\})'
+)
 #: the JSON records that name the engine that trained: (file, property)
 RECORD_SCHEMAS = ("metrics.schema.json", "provenance.schema.json")
 
@@ -34,9 +36,7 @@ def engine_description() -> str:
     and offload paths."""
     lines = ["The training engine:"]
     for engine in engines.engines():
-        paths = "; ".join(
-            f"{p.devices[0]}/{p.devices[1]}: {p.label}" for p in engine.paths
-        )
+        paths = "; ".join(f"{p.devices[0]}/{p.devices[1]}: {p.label}" for p in engine.paths)
         lines.append(
             f"{engine.name} ({engine.label}): {engine.summary}. Offload paths "
             f"(offload_optimizer/offload_param): {paths}."
@@ -49,17 +49,24 @@ def synced_study(text: str) -> str:
 
     def block(m: re.Match) -> str:
         indent = m["indent"]
-        body = textwrap.fill(engine_description(), width=100 - len(indent) - 4,
-                             initial_indent=indent + "    ", subsequent_indent=indent + "    ",
-                             break_on_hyphens=False)  # fmt: skip
-        return (f"{m['head']}{indent}  enum: [{names}]\n{m['default']}{indent}  description: >-\n"
-                f"{body}\n")  # fmt: skip
+        body = textwrap.fill(
+            engine_description(),
+            width=100 - len(indent) - 4,
+            initial_indent=indent + "    ",
+            subsequent_indent=indent + "    ",
+            break_on_hyphens=False,
+        )
+        return (
+            f"{m['head']}{indent}  enum: [{names}]\n{m['default']}{indent}  description: >-\n"
+            f"{body}\n"
+        )
 
     synced, found = STUDY_ENGINE.subn(block, text)
     synced, in_grid = GRID_ENGINE.subn(lambda m: f"{m[1]}{names}{m[2]}", synced)
     if (found, in_grid) != (1, 1):
-        raise RuntimeError("study.schema.yaml: the scenario key engine or the recommend grid's "
-                           "was not found once")  # fmt: skip
+        raise RuntimeError(
+            "study.schema.yaml: the scenario key engine or the recommend grid's was not found once"
+        )
     return synced
 
 

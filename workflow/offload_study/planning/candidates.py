@@ -26,8 +26,11 @@ PREFIX = "rec-"
 #: The grid's offload modes (the schema's enum) by what a path offloads: (offload_optimizer,
 #: offload_param) -> mode. A grid entry that sets one of the other modes, each a scenario key
 #: (zenflow, super_offload), is that mode.
-DEVICE_MODES = {("none", "none"): "none", ("cpu", "none"): "optimizer",
-                ("cpu", "cpu"): "optimizer+param"}  # fmt: skip
+DEVICE_MODES = {
+    ("none", "none"): "none",
+    ("cpu", "none"): "optimizer",
+    ("cpu", "cpu"): "optimizer+param",
+}
 MODES: tuple[str, ...] = tuple(_GRID["offload"]["items"]["enum"])
 OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 #: the grid's one key that refines an offload path (on the paths that take it)
@@ -119,20 +122,28 @@ def _raw(study: dict, grid: dict) -> list[Candidate]:
     micro = grid.get("micro_batch") or [study["micro_batch"]]
     knobs = {"micro_batch": micro, **grid["zero"]}
     combos = [dict(zip(knobs, v, strict=True)) for v in itertools.product(*knobs.values())]
-    base = {"gpus_per_node": rec["gpus_per_node"], "nodes": rec["nodes"],
-            "gpu_mem_gb": rec["gpu_mem_gb"], "cpu_mem_gb": rec["cpu_mem_gb"]}  # fmt: skip
+    base = {
+        "gpus_per_node": rec["gpus_per_node"],
+        "nodes": rec["nodes"],
+        "gpu_mem_gb": rec["gpu_mem_gb"],
+        "cpu_mem_gb": rec["cpu_mem_gb"],
+    }
     out = []
     for entry in entries():
         if entry.engine.name not in wanted or entry.mode not in grid["offload"]:
             continue
-        for (keys, group), combo in itertools.product(
-            _variants(entry, grid[RATIO]), combos
-        ):  # fmt: skip
+        for (keys, group), combo in itertools.product(_variants(entry, grid[RATIO]), combos):
             zero = {k: normalize_number(v) for k, v in combo.items() if k != "micro_batch"}
             named = {k: v for k, v in keys.items() if k == RATIO} | combo
-            scenario = {"name": expanded_name(entry.base, named), "label": entry.label, **base,
-                        "engine": entry.engine.name, **keys, "micro_batch": combo["micro_batch"],
-                        **({"zero": zero} if zero else {})}  # fmt: skip
+            scenario = {
+                "name": expanded_name(entry.base, named),
+                "label": entry.label,
+                **base,
+                "engine": entry.engine.name,
+                **keys,
+                "micro_batch": combo["micro_batch"],
+                **({"zero": zero} if zero else {}),
+            }
             out.append(Candidate(scenario, entry.engine.name, group, entry.mode))
     return out
 
@@ -173,8 +184,9 @@ def grid(study: dict, cluster: dict) -> tuple[list[Candidate], list[dict]]:
         )
     kept: dict[str, Candidate] = {}
     left_out: dict[tuple[str, str], dict] = {}
-    for candidate, found in zip(raw, _problems(study, cluster, [c.scenario for c in raw]),
-                                strict=True):  # fmt: skip
+    for candidate, found in zip(
+        raw, _problems(study, cluster, [c.scenario for c in raw]), strict=True
+    ):
         typos = [p for p in found if p.startswith("zero.")]
         if typos:
             raise StudyError(f"recommend.grid.{typos[0]}")
@@ -189,8 +201,9 @@ def grid(study: dict, cluster: dict) -> tuple[list[Candidate], list[dict]]:
             kept.setdefault(candidate.scenario["name"], candidate)
     if raw and not kept:
         whys = "; ".join(f"{o['label']}: {o['why']}" for o in left_out.values())
-        raise StudyError(f"recommend.grid: no candidate can run on cluster "
-                         f"{cluster['name']}: {whys}")  # fmt: skip
+        raise StudyError(
+            f"recommend.grid: no candidate can run on cluster {cluster['name']}: {whys}"
+        )
     return list(kept.values()), list(left_out.values())
 
 

@@ -84,23 +84,51 @@ SLURM_SETTING_RESOURCES = (
 #: what runs or reads other things (--wrap, --export, --chdir, --get-user-env, burst buffer
 #: scripts, --container, --uid/--gid, --hold).
 SBATCH_EXTRA_OPTIONS = {
-    "exclusive": (None, "optional"), "oversubscribe": ("s", "flag"),
-    "reservation": (None, "value"), "exclude": ("x", "value"), "nodelist": ("w", "value"),
-    "hint": (None, "value"), "switches": (None, "value"), "mail-type": (None, "value"),
-    "mail-user": (None, "value"), "requeue": (None, "flag"), "no-requeue": (None, "flag"),
-    "signal": (None, "value"), "begin": ("b", "value"), "deadline": (None, "value"),
-    "distribution": ("m", "value"), "threads-per-core": (None, "value"),
-    "ntasks-per-core": (None, "value"), "sockets-per-node": (None, "value"),
-    "cores-per-socket": (None, "value"), "gpu-bind": (None, "value"),
-    "gpu-freq": (None, "value"), "cpu-freq": (None, "value"), "mem-bind": (None, "value"),
-    "network": (None, "value"), "licenses": ("L", "value"), "wckey": (None, "value"),
-    "nice": (None, "optional"), "priority": (None, "value"), "core-spec": ("S", "value"),
-    "thread-spec": (None, "value"), "tmp": (None, "value"), "prefer": (None, "value"),
-    "time-min": (None, "value"), "dependency": ("d", "value"), "kill-on-invalid-dep": (None, "value"),
-    "no-kill": ("k", "optional"), "spread-job": (None, "flag"), "use-min-nodes": (None, "flag"),
-    "delay-boot": (None, "value"), "acctg-freq": (None, "value"), "profile": (None, "value"),
-    "power": (None, "value"), "mcs-label": (None, "value"), "immediate": ("I", "optional"),
-}  # fmt: skip
+    "exclusive": (None, "optional"),
+    "oversubscribe": ("s", "flag"),
+    "reservation": (None, "value"),
+    "exclude": ("x", "value"),
+    "nodelist": ("w", "value"),
+    "hint": (None, "value"),
+    "switches": (None, "value"),
+    "mail-type": (None, "value"),
+    "mail-user": (None, "value"),
+    "requeue": (None, "flag"),
+    "no-requeue": (None, "flag"),
+    "signal": (None, "value"),
+    "begin": ("b", "value"),
+    "deadline": (None, "value"),
+    "distribution": ("m", "value"),
+    "threads-per-core": (None, "value"),
+    "ntasks-per-core": (None, "value"),
+    "sockets-per-node": (None, "value"),
+    "cores-per-socket": (None, "value"),
+    "gpu-bind": (None, "value"),
+    "gpu-freq": (None, "value"),
+    "cpu-freq": (None, "value"),
+    "mem-bind": (None, "value"),
+    "network": (None, "value"),
+    "licenses": ("L", "value"),
+    "wckey": (None, "value"),
+    "nice": (None, "optional"),
+    "priority": (None, "value"),
+    "core-spec": ("S", "value"),
+    "thread-spec": (None, "value"),
+    "tmp": (None, "value"),
+    "prefer": (None, "value"),
+    "time-min": (None, "value"),
+    "dependency": ("d", "value"),
+    "kill-on-invalid-dep": (None, "value"),
+    "no-kill": ("k", "optional"),
+    "spread-job": (None, "flag"),
+    "use-min-nodes": (None, "flag"),
+    "delay-boot": (None, "value"),
+    "acctg-freq": (None, "value"),
+    "profile": (None, "value"),
+    "power": (None, "value"),
+    "mcs-label": (None, "value"),
+    "immediate": ("I", "optional"),
+}
 _SHORT_OPTIONS = {short: name for name, (short, _) in SBATCH_EXTRA_OPTIONS.items() if short}
 #: an option's value: no shell metacharacters, no leading '-' (nodelists: node[01-04])
 _SBATCH_VALUE_RE = re.compile(r"[A-Za-z0-9_.,:/@+%=\[\]][A-Za-z0-9_.,:/@+%=\[\]-]*")
@@ -178,29 +206,60 @@ def fit_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
     cname = cluster.get("name", "<cluster>")
     gpn, nodes = spec.gpus_per_node, spec.nodes
     limits = [
-        ("accelerator", spec.accelerator, cluster.get("accelerator"), "!=",
-         f"accelerator={spec.accelerator!r} but cluster {cname!r} has "
-         f"accelerator={cluster.get('accelerator')!r}"),
-        ("gpus_per_node", gpn, cluster.get("gpus_per_node"), ">",
-         f"gpus_per_node={gpn} is more than cluster {cname!r} has per node "
-         f"({cluster.get('gpus_per_node')})"),
-        ("nodes", nodes, cluster.get("nodes") or 1, ">",
-         f"nodes={nodes} is more than cluster {cname!r} allows ({cluster.get('nodes') or 1})"),
-        ("world_size", spec.world_size, nodes * gpn, "!=",
-         f"world_size={spec.world_size} != nodes*gpus_per_node={nodes * gpn}"),
-        ("gpu_mem_gb", spec.gpu_mem_gb, cluster.get("gpu_mem_gb"), ">",
-         f"gpu_mem_gb={spec.gpu_mem_gb} GiB is more than the cards of cluster {cname!r} have "
-         f"({cluster.get('gpu_mem_gb')} GiB); memory can only be capped, not added"),
-        ("cpu_mem_gb", spec.cpu_mem_gb, cluster.get("mem_gb_per_node"), ">",
-         f"cpu_mem_gb={spec.cpu_mem_gb} GiB is more than a node of cluster {cname!r} has "
-         f"({cluster.get('mem_gb_per_node')} GiB)"),
-    ]  # fmt: skip
+        (
+            "accelerator",
+            spec.accelerator,
+            cluster.get("accelerator"),
+            "!=",
+            f"accelerator={spec.accelerator!r} but cluster {cname!r} has "
+            f"accelerator={cluster.get('accelerator')!r}",
+        ),
+        (
+            "gpus_per_node",
+            gpn,
+            cluster.get("gpus_per_node"),
+            ">",
+            f"gpus_per_node={gpn} is more than cluster {cname!r} has per node "
+            f"({cluster.get('gpus_per_node')})",
+        ),
+        (
+            "nodes",
+            nodes,
+            cluster.get("nodes") or 1,
+            ">",
+            f"nodes={nodes} is more than cluster {cname!r} allows ({cluster.get('nodes') or 1})",
+        ),
+        (
+            "world_size",
+            spec.world_size,
+            nodes * gpn,
+            "!=",
+            f"world_size={spec.world_size} != nodes*gpus_per_node={nodes * gpn}",
+        ),
+        (
+            "gpu_mem_gb",
+            spec.gpu_mem_gb,
+            cluster.get("gpu_mem_gb"),
+            ">",
+            f"gpu_mem_gb={spec.gpu_mem_gb} GiB is more than the cards of cluster {cname!r} have "
+            f"({cluster.get('gpu_mem_gb')} GiB); memory can only be capped, not added",
+        ),
+        (
+            "cpu_mem_gb",
+            spec.cpu_mem_gb,
+            cluster.get("mem_gb_per_node"),
+            ">",
+            f"cpu_mem_gb={spec.cpu_mem_gb} GiB is more than a node of cluster {cname!r} has "
+            f"({cluster.get('mem_gb_per_node')} GiB)",
+        ),
+    ]
     problems = [
         (key, text)
         for key, asked, offered, op, text in limits
-        if asked is not None and offered is not None
+        if asked is not None
+        and offered is not None
         and (asked != offered if op == "!=" else asked > offered)
-    ]  # fmt: skip
+    ]
     return problems + _core_problems(spec, cluster) + _nvme_problems(spec, cluster)
 
 

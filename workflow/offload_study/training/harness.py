@@ -136,8 +136,13 @@ def one_step(engine: engines.Trainer, batches: Batches, gas: int, world: int) ->
         torch.distributed.all_reduce(loss_v)
         loss_v = loss_v / world
     skipped = engine.skipped_steps > skipped_before
-    return StepResult(seconds, float(loss_v.item()), skipped, engine.loss_scale(),
-                      **{f"{part}_s": s for part, s in clock.parts.items()})  # fmt: skip
+    return StepResult(
+        seconds,
+        float(loss_v.item()),
+        skipped,
+        engine.loss_scale(),
+        **{f"{part}_s": s for part, s in clock.parts.items()},
+    )
 
 
 class PartClock:
@@ -205,7 +210,9 @@ class Trained:
     warmup_settled: bool | None  # rank 0 only
 
 
-def train(engine: engines.Trainer, spec: RunSpec, record: RecordDir, rank: int, world: int) -> Trained:
+def train(
+    engine: engines.Trainer, spec: RunSpec, record: RecordDir, rank: int, world: int
+) -> Trained:
     """Warm-up and measured optimizer steps as :mod:`offload_study.training.steady` decides on rank 0;
     rank 0 writes steps.csv and progress.json (its total: the step budget)."""
     batches = Batches(spec, engine.vocab_size, rank)
@@ -220,8 +227,9 @@ def train(engine: engines.Trainer, spec: RunSpec, record: RecordDir, rank: int, 
         step += 1
         done = one_step(engine, batches, spec.gradient_accumulation_steps, world)
         measured_s += done.seconds if phase == "measured" else 0.0
-        decision = agree(tracker.observe(done.seconds, done.skipped) if rank == 0 else None,
-                         world, engine.device)  # fmt: skip
+        decision = agree(
+            tracker.observe(done.seconds, done.skipped) if rank == 0 else None, world, engine.device
+        )
         if steps_csv:
             report_step(steps_csv, record, spec, step, total, phase, done, decision)
         phase = decision.phase
@@ -230,20 +238,39 @@ def train(engine: engines.Trainer, spec: RunSpec, record: RecordDir, rank: int, 
     return Trained(step, measured_s, decision.stop, tracker.warmup_settled if rank == 0 else None)
 
 
-def report_step(steps_csv: StepsWriter, record: RecordDir, spec: RunSpec, step: int, total: int,
-                phase: str, done: StepResult, decision: steady.Decision) -> None:  # fmt: skip
+def report_step(
+    steps_csv: StepsWriter,
+    record: RecordDir,
+    spec: RunSpec,
+    step: int,
+    total: int,
+    phase: str,
+    done: StepResult,
+    decision: steady.Decision,
+) -> None:
     """Rank 0: the step's row, the heartbeat, a console line."""
     tokens = spec.global_batch * spec.seq_len
-    row = StepRow(step, phase, done.seconds, tokens / done.seconds,
-                  spec.global_batch / done.seconds, done.loss, int(done.skipped),
-                  done.loss_scale, done.forward_s, done.backward_s,
-                  done.optimizer_s)  # fmt: skip
+    row = StepRow(
+        step,
+        phase,
+        done.seconds,
+        tokens / done.seconds,
+        spec.global_batch / done.seconds,
+        done.loss,
+        int(done.skipped),
+        done.loss_scale,
+        done.forward_s,
+        done.backward_s,
+        done.optimizer_s,
+    )
     steps_csv.write(row)
     write_progress(record, Progress(step, total, time.time(), phase, done.seconds))
     skip = " SKIPPED (overflow)" if done.skipped else ""
     stop = f" -> stop: {decision.stop}" if decision.stop else ""
-    say(f"step {step}/{total} {phase} time {done.seconds:.3f} s tokens/s {row.tokens_per_s:.1f} "
-        f"loss {done.loss:.4f}{skip} ETA <= {fmt_eta(done.seconds * (total - step))}{stop}")  # fmt: skip
+    say(
+        f"step {step}/{total} {phase} time {done.seconds:.3f} s tokens/s {row.tokens_per_s:.1f} "
+        f"loss {done.loss:.4f}{skip} ETA <= {fmt_eta(done.seconds * (total - step))}{stop}"
+    )
     if not math.isfinite(done.loss):
         say(f"WARNING non-finite loss at step {step}")
 
@@ -253,16 +280,20 @@ def describe_measure(spec: RunSpec) -> str:
     m = spec.measure
     if m.mode == "fixed":
         return f"{spec.warmup_steps} warm-up + {spec.steps} measured steps (fixed)"
-    return (f"adaptive: warm-up {m.min_warmup_steps}-{m.max_warmup_steps} steps until step times "
-            f"settle, then {m.min_steps}-{m.max_steps} steps (<= {m.max_measure_s:g} s) until the "
-            f"median's 95 % CI is within +-{m.target_ci_pct:g} %")  # fmt: skip
+    return (
+        f"adaptive: warm-up {m.min_warmup_steps}-{m.max_warmup_steps} steps until step times "
+        f"settle, then {m.min_steps}-{m.max_steps} steps (<= {m.max_measure_s:g} s) until the "
+        f"median's 95 % CI is within +-{m.target_ci_pct:g} %"
+    )
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="run spec JSON (docs/design.md)")
     p.add_argument("--out", required=True, help="output folder (shared by all ranks)")
-    p.add_argument("--ds-config", default=None, help="the engine's config (default: spec ds_config)")
+    p.add_argument(
+        "--ds-config", default=None, help="the engine's config (default: spec ds_config)"
+    )
     p.add_argument("--run-id", default=None, help="unique id (NVMe sub-folder name)")
     return p.parse_args(argv)
 
@@ -282,9 +313,16 @@ def start_rank(args) -> tuple[RunSpec, dict | None, RecordDir, RankStats]:
     bound = modes.bind_cores(spec.modes, local_rank, spec.gpus_per_node)
     if bound is not None:
         say(f"bound to cores {bound}")
-    stats = RankStats(rank=rank, local_rank=local_rank, world_size=world, host=host,
-                      pid=os.getpid(), nvme_dir=nvme_dir, bound_cores=bound,
-                      engine=spec.engine)  # fmt: skip
+    stats = RankStats(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        host=host,
+        pid=os.getpid(),
+        nvme_dir=nvme_dir,
+        bound_cores=bound,
+        engine=spec.engine,
+    )
     return spec, config, record, stats
 
 
@@ -298,9 +336,11 @@ def main(argv=None) -> int:
 
     is_cuda = spec.accelerator == "cuda" and torch.cuda.is_available()
     stats = dataclasses.replace(
-        stats, **probes.set_up_device(spec, is_cuda, stats.local_rank),
-        cuda_version=torch.version.cuda, torch_version=torch.__version__,
-    )  # fmt: skip
+        stats,
+        **probes.set_up_device(spec, is_cuda, stats.local_rank),
+        cuda_version=torch.version.cuda,
+        torch_version=torch.__version__,
+    )
     write_rank_stats(record, stats)  # the GPU cap is on record even if this rank dies later
     engine = make_engine(spec, config, stats, is_cuda)
     stats = dataclasses.replace(stats, model_params=engine.model_params, **engine.versions())
@@ -308,16 +348,21 @@ def main(argv=None) -> int:
     stats = dataclasses.replace(stats, modes=engine.effective_modes(), **probes.cores_and_threads())
     say(f"effective modes: {stats.modes}")
     write_rank_stats(record, stats)  # on record even if training fails
-    say(f"training: {describe_measure(spec)}, gas {spec.gradient_accumulation_steps}, global "
-        f"batch {spec.global_batch}, init took {time.time() - t_start:.1f} s")  # fmt: skip
+    say(
+        f"training: {describe_measure(spec)}, gas {spec.gradient_accumulation_steps}, global "
+        f"batch {spec.global_batch}, init took {time.time() - t_start:.1f} s"
+    )
     trained = train(engine, spec, record, stats.rank, stats.world_size)
     stats = dataclasses.replace(
-        stats, **probes.gpu_memory_peaks(is_cuda, stats.local_rank),
-        host_peak_rss_bytes=probes.host_peak_rss_bytes(), **host_memory.stop(),
+        stats,
+        **probes.gpu_memory_peaks(is_cuda, stats.local_rank),
+        host_peak_rss_bytes=probes.host_peak_rss_bytes(),
+        **host_memory.stop(),
         steps_done=trained.steps,
-        train_time_s=trained.measured_s, stop_reason=trained.stop_reason,
+        train_time_s=trained.measured_s,
+        stop_reason=trained.stop_reason,
         warmup_settled=trained.warmup_settled,
-    )  # fmt: skip
+    )
     if stats.world_size > 1:
         torch.distributed.barrier()
     stats = engine.close(stats)  # lets go of what the engine holds (DeepSpeed: the NVMe folder)

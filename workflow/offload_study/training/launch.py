@@ -43,8 +43,16 @@ PORT_BASE, PORT_SPAN = 20000, 20000  # SLURM-derived ports fall in [20000, 40000
 #: the step's node when Snakemake's SLURM executor started it): srun then refuses a 2-node step
 #: ("Only allocated 1 nodes asked for 2"). With the job's identity only, srun asks the
 #: controller for the allocation (as the executor plugin does for its own srun).
-SLURM_KEEP = frozenset({"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME",
-                        "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST"})  # fmt: skip
+SLURM_KEEP = frozenset(
+    {
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_CONF",
+        "SLURM_CLUSTER_NAME",
+        "SLURM_SUBMIT_DIR",
+        "SLURM_SUBMIT_HOST",
+    }
+)
 
 
 @dataclass

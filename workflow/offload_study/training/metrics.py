@@ -30,14 +30,32 @@ from offload_study.training.supervise import Supervision
 #: metrics.json keys copied from the run spec as they are (gpu_mem_gb, cpu_mem_gb: GiB, the
 #: config keys' unit; offload_study.core.units).
 SETUP_KEYS = [
-    "nodes", "gpus_per_node", "world_size", "accelerator", "micro_batch",
-    "gradient_accumulation_steps", "global_batch", "seq_len", "dtype", "offload_optimizer",
-    "offload_param", "gpu_mem_gb", "cpu_mem_gb", "gradient_checkpointing",
-]  # fmt: skip
+    "nodes",
+    "gpus_per_node",
+    "world_size",
+    "accelerator",
+    "micro_batch",
+    "gradient_accumulation_steps",
+    "global_batch",
+    "seq_len",
+    "dtype",
+    "offload_optimizer",
+    "offload_param",
+    "gpu_mem_gb",
+    "cpu_mem_gb",
+    "gradient_checkpointing",
+]
 SPEED_KEYS = [
-    "step_time_s", "step_time_s_mean", "step_time_s_std", "step_time_s_p10", "step_time_s_p90",
-    "tokens_per_s", "samples_per_s", "tflops_per_gpu", "mfu",
-]  # fmt: skip
+    "step_time_s",
+    "step_time_s_mean",
+    "step_time_s_std",
+    "step_time_s_p10",
+    "step_time_s_p90",
+    "tokens_per_s",
+    "samples_per_s",
+    "tflops_per_gpu",
+    "mfu",
+]
 
 
 @dataclass(frozen=True)
@@ -199,8 +217,7 @@ def _memory(inp: MetricsInput) -> dict:
 
 def _per_node(per_rank: list[float | None], node_of: dict[int, str | None]) -> list[float]:
     nodes = list(dict.fromkeys(n for n in node_of.values() if n is not None))
-    return [round(sum(v or 0 for r, v in enumerate(per_rank) if node_of[r] == n), 4)
-            for n in nodes]  # fmt: skip
+    return [round(sum(v or 0 for r, v in enumerate(per_rank) if node_of[r] == n), 4) for n in nodes]
 
 
 def _host_trees(stats: dict[int, RankStats], world: int, node_of: dict) -> dict:
@@ -241,9 +258,9 @@ def _breakdown(inp: MetricsInput) -> dict:
 
 
 def _versions(inp: MetricsInput) -> dict:
+    config = inp.spec.ds_config
     return {
-        "ds_config_sha256": sha256_file(inp.spec.ds_config, missing_ok=True)
-        if inp.spec.ds_config else None,
+        "ds_config_sha256": sha256_file(config, missing_ok=True) if config else None,
         **engine_versions(inp.spec, inp.first_stat),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }

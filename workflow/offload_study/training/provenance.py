@@ -30,12 +30,29 @@ from offload_study.training.supervise import Supervision
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # environment recorded in provenance: allowlist (names or prefixes), minus anything secret-looking
 ENV_ALLOW = [
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
-    "PYTORCH_CUDA_ALLOC_CONF", "TORCH_EXTENSIONS_DIR", "TORCH_CUDA_ARCH_LIST",
-    "LD_LIBRARY_PATH", "HOSTNAME", "NCCL_", "DS_", "TORCH_NCCL_", "TORCH_SYMM_MEM_",
-    "NVSHMEM_", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_GPUS", "SLURM_CPUS_ON_NODE",
-    "SLURM_JOB_PARTITION", "SLURM_NNODES", "SLURM_GPUS_ON_NODE", "SLURM_CLUSTER_NAME",
-]  # fmt: skip
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "TORCH_EXTENSIONS_DIR",
+    "TORCH_CUDA_ARCH_LIST",
+    "LD_LIBRARY_PATH",
+    "HOSTNAME",
+    "NCCL_",
+    "DS_",
+    "TORCH_NCCL_",
+    "TORCH_SYMM_MEM_",
+    "NVSHMEM_",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_GPUS",
+    "SLURM_CPUS_ON_NODE",
+    "SLURM_JOB_PARTITION",
+    "SLURM_NNODES",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_CLUSTER_NAME",
+]
 SECRET_RX = re.compile(
     r"TOKEN|KEY|SECRET|PASS|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.IGNORECASE
 )
@@ -100,8 +117,9 @@ def engine_versions(spec: RunSpec, first_stat) -> dict:
 
 def _git(path: Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(path), *args],
-                              capture_output=True, text=True, timeout=10)  # fmt: skip
+        done = subprocess.run(
+            ["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -210,6 +228,7 @@ def provenance(
     fill in)."""
     commit, dirty = git_commit(REPO_ROOT)
     rank0 = stats.get(0)
+    config = spec.ds_config
     return scrub(
         {
             "host": socket.gethostname(),
@@ -227,9 +246,8 @@ def provenance(
             "slurm_cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
             "git_commit": commit,
             "git_dirty": dirty,
-            "ds_config": str(spec.ds_config) if spec.ds_config else None,
-            "ds_config_sha256": sha256_file(spec.ds_config, missing_ok=True)
-            if spec.ds_config else None,
+            "ds_config": str(config) if config else None,
+            "ds_config_sha256": sha256_file(config, missing_ok=True) if config else None,
             "launch_command": launch.command_line if launch else None,
             "launch_env": launch.env if launch else None,
             "rendezvous_host": launch.rdzv_host if launch else None,

@@ -115,9 +115,15 @@ def clear_stale_op_locks(spec: RunSpec, say: RunnerLog) -> None:
 
 
 def launch_and_supervise(
-    spec: RunSpec, spec_path: str, repeat: int, record: RecordDir, cores: int, run_id: str,
-    cancel: Cancelled, say: RunnerLog,
-) -> tuple[launch.Launch | None, Supervision]:  # fmt: skip
+    spec: RunSpec,
+    spec_path: str,
+    repeat: int,
+    record: RecordDir,
+    cores: int,
+    run_id: str,
+    cancel: Cancelled,
+    say: RunnerLog,
+) -> tuple[launch.Launch | None, Supervision]:
     """Start the harness in its own process group and supervise it to the end."""
     lch = None
     try:
@@ -127,9 +133,14 @@ def launch_and_supervise(
         say(f"{spec.scenario} rep{repeat}: {lch.command_line}")
         say("env: " + " ".join(f"{k}={v}" for k, v in sorted(lch.env.items())))
         proc = subprocess.Popen(
-            lch.argv, env=env, stdout=say.file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
+            lch.argv,
+            env=env,
+            stdout=say.file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         return lch, supervise(proc, spec, record, cancel, say)
     except Exception as e:  # noqa: BLE001 - a launch failure is a recorded outcome too
         say(f"launch failed: {type(e).__name__}: {e}")
@@ -162,9 +173,19 @@ def write_record(run: FinishedRun) -> tuple[dict, list[str]]:
         outcome.Evidence(sup, logs, stats, steps, spec.world_size, spec.step_timeout_s)
     )
     metrics = compute_metrics(
-        MetricsInput(spec, run.repeat, sup, verdict, excerpt, steps, stats, logs,
-                     run.started_at, run.finished_at)
-    )  # fmt: skip
+        MetricsInput(
+            spec,
+            run.repeat,
+            sup,
+            verdict,
+            excerpt,
+            steps,
+            stats,
+            logs,
+            run.started_at,
+            run.finished_at,
+        )
+    )
     prov = provenance.provenance(spec, run.launched, stats, run.cores, sup, run.run_id)
     problems = metrics_problems(metrics)
     problems += [f"provenance.json: {p}" for p in provenance.provenance_problems(prov)]
@@ -244,8 +265,9 @@ def run_pair(run: Attempt, cancel: Cancelled, say: RunnerLog) -> None:
         write_run_spec(record.root / PAIR_SPEC_FILE, pair)
         say(f"same-allocation pair {pair.scenario}: its record goes to {target}")
         pair_say = RunnerLog(record.launcher_log)
-        attempt = Attempt(pair, str(record.root / PAIR_SPEC_FILE), run.repeat, record,
-                          run.plan_outdir, run.cores)  # fmt: skip
+        attempt = Attempt(
+            pair, str(record.root / PAIR_SPEC_FILE), run.repeat, record, run.plan_outdir, run.cores
+        )
         try:
             metrics, _ = execute(attempt, cancel, pair_say)
         finally:
@@ -293,10 +315,12 @@ def main(argv=None) -> int:
     p.add_argument("--outdir", required=True)
     p.add_argument("--strict", action="store_true", default=None, help="override spec strict")
     p.add_argument(
-        "--cores", type=int, default=None,
+        "--cores",
+        type=int,
+        default=None,
         help="cores granted to this run (default: CPU affinity, capped by SLURM_CPUS_ON_NODE); "
         "OMP_NUM_THREADS = cores / ranks per node",
-    )  # fmt: skip
+    )
     a = p.parse_args(argv)
     return run(a.spec, a.repeat, a.outdir, a.strict, a.cores)
 

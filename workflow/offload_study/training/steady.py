@@ -156,8 +156,9 @@ class Tracker:
             self.warmup_budget, self.steps_budget = spec.warmup_steps, spec.steps
         else:
             self.warmup_budget, self.steps_budget = (
-                spec.measure.max_warmup_steps, spec.measure.max_steps
-            )  # fmt: skip
+                spec.measure.max_warmup_steps,
+                spec.measure.max_steps,
+            )
         self.phase = "warmup" if self.warmup_budget > 0 else "measured"
         self.times: dict[str, list[float]] = {p: [] for p in PHASES}
         self.skipped: dict[str, list[bool]] = {p: [] for p in PHASES}

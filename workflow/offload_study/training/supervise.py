@@ -168,8 +168,9 @@ def slurm_job(environ=os.environ, runner=subprocess.run) -> dict[str, str]:
     if not job:
         return {}
     try:
-        show = runner(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
-                      timeout=10).stdout  # fmt: skip
+        show = runner(
+            ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     return {"JobId": job, **dict(token.partition("=")[::2] for token in show.split())}
@@ -260,8 +261,10 @@ def _note_progress(watch: Watch, record: RecordDir, now: float, say: Callable[[s
     if progress is not None and progress.step != watch.last_step:
         watch.last_step, watch.last_step_at = progress.step, now
         if progress.step:
-            say(f"step {progress.step}/{progress.total} {progress.phase} "
-                f"{progress.step_time_s or 0:.3f} s")  # fmt: skip
+            say(
+                f"step {progress.step}/{progress.total} {progress.phase} "
+                f"{progress.step_time_s or 0:.3f} s"
+            )
 
 
 def supervise(

@@ -76,8 +76,11 @@ def _steps(ok: pd.DataFrame) -> dict[str, object]:
 
 
 def _biggest_difference(mine: dict, theirs: dict) -> str | None:
-    diffs = [(abs(mine[p] - theirs[p]), p, mine[p] - theirs[p]) for p in collect.STEP_PARTS
-             if mine.get(p) is not None and theirs.get(p) is not None]  # fmt: skip
+    diffs = [
+        (abs(mine[p] - theirs[p]), p, mine[p] - theirs[p])
+        for p in collect.STEP_PARTS
+        if mine.get(p) is not None and theirs.get(p) is not None
+    ]
     if not diffs:
         return None
     _, part, signed = max(diffs)
@@ -92,11 +95,13 @@ def _ratio_view(runs: pd.DataFrame, mine: dict, theirs: dict) -> dict:
     )
     known = verdict.finite_or_none(point) is not None
     return {
-        "ratio": verdict.finite_or_none(point), "pairs": pairs, "how": how,
+        "ratio": verdict.finite_or_none(point),
+        "pairs": pairs,
+        "how": how,
         "word": verdict.speed(point, lo, hi) if known else None,
         "text": verdict.ratio_text(point, lo, hi) if known else None,
         "difference": _biggest_difference(mine["parts_ms"], theirs["parts_ms"]),
-    }  # fmt: skip
+    }
 
 
 def _measured(view: dict) -> bool:
@@ -107,7 +112,10 @@ def _fastest_by_engine(views: list[dict]) -> list[dict]:
     """Each engine's fastest scenario among ``views``, the fastest engine first."""
     best: dict[str, dict] = {}
     for v in views:
-        if v["engine_name"] not in best or v["tokens_per_s"] > best[v["engine_name"]]["tokens_per_s"]:
+        if (
+            v["engine_name"] not in best
+            or v["tokens_per_s"] > best[v["engine_name"]]["tokens_per_s"]
+        ):
             best[v["engine_name"]] = v
     return sorted(best.values(), key=lambda v: -v["tokens_per_s"])
 
@@ -127,11 +135,15 @@ def levels_view(runs: pd.DataFrame, views: list[dict]) -> list[dict]:
                 continue
             previous = key
             runner_up = ranked[1] if len(ranked) > 1 else None
-            out.append({
-                "gpus": int(gpus), "level_gib": math.ceil(level * 10) / 10, "fastest": ranked[0],
-                "runner_up": runner_up,
-                "ratio": _ratio_view(runs, ranked[0], runner_up) if runner_up else None,
-            })  # fmt: skip
+            out.append(
+                {
+                    "gpus": int(gpus),
+                    "level_gib": math.ceil(level * 10) / 10,
+                    "fastest": ranked[0],
+                    "runner_up": runner_up,
+                    "ratio": _ratio_view(runs, ranked[0], runner_up) if runner_up else None,
+                }
+            )
     return out
 
 
@@ -144,6 +156,11 @@ def engines_view(runs: pd.DataFrame, summary: pd.DataFrame) -> dict | None:
     if len({contracts.engine_of(r) for r in rows}) < 2:
         return None
     views = [_row_view(r) for r in rows]
-    views.sort(key=lambda v: (v["world_size"] or 0, v["gpu_reserved_gib"] or math.inf,
-                              -(v["tokens_per_s"] or 0)))  # fmt: skip
+    views.sort(
+        key=lambda v: (
+            v["world_size"] or 0,
+            v["gpu_reserved_gib"] or math.inf,
+            -(v["tokens_per_s"] or 0),
+        )
+    )
     return {"rows": views, "levels": levels_view(runs, views)}

@@ -93,14 +93,22 @@ def _drawn_ticks(axis) -> list:
 def _overlapping(texts: list) -> list[tuple]:
     """Pairs of labels drawn over each other (one hides part of the other)."""
     boxes = [(t, Text.get_window_extent(t)) for t in texts]  # an annotation: its text only
-    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1 :]
-            if box.overlaps(other) and box.width and other.width]  # fmt: skip
+    return [
+        (a, b)
+        for i, (a, box) in enumerate(boxes)
+        for b, other in boxes[i + 1 :]
+        if box.overlaps(other) and box.width and other.width
+    ]
 
 
 def _inside(text, fig, slack_px: float = 2.0) -> bool:
     box, frame = text.get_window_extent(), fig.bbox
-    return (box.x0 >= frame.x0 - slack_px and box.x1 <= frame.x1 + slack_px
-            and box.y0 >= frame.y0 - slack_px and box.y1 <= frame.y1 + slack_px)  # fmt: skip
+    return (
+        box.x0 >= frame.x0 - slack_px
+        and box.x1 <= frame.x1 + slack_px
+        and box.y0 >= frame.y0 - slack_px
+        and box.y1 <= frame.y1 + slack_px
+    )
 
 
 def figure_texts(fig) -> list:
@@ -189,8 +197,11 @@ def plot_relative_speed(views: list[Row], baseline: str | None, path: Path) -> b
     ax.set_yticks(y, [_tick_label(v) for v, _ in rows], fontsize=9)
     ax.invert_yaxis()
     base = next((v["plot_label"] for v in views if v["scenario"] == baseline), baseline)
-    ax.set_xlabel(f"training speed, % of baseline\n(baseline: {_wrap(base or '?', 60)})"
-                  if use_rel else "tokens/s (no baseline measured)", fontsize=10)  # fmt: skip
+    if use_rel:
+        xlabel = f"training speed, % of baseline\n(baseline: {_wrap(base or '?', 60)})"
+    else:
+        xlabel = "tokens/s (no baseline measured)"
+    ax.set_xlabel(xlabel, fontsize=10)
     top = max([*ends, *vals])
     ax.set_xlim(0, top * 1.25)
     ax.set_title("Training speed per scenario" + (f"\n{note}" if note else ""), fontsize=10)
@@ -243,19 +254,40 @@ def plot_seed_share(seed: dict | None, path: Path) -> bool:
             if r["how"] == "predicted":
                 bar[0].set(hatch="///", alpha=0.5)
             ci = [100 * share - 100 * r["ci"][0], 100 * r["ci"][1] - 100 * share]
-            ax.errorbar(100 * share, i, xerr=[[max(ci[0], 0)], [max(ci[1], 0)]], fmt="none",
-                        color="black", capsize=3, lw=1, zorder=3)  # fmt: skip
+            ax.errorbar(
+                100 * share,
+                i,
+                xerr=[[max(ci[0], 0)], [max(ci[1], 0)]],
+                fmt="none",
+                color="black",
+                capsize=3,
+                lw=1,
+                zorder=3,
+            )
         ax.plot(float(r["seed_pct"]), i, marker="D", color="black", ms=7, mfc="white", zorder=5)
-        marks.append({"scenario": r["scenario"], "seed_pct": float(r["seed_pct"]),
-                      "share_pct": None if share is None else round(100 * share, 3)})  # fmt: skip
+        marks.append(
+            {
+                "scenario": r["scenario"],
+                "seed_pct": float(r["seed_pct"]),
+                "share_pct": None if share is None else round(100 * share, 3),
+            }
+        )
     ax.plot([], [], marker="D", color="black", mfc="white", ls="", label="seed (published)")
     ax.fill_between([], [], color="#d9e7d9", label="tolerance band")
     ax.set_yticks(range(len(rows)), labels, fontsize=9)
     ax.invert_yaxis()
     basis = _wrap(seed.get("basis_label") or "the seed's 100 % row", 60)
     ax.set_xlabel(f"share of the total throughput of {basis} (%)", fontsize=10)
-    ax.set_xlim(0, 100 * max([r["seed_pct"] / 100 for r in rows] +
-                             [r["ci"][1] or 0 for r in rows] + [r["band"][1] for r in rows]) * 1.2)
+    ax.set_xlim(
+        0,
+        100
+        * max(
+            [r["seed_pct"] / 100 for r in rows]
+            + [r["ci"][1] or 0 for r in rows]
+            + [r["band"][1] for r in rows]
+        )
+        * 1.2,
+    )
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("Seed vs this cluster, on the seed's basis (hatched: predicted)", fontsize=10)
     fig.tight_layout()
@@ -311,11 +343,24 @@ def plot_speed_vs_memory(views: list[Row], path: Path) -> bool:
     front = pareto_front(list(zip(xs, ys, strict=True)))
     fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 5.2))
     if len(front) > 1:
-        ax.step([xs[i] for i in front], [ys[i] for i in front], where="post", color="#999",
-                ls="--", lw=1.2, label="Pareto front")  # fmt: skip
+        ax.step(
+            [xs[i] for i in front],
+            [ys[i] for i in front],
+            where="post",
+            color="#999",
+            ls="--",
+            lw=1.2,
+            label="Pareto front",
+        )
     on_front = np.isin(np.arange(len(pts)), front)
-    ax.scatter(xs, ys, s=np.where(on_front, 110, 60), c=[PALETTE[v["offload_kind"]] for v in pts],
-               edgecolors=np.where(on_front, "black", "none"), zorder=3)  # fmt: skip
+    ax.scatter(
+        xs,
+        ys,
+        s=np.where(on_front, 110, 60),
+        c=[PALETTE[v["offload_kind"]] for v in pts],
+        edgecolors=np.where(on_front, "black", "none"),
+        zorder=3,
+    )
     for kind in dict.fromkeys(v["offload_kind"] for v in pts):
         ax.scatter([], [], color=PALETTE[kind], label=f"offload: {kind}")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, frameon=False)
@@ -324,9 +369,11 @@ def plot_speed_vs_memory(views: list[Row], path: Path) -> bool:
     ax.set_xlim(0, max(xs) * 1.35)
     ax.set_ylim(0, max(ys) * 1.18)
     labelled = range(len(pts)) if len(pts) <= MAX_LABELS else front
-    ax.set_title("Speed vs memory (up-left is better; ringed = Pareto-optimal)"
-                 + ("" if len(pts) <= MAX_LABELS else "\nlabels: Pareto-optimal scenarios only"),
-                 fontsize=11)  # fmt: skip
+    ax.set_title(
+        "Speed vs memory (up-left is better; ringed = Pareto-optimal)"
+        + ("" if len(pts) <= MAX_LABELS else "\nlabels: Pareto-optimal scenarios only"),
+        fontsize=11,
+    )
     fig.tight_layout()
     points = list(zip(xs, ys, strict=True))
     texts = [_tick_label(pts[i]) for i in labelled]
@@ -385,8 +432,14 @@ def note_left_out(ax, left_out: int) -> None:
 def _label_style(dx: float, dy: float, fontsize: float) -> dict:
     """A label dx, dy points from its point, on a faint white ground (legible over grid lines)."""
     ground = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
-    return {"xytext": (dx, dy), "textcoords": "offset points", "fontsize": fontsize,
-            "va": "center", "ha": "left" if dx > 0 else "right", "bbox": ground}  # fmt: skip
+    return {
+        "xytext": (dx, dy),
+        "textcoords": "offset points",
+        "fontsize": fontsize,
+        "va": "center",
+        "ha": "left" if dx > 0 else "right",
+        "bbox": ground,
+    }
 
 
 def _label_box(ax, point, text, dx, fontsize, renderer) -> Bbox:
@@ -416,8 +469,11 @@ def breakdown_parts(v: Row) -> dict[str, float] | None:
     for name, cols in BREAKDOWN_PARTS:
         vals = [v[c] for c in cols if v[c] is not None]
         if name == "backward" and not vals:  # older DeepSpeed: only the inner timers
-            vals = [v[c] for c in ("breakdown_ms.backward_inner", "breakdown_ms.backward_allreduce")
-                    if v[c] is not None]  # fmt: skip
+            vals = [
+                v[c]
+                for c in ("breakdown_ms.backward_inner", "breakdown_ms.backward_allreduce")
+                if v[c] is not None
+            ]
         parts[name] = float(sum(vals))
     known = sum(parts.values())
     if math.isnan(total) and known == 0:
@@ -470,8 +526,11 @@ def plot_breakdown(views: list[Row], path: Path) -> bool:
         FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}")
     )
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.set_title("Where the time goes, per 1,000 tokens (compares across gradient accumulation)"
-                 + (f"\n{note}" if note else ""), fontsize=10)  # fmt: skip
+    ax.set_title(
+        "Where the time goes, per 1,000 tokens (compares across gradient accumulation)"
+        + (f"\n{note}" if note else ""),
+        fontsize=10,
+    )
     fig.tight_layout()
     _save(fig, path)
     return True
@@ -532,26 +591,48 @@ def plot_memory_tradeoff(views: list[Row], path: Path) -> bool:
     scenario a labelled point whose size and colour are its speed (offload moves memory from
     the GPU to the host and costs speed: down-right is the price paid for left)."""
     key, scale, words = _speed_axis(views)
-    pts = [v for v in views if all(isnum(v[k]) for k in
-                                   ("peak_gpu_allocated_gib", "host_memory_gib", key))]  # fmt: skip
+    pts = [
+        v
+        for v in views
+        if all(isnum(v[k]) for k in ("peak_gpu_allocated_gib", "host_memory_gib", key))
+    ]
     if not pts:
         _no_data(path, "GPU vs host memory", "no successful run with GPU and host memory measured")
         return False
     pts.sort(key=lambda v: -float(v[key]))  # the slow (small) points drawn over the fast
-    data = pd.DataFrame({
-        "gpu": [float(v["peak_gpu_allocated_gib"]) for v in pts],
-        "host": [float(v["host_memory_gib"]) for v in pts],
-        words: [scale * float(v[key]) for v in pts],
-    })  # fmt: skip
+    data = pd.DataFrame(
+        {
+            "gpu": [float(v["peak_gpu_allocated_gib"]) for v in pts],
+            "host": [float(v["host_memory_gib"]) for v in pts],
+            words: [scale * float(v[key]) for v in pts],
+        }
+    )
     fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 5.6))
-    sns.scatterplot(data=data, x="gpu", y="host", hue=words, size=words, sizes=(60, 420),
-                    palette="viridis", edgecolor="black", linewidth=0.5, ax=ax, zorder=3)  # fmt: skip
+    sns.scatterplot(
+        data=data,
+        x="gpu",
+        y="host",
+        hue=words,
+        size=words,
+        sizes=(60, 420),
+        palette="viridis",
+        edgecolor="black",
+        linewidth=0.5,
+        ax=ax,
+        zorder=3,
+    )
     ax.set_xlabel("peak GPU memory allocated per GPU (GiB)")
     ax.set_ylabel("peak host memory per node (GiB)")
     ax.set_xlim(0, data["gpu"].max() * 1.4 + 1)
     ax.set_ylim(0, data["host"].max() * 1.25 + 1)
-    legend = ax.legend(title=words, fontsize=8, title_fontsize=8, loc="upper left",
-                       bbox_to_anchor=(1.01, 1.0), frameon=False)  # fmt: skip
+    legend = ax.legend(
+        title=words,
+        fontsize=8,
+        title_fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
     fmt = "{:.0f}%" if scale == 100.0 else "{:,.0f} tok/s"
     for t in legend.get_texts():  # seaborn writes the raw floats
         t.set_text(fmt.format(float(t.get_text())))
@@ -574,8 +655,9 @@ def run_series(runs: pd.DataFrame, views: list[Row]) -> list[tuple[str, list]]:
         return []
     order = {v["scenario"]: i for i, v in enumerate(views)}
     labels = {v["scenario"]: v["plot_label"] or v["label"] for v in views}
-    rows = sorted(runs.to_dict("records"), key=lambda r: (order.get(r["scenario"], 1e9),
-                                                          str(r.get("repeat"))))  # fmt: skip
+    rows = sorted(
+        runs.to_dict("records"), key=lambda r: (order.get(r["scenario"], 1e9), str(r.get("repeat")))
+    )
     out = []
     for r in rows:
         if not isinstance(r["record_dir"], str) or not r["record_dir"]:
@@ -601,8 +683,9 @@ def plot_step_series(runs: pd.DataFrame, views: list[Row], path: Path) -> bool:
         return False
     ncol = min(3, len(series))
     nrow = math.ceil(len(series) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_WIDTH_IN, 2.4 * nrow + 0.9),
-                             squeeze=False, layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        nrow, ncol, figsize=(FIG_WIDTH_IN, 2.4 * nrow + 0.9), squeeze=False, layout="constrained"
+    )
     for ax, (title, steps) in zip(axes.flat, series, strict=False):
         _draw_series(ax, steps)
         ax.set_title(title, fontsize=8)
@@ -611,9 +694,15 @@ def plot_step_series(runs: pd.DataFrame, views: list[Row], path: Path) -> bool:
     for ax in axes.flat[len(series) :]:
         ax.axis("off")
     fig.supylabel("step time (s)", fontsize=9)
-    handles = [plt.Line2D([], [], color=c, marker=m, ls=ls, label=lb) for c, m, ls, lb in (
-        ("#999", ".", "-", "warm-up step"), (PALETTE["none"], ".", "-", "measured step"),
-        ("#c44e52", "x", "", "skipped (fp16 overflow)"), ("#dd8452", "", "--", "loss scale (right)"))]  # fmt: skip
+    handles = [
+        plt.Line2D([], [], color=c, marker=m, ls=ls, label=lb)
+        for c, m, ls, lb in (
+            ("#999", ".", "-", "warm-up step"),
+            (PALETTE["none"], ".", "-", "measured step"),
+            ("#c44e52", "x", "", "skipped (fp16 overflow)"),
+            ("#dd8452", "", "--", "loss scale (right)"),
+        )
+    ]
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle(f"Step time, loss scale and skipped steps per run{more}", fontsize=11)
     _save(fig, path)
@@ -626,8 +715,14 @@ def _draw_series(ax, steps: list) -> None:
         ax.plot([s.step for s in mine], [s.step_time_s for s in mine], ".-", color=color, lw=1)
     skipped = [s for s in steps if s.skipped]
     ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
-    ax.plot([s.step for s in skipped], [s.step_time_s for s in skipped], "x", color="#c44e52",
-            ms=7, mew=2)  # fmt: skip
+    ax.plot(
+        [s.step for s in skipped],
+        [s.step_time_s for s in skipped],
+        "x",
+        color="#c44e52",
+        ms=7,
+        mew=2,
+    )
     ax.set_ylim(bottom=0)
     scaled = [s for s in steps if s.loss_scale]
     if any(s.loss_scale != 1 for s in scaled):  # bf16 and fp32 keep 1: nothing to show

@@ -30,8 +30,14 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(fmt=views.fmt, pct=views.fmt_pct, bytes=views.fmt_bytes, sig=views.fmt_sig,
-                       signed_pct=views.fmt_signed_pct, plain=views.plain)
+    env.filters.update(
+        fmt=views.fmt,
+        pct=views.fmt_pct,
+        bytes=views.fmt_bytes,
+        sig=views.fmt_sig,
+        signed_pct=views.fmt_signed_pct,
+        plain=views.plain,
+    )
     env.globals.update(ratio=verdict.ratio_text, ci=views.fmt_ci)
     return env
 

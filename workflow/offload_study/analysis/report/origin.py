@@ -70,12 +70,14 @@ FACTS: tuple[tuple[str, Callable[[Mapping, Mapping], object]], ...] = (
     ("CPU cores granted", lambda r, p: p.get("cores_granted")),
     ("host RAM", lambda r, p: _gib(p.get("ram_total_bytes"))),
     ("SLURM job", lambda r, p: r.get("slurm_job_id") or p.get("slurm_job_id")),
-    ("launch environment", lambda r, p: " ".join(f"{k}={v}" for k, v in
-                                                 sorted((p.get("launch_env") or {}).items()))),
+    (
+        "launch environment",
+        lambda r, p: " ".join(f"{k}={v}" for k, v in sorted((p.get("launch_env") or {}).items())),
+    ),
     ("commit", lambda r, p: _commit(p)),
     ("config sha256", lambda r, p: (r.get("ds_config_sha256") or "")[:12] or None),
     ("started", lambda r, p: r.get("started_at")),
-)  # fmt: skip
+)
 
 
 def _runs(runs: pd.DataFrame) -> list[tuple[dict, dict]]:
@@ -90,12 +92,20 @@ def provenance(runs: pd.DataFrame, labels: Mapping[str, str]) -> dict:
     of what they share (a fact no run recorded is left out)."""
     facts = [(r, {name: read(r, p) for name, read in FACTS}) for r, p in _runs(runs)]
     values = {name: {f[name] for _, f in facts} - {None, ""} for name, _ in FACTS}
-    shared = [(n, next(iter(v))) for n, v in values.items() if len(v) == 1
-              and all(f[n] not in (None, "") for _, f in facts)]  # fmt: skip
+    shared = [
+        (n, next(iter(v)))
+        for n, v in values.items()
+        if len(v) == 1 and all(f[n] not in (None, "") for _, f in facts)
+    ]
     columns = [n for n, v in values.items() if v and (n, next(iter(v))) not in shared]
-    rows = [{"label": labels.get(r["scenario"], r["label"] or r["scenario"] or "?"),
-             "repeat": views._repeat(r), "facts": [f[c] or "—" for c in columns]}
-            for r, f in facts]  # fmt: skip
+    rows = [
+        {
+            "label": labels.get(r["scenario"], r["label"] or r["scenario"] or "?"),
+            "repeat": views._repeat(r),
+            "facts": [f[c] or "—" for c in columns],
+        }
+        for r, f in facts
+    ]
     return {"shared": shared, "columns": columns, "rows": rows}
 
 
@@ -111,11 +121,13 @@ def hardware(runs: pd.DataFrame) -> str | None:
         if not prov:
             continue
         gpus, model, card = prov.get("gpu_count"), prov.get("gpu_model"), _card_gib(prov)
-        parts = [f"{gpus} × {model}" + (f" ({words.gib(card, 1)} each)" if card else "")
-                 if gpus and model else None,
-                 f"{prov['cores_granted']} CPU cores" if prov.get("cores_granted") else None,
-                 f"{_gib(prov.get('ram_total_bytes'))} host RAM"
-                 if prov.get("ram_total_bytes") else None]  # fmt: skip
+        each = f" ({words.gib(card, 1)} each)" if card else ""
+        ram = prov.get("ram_total_bytes")
+        parts = [
+            f"{gpus} × {model}{each}" if gpus and model else None,
+            f"{prov['cores_granted']} CPU cores" if prov.get("cores_granted") else None,
+            f"{_gib(ram)} host RAM" if ram else None,
+        ]
         return ", ".join(p for p in parts if p) or None
     return None
 
@@ -128,9 +140,11 @@ def dirty(runs: pd.DataFrame) -> str | None:
     if not unclean:
         return None
     commits = sorted({(p.get("git_commit") or "?")[:12] for p in unclean})
-    return (f"{len(unclean)} of {len(provs)} runs ran from a working tree with uncommitted "
-            f"changes (at commit {', '.join(commits)}): no commit holds exactly the code "
-            "they ran.")  # fmt: skip
+    return (
+        f"{len(unclean)} of {len(provs)} runs ran from a working tree with uncommitted "
+        f"changes (at commit {', '.join(commits)}): no commit holds exactly the code "
+        "they ran."
+    )
 
 
 def rerun_command(study: str, cluster: str, target: str | None = None) -> str:
@@ -138,8 +152,17 @@ def rerun_command(study: str, cluster: str, target: str | None = None) -> str:
     convention under config/studies/)."""
     path = STUDY_FILES / f"{study}.yaml"
     study_file = str(path) if path.is_file() else "<the study's YAML file>"
-    return shlex.join(["snakemake", "--cores", "all", *([target] if target else []), "--config",
-                       f"study_file={study_file}", f"cluster={cluster}"])  # fmt: skip
+    return shlex.join(
+        [
+            "snakemake",
+            "--cores",
+            "all",
+            *([target] if target else []),
+            "--config",
+            f"study_file={study_file}",
+            f"cluster={cluster}",
+        ]
+    )
 
 
 def rerender_command(records: str | Path, out: str | Path) -> str:

@@ -68,8 +68,7 @@ def overhead_text(
     else:
         total, of = row.step_time_s - row.compute_s, "predicted overhead over its compute"
     if len(parts) > 1 and sum(v for _, v in seconds) > total:
-        return (f"{' and '.join(parts)}, which overlap: together more than the {total:.2g} s "
-                f"{of}")  # fmt: skip
+        return f"{' and '.join(parts)}, which overlap: together more than the {total:.2g} s {of}"
     return f"{' + '.join(parts) or 'no transfer'} of {total:.2g} s {of}"
 
 

@@ -86,9 +86,12 @@ _PAGE = """<!DOCTYPE html>
 """
 
 #: recommend.decide's words for a ratio to the winner ("(95% CI 92.5%–107.9%, within noise)"):
-#: read back so that a page words it by the one rule of today (core.verdict.speed).
-_WHY_RATIO = re.compile(r"([\d,]+) tokens/s = ([\d.]+)% of the winner \(95% CI ([\d.]+)%–([\d.]+)%"
-                        r"(?:, [^)]*)?\)")  # fmt: skip
+#: read back so that a page words it by the current rule (core.verdict.speed), the one the
+#: report page uses, whatever rule wrote the recommendation.
+_WHY_RATIO = re.compile(
+    r"([\d,]+) tokens/s = ([\d.]+)% of the winner \(95% CI ([\d.]+)%–([\d.]+)%"
+    r"(?:, [^)]*)?\)"
+)
 _WHY_NO_RECORD = re.compile(r"outcome missing: metrics\.json not found: \S+")
 _WHY_OUTCOME = re.compile(r"outcome (\w+)(?=[:,]|$)")
 
@@ -97,10 +100,13 @@ def why_words(why: str) -> str:
     """Why a scenario lost, as recommend.decide wrote it, in a reader's words: a ratio to the
     winner worded by today's verdict rule, an outcome in words (before the records' error
     excerpt), a run that left no record said so."""
+
     def ratio(m: re.Match) -> str:
         r, lo, hi = (float(x) / 100 for x in m.group(2, 3, 4))
-        return (f"{m.group(1)} tokens/s, {verdict.ratio_text(r, lo, hi)} of the winner "
-                f"({verdict.speed(r, lo, hi)})")  # fmt: skip
+        return (
+            f"{m.group(1)} tokens/s, {verdict.ratio_text(r, lo, hi)} of the winner "
+            f"({verdict.speed(r, lo, hi)})"
+        )
 
     why = _WHY_NO_RECORD.sub("the run left no record", why)
     why = _WHY_RATIO.sub(ratio, why)
@@ -133,13 +139,16 @@ def worded(recommendation: dict, plan: dict | None = None) -> dict:
         return {**r, "verdict": verdict.speed(r["ratio"], r["ci_low"], r["ci_high"])}
 
     selection = recommendation.get("selection") or {}
-    named = [recommendation.get("winner"), recommendation.get("runner_up"),
-             *(r.get("of") for r in recommendation.get("vs_references") or []),
-             *(o.get("scenario") for o in recommendation.get("others") or []),
-             *(b.get("scenario") for b in recommendation.get("best_of_engines") or []),
-             *(m.get("scenario") for m in recommendation.get("measured") or []),
-             *(b.get("best") for b in selection.get("bands") or []),
-             *(sc.get("name") for sc in (plan or {}).get("scenarios") or [])]  # fmt: skip
+    named = [
+        recommendation.get("winner"),
+        recommendation.get("runner_up"),
+        *(r.get("of") for r in recommendation.get("vs_references") or []),
+        *(o.get("scenario") for o in recommendation.get("others") or []),
+        *(b.get("scenario") for b in recommendation.get("best_of_engines") or []),
+        *(m.get("scenario") for m in recommendation.get("measured") or []),
+        *(b.get("best") for b in selection.get("bands") or []),
+        *(sc.get("name") for sc in (plan or {}).get("scenarios") or []),
+    ]
     names = {n: scenario_words(plan or {}, n) for n in named if n}
 
     def said(text: str | None) -> str:
@@ -147,17 +156,27 @@ def worded(recommendation: dict, plan: dict | None = None) -> dict:
 
     others = [{**o, "why": said(o.get("why"))} for o in recommendation.get("others") or []]
     ended = recommendation.get("search_ended")
-    return {**recommendation, "margin": one(recommendation.get("margin")), "others": others,
-            "vs_references": [one(r) for r in recommendation.get("vs_references") or []],
-            "names": names, "search_ended": _in_words(ended, names) if ended else ended,
-            "engines_view": [_engine_view(b, names, said)
-                             for b in recommendation.get("best_of_engines") or []],
-            "measured_view": [{"config": names.get(m["scenario"], m["scenario"]),
-                               "why": said(m["why"]), "result": said(m["result"])}
-                              for m in recommendation.get("measured") or []],
-            "selection_text": selection_words(selection, names),
-            "left_out_view": [f"{o['label']}: {o['why']}"
-                              for o in selection.get("left_out") or []]}  # fmt: skip
+    return {
+        **recommendation,
+        "margin": one(recommendation.get("margin")),
+        "others": others,
+        "vs_references": [one(r) for r in recommendation.get("vs_references") or []],
+        "names": names,
+        "search_ended": _in_words(ended, names) if ended else ended,
+        "engines_view": [
+            _engine_view(b, names, said) for b in recommendation.get("best_of_engines") or []
+        ],
+        "measured_view": [
+            {
+                "config": names.get(m["scenario"], m["scenario"]),
+                "why": said(m["why"]),
+                "result": said(m["result"]),
+            }
+            for m in recommendation.get("measured") or []
+        ],
+        "selection_text": selection_words(selection, names),
+        "left_out_view": [f"{o['label']}: {o['why']}" for o in selection.get("left_out") or []],
+    }
 
 
 def _engine_view(best: dict, names: dict[str, str], said) -> dict:
@@ -165,8 +184,12 @@ def _engine_view(best: dict, names: dict[str, str], said) -> dict:
     (the candidate's words less the engine's label), speed and memory, measured or predicted."""
     engine = engines.label(best["engine"])
     config = names.get(best["scenario"], best["scenario"]) if best["scenario"] else "—"
-    return {**best, "engine_label": engine, "config": config.removeprefix(f"{engine} — "),
-            "why": said(best["why"]) if best.get("why") else None}
+    return {
+        **best,
+        "engine_label": engine,
+        "config": config.removeprefix(f"{engine} — "),
+        "why": said(best["why"]) if best.get("why") else None,
+    }
 
 
 def selection_words(selection: dict, names: dict[str, str]) -> str | None:
@@ -178,19 +201,25 @@ def selection_words(selection: dict, names: dict[str, str]) -> str | None:
     head = f"{measured} of {selection.get('candidates', '?')} candidates measured"
     best = names.get(first["best"], first["best"])
     if first.get("floor_tokens_per_s") is None:
-        why = (f"no step-time error band is known, so the best {first['chosen']} predicted "
-               f"were, the best of each engine and offload mode first")  # fmt: skip
+        why = (
+            f"no step-time error band is known, so the best {first['chosen']} predicted "
+            f"were, the best of each engine and offload mode first"
+        )
     else:
-        why = (f"the prediction's step time errs by up to "
-               f"{error_bands.text(first['step_time_band'])}, so every feasible candidate "
-               f"predicted within that of the best predicted one ({best}, "
-               f"{first['best_tokens_per_s']:,.0f} tokens/s), at least "
-               f"{first['floor_tokens_per_s']:,.0f} tokens/s, may be the fastest; "
-               f"{first['in_band']} were predicted within it")  # fmt: skip
+        why = (
+            f"the prediction's step time errs by up to "
+            f"{error_bands.text(first['step_time_band'])}, so every feasible candidate "
+            f"predicted within that of the best predicted one ({best}, "
+            f"{first['best_tokens_per_s']:,.0f} tokens/s), at least "
+            f"{first['floor_tokens_per_s']:,.0f} tokens/s, may be the fastest; "
+            f"{first['in_band']} were predicted within it"
+        )
         if first["in_band"] > first["chosen"]:
-            why += (f"; the budget (recommend.{first['limited_by']}: {first['limit_value']}) "
-                    f"let the best predicted {first['chosen']} of them be measured, the best of "
-                    "each engine and offload mode first")  # fmt: skip
+            why += (
+                f"; the budget (recommend.{first['limited_by']}: {first['limit_value']}) "
+                f"let the best predicted {first['chosen']} of them be measured, the best of "
+                "each engine and offload mode first"
+            )
     rounds = len([b for b in bands if b])
     again = f"; {rounds - 1} more round(s) followed, none having run ok" if rounds > 1 else ""
     return f"{head}: {why}{again}."
@@ -216,7 +245,8 @@ def page_view(recommendation: dict, study_dir: str | Path | None) -> dict | None
     host_budget = planned.get("cpu_mem_gb")
     plan = read_json(study / layout.PLAN_JSON) if (study / layout.PLAN_JSON).is_file() else {}
     gpus = planned.get("world_size") or int(planned.get("gpus_per_node") or 1) * int(
-        planned.get("nodes") or 1)  # fmt: skip
+        planned.get("nodes") or 1
+    )
     return {
         "memory": memory,
         "host_budget_gib": host_budget,
@@ -276,10 +306,15 @@ def winner_provenance(records: Sequence[Path]) -> dict | None:
             commit = (prov.get("git_commit") or "—")[:12] + (
                 " with uncommitted changes" if prov.get("git_dirty") else ""
             )
-            return {"GPU": prov.get("gpu_model"), "driver": prov.get("gpu_driver"),
-                    "CUDA runtime": prov.get("cuda_version"), "torch": prov.get("torch_version"),
-                    "engine version": origin.engine_version(metrics), "commit": commit,
-                    "host": prov.get("host")}  # fmt: skip
+            return {
+                "GPU": prov.get("gpu_model"),
+                "driver": prov.get("gpu_driver"),
+                "CUDA runtime": prov.get("cuda_version"),
+                "torch": prov.get("torch_version"),
+                "engine version": origin.engine_version(metrics),
+                "commit": commit,
+                "host": prov.get("host"),
+            }
     return None
 
 
@@ -307,19 +342,25 @@ def write_page(recommendation: dict, out: str | Path, study_dir: str | Path | No
     html = (
         pages.environment()
         .from_string(_PAGE)
-        .render(recommend=worded(recommendation, plan), page=page_view(recommendation, study_dir),
-                rerun=origin.rerun_command(study, cluster, "recommend"),
-                rerender=rerender if study_dir else None, legend_href=LEGEND_HREF,
-                generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    )  # fmt: skip
+        .render(
+            recommend=worded(recommendation, plan),
+            page=page_view(recommendation, study_dir),
+            rerun=origin.rerun_command(study, cluster, "recommend"),
+            rerender=rerender if study_dir else None,
+            legend_href=LEGEND_HREF,
+            generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        )
+    )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(html, encoding="utf-8")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m offload_study.analysis.report.recommend",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m offload_study.analysis.report.recommend",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--study-dir", required=True, help="the study's records (with recommend/)")
     ap.add_argument("--out", required=True, help="recommend.html to write")
     a = ap.parse_args(argv)

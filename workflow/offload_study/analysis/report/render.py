@@ -104,6 +104,8 @@ def render(
     model = views.model_name(plan.get("model"), plan.get("model_params"))
     seed_view = _seed_view(plan, scenarios, baseline)
     configs = views.config_blocks(scenarios, runs)
+    records_dir = plan.get("records_dir")
+    rerender = origin.rerender_command(records_dir, out) if out and records_dir else None
     template = html.environment().get_template("report.html.j2")
     return template.render(
         study=plan.get("study") or "?",
@@ -135,8 +137,7 @@ def render(
         provenance=origin.provenance(runs, labels),
         dirty=origin.dirty(runs),
         rerun=origin.rerun_command(plan.get("study") or "?", cluster),
-        rerender=origin.rerender_command(plan["records_dir"], out)
-        if out and plan.get("records_dir") else None,
+        rerender=rerender,
         configs=configs,
         legend_href=LEGEND_HREF,
         max_verdict_lines=MAX_VERDICT_LINES,

@@ -98,18 +98,32 @@ def _row(s: dict, views: dict, predictions: dict, basis, references, baseline, e
     name, ref = s["name"], s["reference"]
     lo, hi, band_source = _band(name, ref, references)
     v = views.get(name)
-    out = {"scenario": name, "label": v["plot_label"] if v is not None else
-           words.reader_label(s.get("label") or "", name), "seed_pct": ref["speed_pct"],
-           "setup": v["gpu_setup"] if v is not None else words.gpu_setup(
-               _gpus(s), s.get("gpu_mem_gb"), None), "band": (lo, hi),
-           "band_source": band_source, "share": None, "ci": (None, None), "how": None,
-           "cautions": []}  # fmt: skip
+    if v is not None:
+        label, setup = v["plot_label"], v["gpu_setup"]
+    else:  # not measured: the plan's words
+        label = words.reader_label(s.get("label") or "", name)
+        setup = words.gpu_setup(_gpus(s), s.get("gpu_mem_gb"), None)
+    out = {
+        "scenario": name,
+        "label": label,
+        "seed_pct": ref["speed_pct"],
+        "setup": setup,
+        "band": (lo, hi),
+        "band_source": band_source,
+        "share": None,
+        "ci": (None, None),
+        "how": None,
+        "cautions": [],
+    }
     mine = _tokens(name, views, predictions, error)
     if v is not None and v["blocking"]:
         out["note"] = "flagged implausible: " + ", ".join(f["title"] for f in v["flag_list"])
     elif v is not None:  # a caution leaves the figure standing, said beside it
-        out["cautions"] = [f"{f['title']}: {f['detail']}" if f["detail"] else f["title"]
-                           for f in v["row_flags"] or [] if not f["blocks"]]  # fmt: skip
+        out["cautions"] = [
+            f"{f['title']}: {f['detail']}" if f["detail"] else f["title"]
+            for f in v["row_flags"] or []
+            if not f["blocks"]
+        ]
     if mine is None or basis is None:
         out["verdict"] = verdict.NOT_MEASURED
         return out
@@ -129,8 +143,9 @@ def _row(s: dict, views: dict, predictions: dict, basis, references, baseline, e
     return out
 
 
-def seed_view(plan: dict, views: Sequence[Row], predictions: dict, references: Sequence,
-              baseline: str | None) -> dict | None:  # fmt: skip
+def seed_view(
+    plan: dict, views: Sequence[Row], predictions: dict, references: Sequence, baseline: str | None
+) -> dict | None:
     """The block's data; None when no scenario of the study carries a published speed."""
     planned = [*plan.get("scenarios", []), *plan.get("predict_only", [])]
     rows = [s for s in planned if isnum((s.get("reference") or {}).get("speed_pct"))]
@@ -145,11 +160,13 @@ def seed_view(plan: dict, views: Sequence[Row], predictions: dict, references: S
     basis_tokens = _tokens(base["name"], by_name, predictions, error) if base else None
     basis = (basis_tokens, base["name"]) if basis_tokens else None
     out = [_row(s, by_name, predictions, basis, references, baseline, error) for s in rows]
+    basis_label = None
+    if base:
+        basis_label = next((r["label"] for r in out if r["scenario"] == base["name"]), None)
     return {
         "rows": out,
         "basis": base["name"] if base else None,
-        "basis_label": next((r["label"] for r in out if r["scenario"] == base["name"]), None)
-        if base else None,
+        "basis_label": basis_label,
         "basis_how": basis_tokens[3] if basis_tokens else None,
         "basis_tokens_per_s": basis_tokens[0] if basis_tokens else None,
         "per_gpu": per_gpu_sentence(out, base, basis_tokens, by_name),
@@ -160,8 +177,9 @@ def seed_view(plan: dict, views: Sequence[Row], predictions: dict, references: S
     }
 
 
-def per_gpu_sentence(rows: list[dict], base: dict | None, basis: tuple | None,
-                     views: dict[str, Row]) -> str | None:  # fmt: skip
+def per_gpu_sentence(
+    rows: list[dict], base: dict | None, basis: tuple | None, views: dict[str, Row]
+) -> str | None:
     """One sentence: the per-GPU reading of the measured rows on fewer GPUs than the basis,
     a different quantity from the seed's total-throughput share."""
     if not base or not basis:
@@ -175,8 +193,10 @@ def per_gpu_sentence(rows: list[dict], base: dict | None, basis: tuple | None,
             continue
         per = r["share"] * base_gpus / gpus
         of = "predicted " if basis[3] == PREDICTED else ""
-        parts.append(f"{r['label']} does {fmt_sig(r['tokens_per_s'] / gpus)} tokens/s per GPU, "
-                     f"{100 * per:.0f}% of the {base_gpus}-GPU run's {of}per-GPU speed")  # fmt: skip
+        parts.append(
+            f"{r['label']} does {fmt_sig(r['tokens_per_s'] / gpus)} tokens/s per GPU, "
+            f"{100 * per:.0f}% of the {base_gpus}-GPU run's {of}per-GPU speed"
+        )
     if not parts:
         return None
     return (

@@ -34,9 +34,15 @@ def headline_rows(summary_csv: Path, plan_json: Path) -> list[tuple[str, ...]]:
             speed = f"{verdict.ratio_text(*ci)} {verdict.speed(*ci)}"
         else:
             speed = v["outcomes"] or "—"
-        rows.append((str(v["plot_label"]), views.fmt(v["tokens_per_s"], 0), speed,
-                     views.fmt(v["peak_gpu_allocated_gib"], 1),
-                     views.fmt(v["host_memory_gib"], 1)))  # fmt: skip
+        rows.append(
+            (
+                str(v["plot_label"]),
+                views.fmt(v["tokens_per_s"], 0),
+                speed,
+                views.fmt(v["peak_gpu_allocated_gib"], 1),
+                views.fmt(v["host_memory_gib"], 1),
+            )
+        )
     return rows
 
 
@@ -44,8 +50,10 @@ def table_text(rows: list[tuple[str, ...]]) -> str:
     """Plain columns, the first left-aligned, the numbers right-aligned."""
     shown = [COLUMNS, *rows[:MAX_ROWS]]
     widths = [max(len(r[i]) for r in shown) for i in range(len(COLUMNS))]
-    lines = ["  ".join(_cell(c, w, i) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in shown]  # fmt: skip
+    lines = [
+        "  ".join(_cell(c, w, i) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in shown
+    ]
     if len(rows) > MAX_ROWS:
         lines.append(f"... and {len(rows) - MAX_ROWS} more scenarios: see the report")
     return "\n".join(lines)

@@ -51,9 +51,12 @@ def _level_words(level: float, pick: Row) -> str:
 
 def _choice(v: Row) -> dict:
     cautions = [f["title"] for f in v["flag_list"] if not f["blocks"]]
-    return {"scenario": v["scenario"], "label": v["plot_label"], "cautions": cautions,
-            "tokens": fmt_ci(v["tokens_per_s"], v["tokens_per_s_ci_low"],
-                             v["tokens_per_s_ci_high"])}  # fmt: skip
+    return {
+        "scenario": v["scenario"],
+        "label": v["plot_label"],
+        "cautions": cautions,
+        "tokens": fmt_ci(v["tokens_per_s"], v["tokens_per_s_ci_low"], v["tokens_per_s_ci_high"]),
+    }
 
 
 def picks(views: list[Row]) -> list[dict]:
@@ -72,8 +75,14 @@ def picks(views: list[Row]) -> list[dict]:
             previous = best
             rivals = [v for v in fits if v is not best and _overlaps(v, best)]
             rivals.sort(key=lambda v: -float(v["tokens_per_s"]))
-            out.append({"gpus": gpus, "level": _level_words(level, best), "pick": _choice(best),
-                        "rivals": [_choice(v) for v in rivals]})  # fmt: skip
+            out.append(
+                {
+                    "gpus": gpus,
+                    "level": _level_words(level, best),
+                    "pick": _choice(best),
+                    "rivals": [_choice(v) for v in rivals],
+                }
+            )
     return out
 
 
@@ -95,9 +104,11 @@ def use_this(views: list[Row], cluster: str, model: str) -> dict | None:
 #: What a scenario moves off the GPU, for "offloads more" (a superset of the other's).
 _MOVES = (("optimizer", "offload_optimizer"), ("parameters", "offload_param"))
 #: The step's parts a sentence compares (DeepSpeed's timers, else the harness' own), in words.
-PARTS = (("forward", ("breakdown_ms.forward", "step_breakdown_ms.forward")),
-         ("backward", ("breakdown_ms.backward", "step_breakdown_ms.backward")),
-         ("optimizer step", ("breakdown_ms.step", "step_breakdown_ms.optimizer")))  # fmt: skip
+PARTS = (
+    ("forward", ("breakdown_ms.forward", "step_breakdown_ms.forward")),
+    ("backward", ("breakdown_ms.backward", "step_breakdown_ms.backward")),
+    ("optimizer step", ("breakdown_ms.step", "step_breakdown_ms.optimizer")),
+)
 
 
 def _moved(v: Row) -> frozenset[tuple[str, str]]:
@@ -125,13 +136,18 @@ def surprises(views: list[Row]) -> list[str]:
     for more in found:
         for less in found:
             same = (contracts.settings_of(more), more["sweep_text"]) == (
-                contracts.settings_of(less), less["sweep_text"])  # fmt: skip
+                contracts.settings_of(less),
+                less["sweep_text"],
+            )
             if same and _moved(less) < _moved(more):
                 groups.setdefault((more["label"], less["label"]), []).append((more, less))
     out = []
     for pairs in groups.values():
-        faster = [(a, b) for a, b in pairs if not _overlaps(a, b)
-                  and float(a["tokens_per_s"]) > float(b["tokens_per_s"])]  # fmt: skip
+        faster = [
+            (a, b)
+            for a, b in pairs
+            if not _overlaps(a, b) and float(a["tokens_per_s"]) > float(b["tokens_per_s"])
+        ]
         if faster:
             more, less = max(faster, key=lambda p: float(p[0]["tokens_per_s"]))
             out.append(_surprise_sentence(more, less, len(faster), len(pairs)))
@@ -141,12 +157,16 @@ def surprises(views: list[Row]) -> list[str]:
 def _surprise_sentence(more: Row, less: Row, n: int, of: int) -> str:
     where = f"at {n} of the {of} settings both ran" if of > 1 else "at the settings both ran"
     at = f"; at {more['sweep_text']}" if more["sweep_text"] else ""
-    said = (f"{more['label']} is faster than {less['label']} though it offloads more, beyond "
-            f"both CIs {where}{at}: {_choice(more)['tokens']} against {_choice(less)['tokens']} "
-            "tokens/s")  # fmt: skip
+    said = (
+        f"{more['label']} is faster than {less['label']} though it offloads more, beyond "
+        f"both CIs {where}{at}: {_choice(more)['tokens']} against {_choice(less)['tokens']} "
+        "tokens/s"
+    )
     part = _largest_difference(more, less)
     if part is None:
         return said + "; no step breakdown was recorded to say where."
     name, mine, theirs = part
-    return (f"{said}; per step, the {name} differs most: {mine / 1000:.2g} s against "
-            f"{theirs / 1000:.2g} s (medians of the step's timers).")  # fmt: skip
+    return (
+        f"{said}; per step, the {name} differs most: {mine / 1000:.2g} s against "
+        f"{theirs / 1000:.2g} s (medians of the step's timers)."
+    )

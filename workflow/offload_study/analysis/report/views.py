@@ -167,8 +167,11 @@ def scenario_views(
     planned = [sc for sc in plan.get("scenarios") or [] if sc.get("name")]
     views = [scenario_view(sc, rows.get(str(sc["name"])), baseline, usable_gib) for sc in planned]
     seen = {v["scenario"] for v in views}
-    views += [scenario_view({"name": n}, r, baseline, usable_gib) for n, r in rows.items()
-              if n not in seen]  # fmt: skip
+    views += [
+        scenario_view({"name": n}, r, baseline, usable_gib)
+        for n, r in rows.items()
+        if n not in seen
+    ]
     common = {c["name"] for c in common_cautions(views)}
     labels = {v["scenario"]: v["plot_label"] for v in views}
     for v in views:  # a caution said once at the top is not repeated on each row
@@ -188,12 +191,17 @@ def common_cautions(views: list[Row]) -> list[dict]:
             if not f["blocks"]:
                 counts.setdefault(f["name"], {"flag": f, "on": []})["on"].append(v)
     return [
-        {"name": name, "title": c["flag"]["title"], "meaning": c["flag"]["meaning"],
-         "n": len(c["on"]), "of": len(measured),
-         "without": [v["plot_label"] for v in measured if v not in c["on"]]}
+        {
+            "name": name,
+            "title": c["flag"]["title"],
+            "meaning": c["flag"]["meaning"],
+            "n": len(c["on"]),
+            "of": len(measured),
+            "without": [v["plot_label"] for v in measured if v not in c["on"]],
+        }
         for name, c in counts.items()
         if len(c["on"]) >= 2 and 2 * len(c["on"]) > len(measured)
-    ]  # fmt: skip
+    ]
 
 
 def scenario_view(
@@ -233,7 +241,9 @@ def _display_fields(v: Row) -> dict:
         "pair_verdict": _speed_verdict(v, "paired_ratio"),
         "speed_verdict": _speed_verdict(v, "relative_speed"),
         "unit": unit,
-        "gpu_setup": words.gpu_setup(v["world_size"], cap, v["usable_gib"] if unit == "GPU" else None, unit),
+        "gpu_setup": words.gpu_setup(
+            v["world_size"], cap, v["usable_gib"] if unit == "GPU" else None, unit
+        ),
         "memory_level_gib": cap if cap is not None else v["usable_gib"],
         "host_budget": words.gib(v["cpu_mem_gb"]) if isnum(v["cpu_mem_gb"]) else "—",
         "offload_kind": kind,
@@ -416,20 +426,27 @@ def failures(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
     if "outcome" in runs:
         for r in runs[runs["outcome"].astype(str) != "ok"].to_dict("records"):
             r = Row({k: _clean(x) for k, x in r.items()})
-            out.append({
-                "scenario": str(r["scenario"] or "?"),
-                "label": labels.get(r["scenario"], r["label"] or ""),
-                "repeat": _repeat(r),
-                "outcome": words.outcome(r["outcome"]),
-                "excerpt": r["error_excerpt"] or "(no error excerpt)",
-            })  # fmt: skip
+            out.append(
+                {
+                    "scenario": str(r["scenario"] or "?"),
+                    "label": labels.get(r["scenario"], r["label"] or ""),
+                    "repeat": _repeat(r),
+                    "outcome": words.outcome(r["outcome"]),
+                    "excerpt": r["error_excerpt"] or "(no error excerpt)",
+                }
+            )
     recorded = set(runs["scenario"].astype(str)) if "scenario" in runs else set()
     out += [
-        {"scenario": v["scenario"], "label": v["plot_label"], "repeat": "—", "outcome": "not run",
-         "excerpt": "no run record was collected for this scenario"}
+        {
+            "scenario": v["scenario"],
+            "label": v["plot_label"],
+            "repeat": "—",
+            "outcome": "not run",
+            "excerpt": "no run record was collected for this scenario",
+        }
         for v in views
         if v["scenario"] not in recorded
-    ]  # fmt: skip
+    ]
     return out
 
 
@@ -437,23 +454,40 @@ def sanity_rows(views: list[Row]) -> list[dict]:
     """The sanity table (sanity.CHECKS), each check with its severity (whether it blocks the
     finding) and the scenarios it flagged and why."""
     return [
-        {"name": c.name, "title": c.title or c.name, "meaning": c.meaning,
-         "tolerance": c.tolerance_text,
-         "severity": c.severity, "blocks": bool(sanity.blocking(c.name)),
-         "flagged": [{"scenario": v["scenario"], "label": v["plot_label"], "detail": f["detail"]}
-                     for v in views for f in v["flag_list"] if f["name"] == c.name]}
+        {
+            "name": c.name,
+            "title": c.title or c.name,
+            "meaning": c.meaning,
+            "tolerance": c.tolerance_text,
+            "severity": c.severity,
+            "blocks": bool(sanity.blocking(c.name)),
+            "flagged": [
+                {"scenario": v["scenario"], "label": v["plot_label"], "detail": f["detail"]}
+                for v in views
+                for f in v["flag_list"]
+                if f["name"] == c.name
+            ],
+        }
         for c in sanity.CHECKS
-    ]  # fmt: skip
+    ]
 
 
 #: Why a run's measurement ended (steady.py's stop reasons) in words.
-STOP_WORDS = {"fixed": "its fixed steps", "target_met": "CI target met", "max_steps": "step cap",
-              "max_time": "time cap", "target_unreachable": "CI target out of reach"}  # fmt: skip
+STOP_WORDS = {
+    "fixed": "its fixed steps",
+    "target_met": "CI target met",
+    "max_steps": "step cap",
+    "max_time": "time cap",
+    "target_unreachable": "CI target out of reach",
+}
 
 #: The step-breakdown columns of a run (DeepSpeed's wall-clock timers, medians over the measured
 #: steps): which part of the step moved between repeats or machines, beside its speed.
-RUN_BREAKDOWN = (("forward", "breakdown_ms.forward"), ("backward", "breakdown_ms.backward"),
-                 ("optimizer step", "breakdown_ms.step"))  # fmt: skip
+RUN_BREAKDOWN = (
+    ("forward", "breakdown_ms.forward"),
+    ("backward", "breakdown_ms.backward"),
+    ("optimizer step", "breakdown_ms.step"),
+)
 
 
 def run_rows(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
@@ -466,17 +500,25 @@ def run_rows(runs: pd.DataFrame, views: list[Row]) -> list[dict]:
     records.sort(key=lambda r: (str(r["started_at"] or "~"), str(r["scenario"]), _repeat(r)))
     machine = _machine_letters([r["machine"] for r in records])
     return [
-        {"scenario": str(r["scenario"] or "?"), "label": labels.get(r["scenario"], r["label"] or ""),
-         "repeat": _repeat(r), "ok": r["outcome"] == "ok", "outcome": words.outcome(r["outcome"]),
-         "started": r["started_at"] or "—",
-         "tokens_per_s": r["tokens_per_s"], "step_time_s": r["step_time_s"],
-         "ci_pct": r["step_time_ci_pct"], "warmup": r["steps_warmup"],
-         "settled": r["warmup_settled"], "measured": r["steps_measured"],
-         "stop": STOP_WORDS.get(r["stop_reason"], r["stop_reason"] or "—"),
-         "machine": machine.get(r["machine"]),
-         "breakdown": [r[col] for _, col in RUN_BREAKDOWN]}
+        {
+            "scenario": str(r["scenario"] or "?"),
+            "label": labels.get(r["scenario"], r["label"] or ""),
+            "repeat": _repeat(r),
+            "ok": r["outcome"] == "ok",
+            "outcome": words.outcome(r["outcome"]),
+            "started": r["started_at"] or "—",
+            "tokens_per_s": r["tokens_per_s"],
+            "step_time_s": r["step_time_s"],
+            "ci_pct": r["step_time_ci_pct"],
+            "warmup": r["steps_warmup"],
+            "settled": r["warmup_settled"],
+            "measured": r["steps_measured"],
+            "stop": STOP_WORDS.get(r["stop_reason"], r["stop_reason"] or "—"),
+            "machine": machine.get(r["machine"]),
+            "breakdown": [r[col] for _, col in RUN_BREAKDOWN],
+        }
         for r in records
-    ]  # fmt: skip
+    ]
 
 
 def _machine_letters(machines: list) -> dict:
@@ -504,8 +546,11 @@ def config_blocks(views: list[Row], runs: pd.DataFrame) -> list[dict]:
             shas.setdefault(str(scen), set()).add(str(sha))
     out = []
     for v in views:
-        files = [_config_file(kind, v[key], f"{v['scenario']}{suffix}")
-                 for kind, key, suffix in CONFIG_FILES if v[key]]  # fmt: skip
+        files = [
+            _config_file(kind, v[key], f"{v['scenario']}{suffix}")
+            for kind, key, suffix in CONFIG_FILES
+            if v[key]
+        ]
         for f in files:
             if f["kind"] == CONFIG_FILES[0][0] and f.get("sha") and v["scenario"] in shas:
                 f["match"] = f["sha"] in shas[v["scenario"]]
@@ -524,8 +569,7 @@ def _config_file(kind: str, path: str, download: str) -> dict:
         text = raw
     uri = "data:application/json;base64," + base64.b64encode(raw.encode()).decode()
     sha = contracts.sha256_file(path, missing_ok=True)
-    return {"kind": kind, "text": text, "download": download, "match": None, "sha": sha,
-            "uri": uri}  # fmt: skip
+    return {"kind": kind, "text": text, "download": download, "match": None, "sha": sha, "uri": uri}
 
 
 def other_clusters(cluster: str, views: list[Row], paths: Sequence[str]) -> dict | None:
@@ -555,11 +599,16 @@ def other_clusters(cluster: str, views: list[Row], paths: Sequence[str]) -> dict
 
 def _cluster_cell(v: Row | None) -> dict:
     if v is None:
-        return {"relative_speed": "—", "tokens_per_s": "—", "peak_gpu_allocated_gib": "—",
-                "status": "absent"}  # fmt: skip
+        return {
+            "relative_speed": "—",
+            "tokens_per_s": "—",
+            "peak_gpu_allocated_gib": "—",
+            "status": "absent",
+        }
     return {
         "relative_speed": verdict.ratio_text(
-            v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"]),
+            v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"]
+        ),
         "tokens_per_s": _tokens_text(v),
         "peak_gpu_allocated_gib": fmt(v["peak_gpu_allocated_gib"]),
         "status": v["status"],

@@ -58,8 +58,13 @@ _ABBREV_KNOB = {abbrev: knob for knob, abbrev in names.KNOB_ABBREV.items()}
 _CANDIDATE_LABEL = re.compile(r"candidate (\S+)")
 _RATIO_SLUG = re.compile(r"(.+)-r([\d.]+)")
 #: The offload modes of an older search's candidate names (before every engine was searched).
-_SLUG_MODES = {"none": "none", "opt": "optimizer", "optparam": "optimizer+param",
-               "zenflow": "zenflow", "super": "super_offload"}  # fmt: skip
+_SLUG_MODES = {
+    "none": "none",
+    "opt": "optimizer",
+    "optparam": "optimizer+param",
+    "zenflow": "zenflow",
+    "super": "super_offload",
+}
 
 
 def knob(key: str, value) -> str:

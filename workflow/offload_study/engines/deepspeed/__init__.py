@@ -41,8 +41,9 @@ MODE_PATH = ("cpu", "none")
 def _path(devices: tuple[str, str], label: str) -> engines.OffloadPath:
     name = "none" if devices == ("none", "none") else "-".join(devices)
     keys = frozenset(modes.DEEPSPEED_KEYS) if devices == MODE_PATH else frozenset()
-    return engines.OffloadPath("deepspeed", name, label, devices, keys=keys,
-                               grid=GRID.get(devices, ()))  # fmt: skip
+    return engines.OffloadPath(
+        "deepspeed", name, label, devices, keys=keys, grid=GRID.get(devices, ())
+    )
 
 
 def breakdown(spec, rank0_log: str, steps: list, parts: dict | None) -> dict:

@@ -47,6 +47,7 @@ MANAGED_ZERO_KEYS = {"stage", "offload_optimizer", "offload_param"}
 # Renamed aio keys that DeepSpeed ignores silently under the old name.
 RENAMED_AIO_KEYS = {"thread_count": "intra_op_parallelism (renamed in DeepSpeed 0.16.4)"}
 
+
 def _deepspeed_dir() -> Path | None:
     spec = importlib.util.find_spec("deepspeed")
     if spec is None or spec.origin is None:
@@ -230,8 +231,10 @@ def _mode_sweep_errors(scenario: dict, where: str) -> list[str]:
             continue
         validator = StrictValidator(modes.SCENARIO_KEYS[knob])  # exact types (1.0 is no int)
         for value in values:
-            errors += [f"{where}.sweep.{knob}: {value!r}: {err.message}"
-                       for err in validator.iter_errors(value)]  # fmt: skip
+            errors += [
+                f"{where}.sweep.{knob}: {value!r}: {err.message}"
+                for err in validator.iter_errors(value)
+            ]
     return errors
 
 

@@ -47,14 +47,18 @@ ENGINE = engines.register(
         versions=versions,
         model=model,
         paths=(
-            engines.OffloadPath("fsdp2", "none", "no offload", ("none", "none"),
-                                parts=paths.Fsdp2Path(), grid=({},)),
             engines.OffloadPath(
-                "fsdp2", "cpu-offload-policy",
+                "fsdp2", "none", "no offload", ("none", "none"), parts=paths.Fsdp2Path(), grid=({},)
+            ),
+            engines.OffloadPath(
+                "fsdp2",
+                "cpu-offload-policy",
                 "parameters, gradients and optimizer states offloaded to the CPU together "
                 "(CPUOffloadPolicy)",
-                ("cpu", "cpu"), parts=paths.OffloadPolicyPath(), grid=({},),
+                ("cpu", "cpu"),
+                parts=paths.OffloadPolicyPath(),
+                grid=({},),
             ),
-        ),  # fmt: skip
+        ),
     )
 )

@@ -25,19 +25,33 @@ def scenario_problems(study: dict, scenario: dict, cluster: dict, where: str) ->
     devices = (scenario["offload_optimizer"], scenario["offload_param"])
     path = engine.path(*devices)
     taken = path.keys if path else frozenset()
-    why = (f"a DeepSpeed key: engine {engine.name} has no such setting"
-           + (f" on the path {path.label}" if path else "")
-           + "; remove it or use engine deepspeed")  # fmt: skip
+    why = (
+        f"a DeepSpeed key: engine {engine.name} has no such setting"
+        + (f" on the path {path.label}" if path else "")
+        + "; remove it or use engine deepspeed"
+    )
     errors = [f"{where}.zero: {why}"] if scenario.get("zero") else []
-    errors += [f"{where}.sweep.{knob}: {why}" for knob in scenario.get("sweep", {})
-               if knob not in SWEEPABLE and knob not in taken]  # fmt: skip
-    errors += [f"{where}.{key}: {why}" for key in modes.DEEPSPEED_KEYS
-               if modes.is_set(key, scenario.get(key)) and key not in taken]  # fmt: skip
+    errors += [
+        f"{where}.sweep.{knob}: {why}"
+        for knob in scenario.get("sweep", {})
+        if knob not in SWEEPABLE and knob not in taken
+    ]
+    errors += [
+        f"{where}.{key}: {why}"
+        for key in modes.DEEPSPEED_KEYS
+        if modes.is_set(key, scenario.get(key)) and key not in taken
+    ]
     if path is None:
-        nvme = [k for k, d in zip(("offload_optimizer", "offload_param"), devices, strict=True) if d == "nvme"]
+        nvme = [
+            k
+            for k, d in zip(("offload_optimizer", "offload_param"), devices, strict=True)
+            if d == "nvme"
+        ]
         key = nvme[0] if nvme else "offload_param" if devices[0] == "cpu" else "offload_optimizer"
-        errors.append(f"{where}.{key}: engine {engine.name} has no offload path for "
-                      f"offload_optimizer: {devices[0]} with offload_param: {devices[1]}; "
-                      f"allowed: {_paths_text(engine)}")  # fmt: skip
+        errors.append(
+            f"{where}.{key}: engine {engine.name} has no offload path for "
+            f"offload_optimizer: {devices[0]} with offload_param: {devices[1]}; "
+            f"allowed: {_paths_text(engine)}"
+        )
         return errors
     return errors + path.problems(study, scenario, cluster, where)

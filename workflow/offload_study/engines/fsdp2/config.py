@@ -14,6 +14,14 @@ def build_config(spec: RunSpec) -> dict:
     from offload_study import engines
 
     path = engines.get(spec.engine).path(spec.offload_optimizer, spec.offload_param)
+    offload = {
+        "path": path.name if path else None,
+        "offload_optimizer": spec.offload_optimizer,
+        "offload_param": spec.offload_param,
+        "pin_memory": spec.pin_memory,
+    }
+    if "offload_optimizer_ratio" in spec.modes:
+        offload["ratio"] = spec.modes["offload_optimizer_ratio"]
     return {
         "fully_shard": {
             "units": "each decoder layer, then the root (embeddings, final norm, LM head)",
@@ -21,14 +29,7 @@ def build_config(spec: RunSpec) -> dict:
             "param_dtype": COMPUTE_DTYPES[spec.dtype],
             "reduce_dtype": "float32",
         },
-        "offload": {
-            "path": path.name if path else None,
-            "offload_optimizer": spec.offload_optimizer,
-            "offload_param": spec.offload_param,
-            "pin_memory": spec.pin_memory,
-            **({"ratio": spec.modes["offload_optimizer_ratio"]}
-               if "offload_optimizer_ratio" in spec.modes else {}),
-        },  # fmt: skip
+        "offload": offload,
         "optimizer": {
             "type": spec.optimizer.type,
             "lr": spec.optimizer.lr,
