@@ -852,3 +852,19 @@ def test_a_moved_plans_configs_are_found_beside_it(tmp_path):
     assert found_beside("results/c/s/configs/y.json", records, plan) == Path(
         "results/c/s/configs/y.json"
     )
+
+
+def test_a_widely_measured_baseline_is_called_out_with_its_bound():
+    def view(name, median, low, high):
+        return views.Row(
+            scenario=name, tokens_per_s=median, tokens_per_s_ci_low=low, tokens_per_s_ci_high=high
+        )
+
+    wide = [view("base", 10_500.0, 8_800.0, 13_000.0), view("other", 4_000.0, 3_900.0, 4_100.0)]
+    text = views.baseline_spread(wide, "base", "dispatch 0.48 s of 0.525 s")
+    assert "reaches 24% from its median" in text
+    assert "host's dispatch of kernels (dispatch 0.48 s of 0.525 s)" in text
+    compute_bound = views.baseline_spread(wide, "base", "compute 0.50 s of 0.52 s")
+    assert "reaches 24%" in compute_bound and "dispatch" not in compute_bound
+    assert views.baseline_spread(wide, "other", None) is None  # ±2.5 %: tight enough
+    assert views.baseline_spread([view("base", 1.0, None, None)], "base", None) is None

@@ -62,6 +62,15 @@ def _seed_view(plan: dict, scenarios: list, baseline: str | None) -> dict | None
     return seed.seed_view(plan, scenarios, predictions, references.published_or_none(), baseline)
 
 
+def _predicted_bound(plan: dict, scenario: str | None) -> str | None:
+    """The plan's predicted bound of ``scenario``'s step in words (None without plan.csv)."""
+    path = (plan.get("prediction") or {}).get("plan_csv")
+    if not scenario or not path or not Path(path).is_file():
+        return None
+    prediction = contracts.read_predictions(path).get(scenario)
+    return predicted.bound_text(prediction) if prediction else None
+
+
 def _versions() -> dict:
     import jinja2
     import matplotlib
@@ -94,6 +103,8 @@ def render(
     if not scenarios:
         note = "no scenario in the plan and no run collected"
     head, lines = views.verdicts(scenarios, baseline, note)
+    spread = views.baseline_spread(scenarios, baseline, _predicted_bound(plan, baseline))
+    head = f"{head} {spread}" if spread else head
     cluster = plan.get("cluster") or (
         str(summary["cluster"].dropna().iloc[0])
         if "cluster" in summary and summary["cluster"].notna().any()

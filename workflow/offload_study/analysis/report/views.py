@@ -330,6 +330,34 @@ def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[
     return head, [line for v, line in zip(views, lines, strict=True) if v is not base]
 
 
+#: A baseline whose speed CI reaches further than this share of its median either side is
+#: called out beside it: every ratio to it carries that spread.
+WIDE_BASELINE_HALF_WIDTH = 0.05
+
+
+def baseline_spread(views: list[Row], baseline: str | None, bound: str | None) -> str | None:
+    """The sentence a reader needs when the baseline itself was measured widely: how wide, and
+    (``bound``: the plan's predicted bound in words, e.g. "dispatch 0.48 s of 0.525 s") why."""
+    base = next((v for v in views if v["scenario"] == baseline), None)
+    keys = ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high")
+    if base is None or any(base[k] is None for k in keys):
+        return None
+    median, low, high = (base[k] for k in keys)
+    half = max(median - low, high - median) / median
+    if half <= WIDE_BASELINE_HALF_WIDTH:
+        return None
+    text = (
+        f"The baseline's speed is wide: its 95% CI reaches {half:.0%} from its median, and "
+        "every ratio to it carries that spread"
+    )
+    if bound and bound.startswith("dispatch"):
+        text += (
+            f"; its step is predicted bound by the host's dispatch of kernels ({bound}), "
+            "which follows the host's load from run to run"
+        )
+    return text + "."
+
+
 def _tokens_text(v: Row) -> str:
     return fmt_ci(v["tokens_per_s"], v["tokens_per_s_ci_low"], v["tokens_per_s_ci_high"])
 
