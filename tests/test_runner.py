@@ -419,3 +419,17 @@ def test_gpu_cap_from_stats_else_from_the_log():
     # the harness' cap rule: below the cluster's card only, and smaller than the device
     assert probes.gpu_cap_bytes(spec, 150 * 2**30) == 40 * 2**30
     assert probes.gpu_cap_bytes(make_spec(GPU_CLUSTER, {"gpu_mem_gb": 141}), 150 * 2**30) is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's /proc")
+def test_a_peak_between_two_samples_still_counts():
+    """The model built on the host and moved to the GPU within one sampling interval: the
+    tree's peak holds it (the rank's high-water mark), though no sample saw it."""
+    sampler = probes.HostMemorySampler(interval_s=3600).start()
+    time.sleep(0.2)  # the thread's first sample, before the build
+    before = sampler.own_peak  # this process alone: the tree holds what else pytest runs
+    built = b"\x01" * (300 * 2**20)  # every page written
+    del built
+    recorded = sampler.stop()
+    # (a few MiB of slack: pages of this process freed between the first sample and the build)
+    assert recorded["host_peak_tree_bytes"] >= before + 290 * 2**20

@@ -111,6 +111,28 @@ def rss_bytes(pid: int) -> int | None:
         return None
 
 
+def vm_hwm_bytes(pid: int) -> int | None:
+    """The kernel's high-water mark of a process's resident set since its exec (or since its
+    mark was reset): VmHWM of /proc/<pid>/status. Unlike ru_maxrss it is not carried across
+    exec, so a rank does not inherit the peak of the launcher that forked it."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            line = next((x for x in fh if x.startswith("VmHWM:")), None)
+    except OSError:
+        return None
+    return int(line.split()[1]) * 1024 if line else None  # kB -> bytes
+
+
+def reset_vm_hwm(pid: int) -> None:
+    """Restart the high-water mark at the current resident set (Linux: clear_refs 5), so the
+    mark counts from now; where the kernel refuses, it counts from the process's exec."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
 class HostMemorySampler:
     """Samples the host memory of this process and of its process tree (itself and every
     descendant: DeepSpeed SuperOffload's optimizer worker holds the Adam moments) in a
@@ -123,6 +145,10 @@ class HostMemorySampler:
     (about 20 ms per GiB resident on a slow host): the thread waits ``interval_s``, and at
     least DUTY times the last sample's own time, between samples, so it takes a small share of
     one core whatever the size of the processes, off the training thread.
+
+    A peak shorter than the interval (the model built on the host before it moves to the GPU)
+    can fall between samples: the tree's peak is at least the rank's own high-water mark
+    (VmHWM, counted from the sampler's start), which the kernel keeps at every page.
     """
 
     DUTY = 50  # waits >= 50x a sample's time: at most 2 % of one core
@@ -158,6 +184,7 @@ class HostMemorySampler:
             wait = max(self.interval_s, self.DUTY * (time.monotonic() - began))
 
     def start(self) -> HostMemorySampler:
+        reset_vm_hwm(self.pid)
         self._thread.start()
         return self
 
@@ -166,6 +193,8 @@ class HostMemorySampler:
         self._stop.set()
         self._thread.join(timeout=30)
         self.sample()
+        self.own_peak = max(self.own_peak, vm_hwm_bytes(self.pid) or 0)
+        self.tree_peak = max(self.tree_peak, self.own_peak)
         return {"host_peak_tree_bytes": self.tree_peak, "host_tree_measure": self.measure}
 
 
