@@ -270,10 +270,18 @@ def test_without_a_seed_table_the_headline_is_the_fastest_against_the_baseline(t
     assert run_collect_cli(paths, study_dir, baseline="base") == 0
     plan = json.loads(make_plan(tmp_path, paths).read_text())
     summary = collect.read_table(study_dir / "summary.csv")
-    line = headlines.fastest_line(views.scenario_views(summary, plan, "base"))
-    assert re.match(r"fastest: ZeRO-3 offload, 50(\.0)?% \[", line) and line.endswith(
-        "of baseline speed (slower)"
+    scenarios = views.scenario_views(summary, plan, "base")
+    line = headlines.fastest_line(scenarios)
+    # every other scenario slower than the baseline: the baseline leads, the runner-up follows
+    assert re.match(
+        r"fastest: the baseline, \S.* \(1,000 .*tokens/s\); next: ZeRO-3 offload, 50", line
     )
+    assert line.endswith("of its speed (slower)")
+    doubled = {"relative_speed": 2.0, "relative_speed_ci_low": 1.8, "relative_speed_ci_high": 2.2}
+    faster = [v if v["is_baseline"] else {**v, **doubled} for v in scenarios]
+    assert headlines.fastest_line(faster).endswith("200% [180%–220%] of baseline speed (faster)")
+    alone = headlines.fastest_line([v for v in scenarios if v["is_baseline"]])
+    assert alone.endswith("tokens/s; nothing else measured beside it")
 
 
 @pytest.mark.browser

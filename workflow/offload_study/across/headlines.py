@@ -137,17 +137,33 @@ def verdict_line(records: Path, plan: dict) -> str:
 
 
 def fastest_line(scenarios: list) -> str:
-    """'<fastest non-baseline scenario>: 74% [68%–82%] of baseline speed (slower)'."""
+    """The fastest scenario in words: '<scenario>: 74% [68%–82%] of baseline speed (slower)'
+    when one beats the baseline or none is shown slower; the baseline itself, with the runner-up,
+    when every other scenario is slower than it; the baseline's speed when nothing else was
+    measured against it."""
+    base = next((v for v in scenarios if v["is_baseline"] and views.isnum(v["tokens_per_s"])), None)
     rated = [
         v
         for v in scenarios
         if not v["is_baseline"] and not v["blocking"] and views.isnum(v["relative_speed"])
     ]
     if not rated:
-        return "no scenario measured against a baseline"
+        if base is None:
+            return "no scenario measured against a baseline"
+        return f"{base['plot_label']}: {_tokens(base)} tokens/s; nothing else measured beside it"
     v = max(rated, key=lambda v: float(v["relative_speed"]))
     ci = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
-    return f"fastest: {v['plot_label']}, {verdict.ratio_text(*ci)} of baseline speed ({verdict.speed(*ci)})"
+    ratio, word = verdict.ratio_text(*ci), verdict.speed(*ci)
+    if base is not None and word == verdict.SLOWER:
+        return (
+            f"fastest: the baseline, {base['plot_label']} ({_tokens(base)} tokens/s); "
+            f"next: {v['plot_label']}, {ratio} of its speed ({word})"
+        )
+    return f"fastest: {v['plot_label']}, {ratio} of baseline speed ({word})"
+
+
+def _tokens(v) -> str:
+    return views.fmt_ci(v["tokens_per_s"], v["tokens_per_s_ci_low"], v["tokens_per_s_ci_high"])
 
 
 def committed_pages(
