@@ -11,10 +11,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def write_pair(results: Path, scenario: str, rep: int, workflow: float, plain: float) -> None:
     study = results / "h200-1gpu" / "a-study"
     record = {
-        "study": "a-study", "label": "ZeRO-3, no offload", "repeat": rep, "engine": "deepspeed",
-        "offload_optimizer": "none", "offload_param": "none", "gradient_accumulation_steps": 1,
-        "tokens_per_s": workflow, "peak_gpu_allocated_gib": 24.8483,
-    }  # fmt: skip
+        "study": "a-study",
+        "label": "ZeRO-3, no offload",
+        "repeat": rep,
+        "engine": "deepspeed",
+        "offload_optimizer": "none",
+        "offload_param": "none",
+        "gradient_accumulation_steps": 1,
+        "tokens_per_s": workflow,
+        "peak_gpu_allocated_gib": 24.8483,
+    }
     raw = {"scenario": scenario, "tokens_per_s": plain, "peak_gpu_allocated_gib": 24.8483}
     (study / scenario / f"rep{rep}").mkdir(parents=True, exist_ok=True)
     (study / scenario / f"rep{rep}" / "metrics.json").write_text(json.dumps(record))
