@@ -64,7 +64,8 @@ def test_the_grid_becomes_capped_candidate_scenarios():
     opt = f"rec-{DS}-cpu-none"
     assert [c["name"] for c in found] == [
         f"{base}__mb-{mb}__rbs-5e8"
-        for base in (opt, f"{opt}__ratio-0.5", f"{opt}-zenflow") for mb in (1, 2)
+        for base in (opt, f"{opt}__ratio-0.5", f"{opt}-zenflow")
+        for mb in (1, 2)
     ]
     assert {c["gpu_mem_gb"] for c in found} == {40} and {c["engine"] for c in found} == {DS}
     assert found[2]["offload_optimizer_ratio"] == 0.5 and found[4]["zenflow"] == {}
@@ -75,7 +76,10 @@ def test_the_grid_becomes_capped_candidate_scenarios():
     assert [s["name"] for s in with_them["scenarios"]][1:] == [c["name"] for c in found]
     space = recommend.space(Plan(study(grid=grid)))  # the plan has them, with their groups
     assert space["candidates"][f"{opt}__ratio-0.5__mb-2__rbs-5e8"] == {
-        "engine": DS, "group": f"{opt}__ratio-0.5", "capped": True}  # the budget caps each
+        "engine": DS,
+        "group": f"{opt}__ratio-0.5",
+        "capped": True,
+    }  # the budget caps each
     assert {c["group"] for c in space["candidates"].values()} == {
         opt, f"{opt}__ratio-0.5", f"{opt}-zenflow"}  # fmt: skip
     assert space["references"] == []  # the only own scenario is predict-only
@@ -161,7 +165,8 @@ def test_the_checkpoint_measures_the_best_of_each_mode_first():
     assert why["a2"] == (
         "not measured: predicted 800 tokens/s, rank 2: within the model's ±50 % step-time error "
         "of the best predicted (900 tokens/s), but the budget, recommend.max_measured (3), was "
-        "spent on those ranked before it (the best of each engine and offload mode first)")
+        "spent on those ranked before it (the best of each engine and offload mode first)"
+    )
 
 
 def test_every_candidate_within_the_band_is_measured_up_to_the_budget():
@@ -261,8 +266,14 @@ def test_a_second_round_skips_candidates_at_least_as_large_as_one_that_ran_out(t
     why = {r["scenario"]: r["why"] for r in round1["candidates"]}
     assert why["r05-mb8"] == ("not measured: predicted 43.4 GiB, not below 38.4 GiB of a "
                               "candidate that ran out of GPU memory")  # fmt: skip
-    assert why["r06-mb8"] == "measured in round 0 (predicted 9,885 tokens/s, rank 1: the best predicted)"
-    assert why["r07-mb8"] == "measured in round 1 (predicted 9,586 tokens/s, rank 3: the best predicted)"
+    assert (
+        why["r06-mb8"]
+        == "measured in round 0 (predicted 9,885 tokens/s, rank 1: the best predicted)"
+    )
+    assert (
+        why["r07-mb8"]
+        == "measured in round 1 (predicted 9,586 tokens/s, rank 3: the best predicted)"
+    )
     assert [b["best"] for b in round1["bands"]] == ["r06-mb8", "r07-mb8"]
     records += [_record(tmp_path, "r07-mb8", "ok", 12329.0),
                 _record(tmp_path, "r06-mb4", "gpu_oom")]  # fmt: skip
@@ -276,7 +287,9 @@ def test_the_search_ends_when_its_rounds_or_its_budget_are_spent_or_nothing_is_l
     failed = [_record(tmp_path, n, "gpu_oom") for n in ("r06-mb8", "r05-mb4")]
     assert recommend.next_round(space, round0, failed)["ended"] == "recommend.rounds (1) spent"
     spent = {**space, "rounds": 3, "max_measured": 2}
-    assert recommend.next_round(spent, round0, failed)["ended"] == "recommend.max_measured (2) spent"
+    assert (
+        recommend.next_round(spent, round0, failed)["ended"] == "recommend.max_measured (2) spent"
+    )
     space["top_n"] = 6  # round 0 measures every candidate: none is left for round 1
     round0 = recommend.select(space, preds)
     space["rounds"] = 3

@@ -68,7 +68,10 @@ class Fsdp2Path:
         """On the device all step long: the fp32 shards of the parameters and of the Adam
         moments (the gradients' are made in the backward and freed by zero_grad)."""
         shard = shard_params(spec, shape)
-        return {"parameters (fp32 shard)": FP32 * shard, "Adam moments (fp32 shard)": 2 * FP32 * shard}
+        return {
+            "parameters (fp32 shard)": FP32 * shard,
+            "Adam moments (fp32 shard)": 2 * FP32 * shard,
+        }
 
     def gpu_gradients(self, spec: RunSpec, shape: ModelShape, layer: int) -> dict[str, float]:
         """At the backward's end: every fp32 gradient shard on the device."""
