@@ -31,7 +31,9 @@ def ds_config_of(scenario: dict) -> dict:
 def test_mode_keys_come_from_the_schema():
     scenario = load_schema("study")["properties"]["scenarios"]["items"]["properties"]
     assert set(modes.SWEEPABLE) == {k for k, v in scenario.items() if v.get("x-sweepable")}
-    assert {"offload_optimizer_ratio", "super_offload", "zenflow"} == set(modes.DEEPSPEED_KEYS)
+    expected = {"offload_optimizer_ratio", "super_offload", "cpuadam_cores_perc", "zenflow"}
+    assert expected == set(modes.DEEPSPEED_KEYS)
+    assert modes.NEEDS == {"cpuadam_cores_perc": "super_offload"}
     # every mode the schema maps is a field of the installed DeepSpeed's config classes
     for key, path in modes.DEEPSPEED_KEYS.items():
         section, _, field = path.rpartition(".")
@@ -42,6 +44,11 @@ def test_modes_go_where_deepspeed_reads_them_and_its_parser_accepts_them():
     cases = {
         "ratio": ({**CPU_OPT, "offload_optimizer_ratio": 0.3}, ("offload_optimizer", "ratio"), 0.3),
         "super": ({**CPU_OPT, "super_offload": True}, ("offload_optimizer", "super_offload"), True),
+        "super-cores": (
+            {**CPU_OPT, "super_offload": True, "cpuadam_cores_perc": 0.9},
+            ("offload_optimizer", "cpuadam_cores_perc"),
+            0.9,
+        ),
         "zenflow": ({**CPU_OPT, "zenflow": ZENFLOW}, ("zenflow",), ZENFLOW),
     }
     for scenario, path, expected in cases.values():
@@ -123,6 +130,10 @@ def test_mode_knobs_sweep_with_readable_names():
             "sweep.offload_optimizer_ratio: 1.5",
         ),
         ({**CPU_OPT, "sweep": {"bind_cores": ["yes"]}}, "sweep.bind_cores: 'yes'"),
+        (
+            {**CPU_OPT, "cpuadam_cores_perc": 0.9},
+            "cpuadam_cores_perc: needs super_offload: true",
+        ),
     ],
     ids=[
         "ratio-without-cpu-offload",
@@ -130,6 +141,7 @@ def test_mode_knobs_sweep_with_readable_names():
         "zenflow-typo",
         "ratio-above-1",
         "bind-not-bool",
+        "worker-cores-without-superoffload",
     ],
 )
 def test_bad_mode_input_is_refused_naming_the_key(scenario, message):

@@ -6,6 +6,7 @@ Scenario keys (``schemas/study.schema.yaml``; the schema marks which a sweep may
 - ``offload_optimizer_ratio`` -> ``zero_optimization.offload_optimizer.ratio`` (ZeRO-3 partial
   optimizer offload, "Twin-Flow"),
 - ``super_offload`` -> ``zero_optimization.offload_optimizer.super_offload`` (SuperOffload),
+  and ``cpuadam_cores_perc`` -> its worker's share of the cores,
 - ``zenflow`` -> ``zero_optimization.zenflow`` (ZenFlow; its keys: the installed ZenFlowConfig's),
 - ``pin_memory`` (the offload blocks'; null leaves DeepSpeed's default) and ``bind_cores`` (the
   harness binds each rank to its share of the granted cores).
@@ -34,6 +35,8 @@ DEEPSPEED_KEYS: dict[str, str] = {
 MODE_KEYS: tuple[str, ...] = (*DEEPSPEED_KEYS, "bind_cores")
 #: Scenario keys that need the optimizer offloaded to the CPU.
 NEEDS_CPU_OPTIMIZER = tuple(DEEPSPEED_KEYS)
+#: Scenario key -> the mode it refines, which must be set with it (the schema's x-needs).
+NEEDS: dict[str, str] = {k: v["x-needs"] for k, v in SCENARIO_KEYS.items() if "x-needs" in v}
 
 
 def is_set(key: str, value) -> bool:

@@ -19,6 +19,7 @@ KNOB_ABBREV = {
     "bind_cores": "bind",
     "pin_memory": "pin",
     "super_offload": "super",
+    "cpuadam_cores_perc": "adamcores",
 }
 
 

@@ -33,6 +33,7 @@ KNOB_WORDS = {
     "bind_cores": "cores bound",
     "pin_memory": "pinned host memory",
     "super_offload": "SuperOffload",
+    "cpuadam_cores_perc": "SuperOffload's worker's share of the cores",
 }
 #: recommend's grid offload modes (the study schema's enum) in words.
 MODE_WORDS = {

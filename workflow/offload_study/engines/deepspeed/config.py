@@ -238,6 +238,15 @@ def _mode_sweep_errors(scenario: dict, where: str) -> list[str]:
     return errors
 
 
+def _needs_errors(scenario: dict, key: str, where: str) -> list[str]:
+    """A mode that refines another (modes.NEEDS) without it, own or swept."""
+    needed = modes.NEEDS.get(key)
+    values = [scenario.get(needed), *scenario.get("sweep", {}).get(needed, [])] if needed else []
+    if not needed or any(modes.is_set(needed, v) for v in values):
+        return []
+    return [f"{where}.{key}: needs {needed}: true (it refines that mode)"]
+
+
 def check_modes(scenario: dict, where: str) -> list[str]:
     """Errors for the scenario's mode keys (own and swept; offload_study.planning.modes): the
     installed DeepSpeed must have them, they need the optimizer offloaded to the CPU, and sweep
@@ -247,7 +256,7 @@ def check_modes(scenario: dict, where: str) -> list[str]:
     for key in modes.DEEPSPEED_KEYS:
         if not any(modes.is_set(key, v) for v in [scenario.get(key), *swept.get(key, [])]):
             continue
-        errors += _version_errors(key, where)
+        errors += _version_errors(key, where) + _needs_errors(scenario, key, where)
         if scenario["offload_optimizer"] != "cpu":
             errors.append(
                 f"{where}.{key}: needs offload_optimizer: cpu (the scenario has "
