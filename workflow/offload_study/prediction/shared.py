@@ -225,10 +225,15 @@ class StepTime:
     optimizer_s: float  # CPU Adam when offloaded, else the optimizer on the device
     nvme_s: float
     serial: bool = False  # one thread runs compute, hooks and collectives in turn (CPU ranks)
+    # gas x copies the device's compute waits for, on its own timeline (FSDP2's copy-in of
+    # offloaded shards before each all-gather): they add to the FLOPs, the host's dispatch
+    # overlaps both
+    device_wait_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
-        return micro_steps_s(self.flops_s, self.dispatch_s, self.comm_s, self.serial)
+        device_s = self.flops_s + self.device_wait_s
+        return micro_steps_s(device_s, self.dispatch_s, self.comm_s, self.serial)
 
     @property
     def total(self) -> float:
@@ -239,7 +244,7 @@ class StepTime:
         """What takes longest: compute, dispatch, interconnect, pcie, optimizer or nvme."""
         parts = [
             ("compute", self.flops_s), ("dispatch", self.dispatch_s),
-            ("interconnect", self.comm_s), ("pcie", self.pcie_s),
+            ("interconnect", self.comm_s), ("pcie", self.pcie_s + self.device_wait_s),
             ("optimizer", self.optimizer_s), ("nvme", self.nvme_s),
         ]  # fmt: skip
         return max(parts, key=lambda part: part[1])[0]

@@ -192,6 +192,7 @@ def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
         pcie_s=path.pcie_seconds(spec, shape, cal),
         optimizer_s=path.optimizer_seconds(spec, shape, cal, fit.optimizer_params_per_s),
         nvme_s=0.0,
+        device_wait_s=path.device_wait_seconds(spec, shape, cal),
     )
 
 

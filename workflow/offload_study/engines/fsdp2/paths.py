@@ -92,6 +92,11 @@ class Fsdp2Path:
         return shard / device_rate
 
     def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Copies of a step that add after its micro-steps."""
+        return 0.0
+
+    def device_wait_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Copies of a step that the device's compute waits for inside its micro-steps."""
         return 0.0
 
 
@@ -147,15 +152,20 @@ class OffloadPolicyPath(Fsdp2Path):
         """foreach AdamW on the node's cores, which its ranks share."""
         return shard_params(spec, shape) * spec.gpus_per_node / host_adam_rate(cal)
 
-    def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-        """Every micro-step the fp32 shards go up per fetch, the fp32 gradient shards come
-        down once."""
+    def device_wait_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Every micro-step the fp32 shards go up per fetch and the fp32 gradient shards come
+        down once. A unit's all-gather waits for its shards' copy-in, and its compute for the
+        all-gather: the copies add to the FLOPs (FSDP2 prefetches one unit, whose copy takes
+        longer than a layer's compute). The gradients go down on the other copy engine while
+        the backward's shards come up (PCIe is full duplex): the backward waits for the
+        longer of the two."""
         if spec.accelerator != "cuda" or not cal.h2d_gb_s:
             return 0.0
         shard = FP32 * shape.params / spec.world_size
         up = (cal.h2d_gb_s if pinned(spec) else cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
         down = (cal.d2h_gb_s or cal.h2d_gb_s) * GB
-        return spec.gradient_accumulation_steps * (PARAM_FETCHES * shard / up + shard / down)
+        fetches = (PARAM_FETCHES - 1) * shard / up + max(shard / up, shard / down)
+        return spec.gradient_accumulation_steps * fetches
 
 
 def path_of(spec: RunSpec) -> Fsdp2Path:
