@@ -85,6 +85,7 @@ from offload_study.prediction.shared import (
     StepTime,
     activation_parts,
     flops_per_micro_step,
+    forward_shares,
     model_shape,
     pow2_bytes,
     reserved_vector,
@@ -485,11 +486,11 @@ def own_estimate(spec: RunSpec) -> tuple[float, float] | None:
 
 
 def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
-    """Host <-> device copies of one optimizer step on one GPU (none on a CPU cluster).
+    """Host <-> device copies of one optimizer step on one GPU that add after its micro-steps
+    (none on a CPU cluster; the pinned gradients' copies are on the device's timeline:
+    :func:`gradient_copy_seconds`).
 
-    Optimizer offload: the gradients of every parameter go to the host every micro-step
-    (DeepSpeed 0.19.8 stages all of them in one host buffer, whatever the ratio), and without
-    parameter offload the updated fp32 master of the offloaded sub-groups is copied into the
+    Optimizer offload: without parameter offload the updated fp32 master of the offloaded sub-groups is copied into the
     GPU's partition once per step (:func:`master_upload_seconds`; with ZenFlow once per update
     interval; the step copies it on the host when the parameters live there). Parameter offload: each fetch
     of a micro-step copies the rank's partition to the GPU. With ``pin_memory`` off the copies
@@ -505,15 +506,29 @@ def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     pageable = (cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
     if spec.offload_optimizer != "none":
         offloaded = optimizer_split(spec, shape, k).host_params
-        if k.pin_memory:
-            seconds += gas * b * part / (cal.d2h_gb_s * GB)
-        else:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
+        if not k.pin_memory:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
             seconds += (gas * 2 * b * part + 4 * offloaded) / pageable
         if spec.offload_param == "none":
             seconds += master_upload_seconds(offloaded, cal) / zenflow_update_interval(k)
     if spec.offload_param != "none":
         seconds += gas * PARAM_FETCHES * b * part / (cal.h2d_gb_s * GB)
     return seconds
+
+
+def gradient_copy_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
+    """Optimizer offload, pinned: every micro-step the gradients of every parameter go to the
+    host (DeepSpeed 0.19.8 stages all of them in one host buffer, whatever the ratio),
+    asynchronously on the device's copy engine as each bucket is reduced. The backward's
+    compute and these copies share the device's timeline (the bucket is reused only once its
+    copy is done), while the host's dispatch overlaps both: the records show a dispatch-bound
+    backward as long with them as without, a FLOPs-bound one longer by about their time
+    (:attr:`StepTime.device_wait_s`). Unpinned copies wait for the CPU (:func:`pcie_seconds`)."""
+    if spec.accelerator != "cuda" or not cal.h2d_gb_s or spec.offload_optimizer == "none":
+        return 0.0
+    if not k.pin_memory:
+        return 0.0
+    b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
+    return spec.gradient_accumulation_steps * b * part / ((cal.d2h_gb_s or cal.h2d_gb_s) * GB)
 
 
 def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
@@ -773,6 +788,8 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
         dispatch_s=gas * dispatch_seconds(spec, shape, cal),
         comm_s=comm_seconds(spec, shape, cal, k),
         pcie_s=pcie_seconds(spec, shape, cal, k),
+        device_wait_s=gradient_copy_seconds(spec, shape, cal, k),
+        forward=forward_shares(spec, wait=0.0),  # the gradients go down in the backward
         optimizer_s=0.0,
         nvme_s=nvme_seconds(spec, shape, cal, k),
         serial=probed,

@@ -33,6 +33,7 @@ from offload_study.prediction.shared import (
     StepTime,
     activation_parts,
     flops_per_micro_step,
+    forward_shares,
     layer_activation_bytes,
     model_shape,
     reserved_vector,
@@ -193,6 +194,7 @@ def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
         optimizer_s=path.optimizer_seconds(spec, shape, cal, fit.optimizer_params_per_s),
         nvme_s=0.0,
         device_wait_s=path.device_wait_seconds(spec, shape, cal),
+        forward=forward_shares(spec, path.forward_wait_share(spec, cal)),
     )
 
 

@@ -99,6 +99,10 @@ class Fsdp2Path:
         """Copies of a step that the device's compute waits for inside its micro-steps."""
         return 0.0
 
+    def forward_wait_share(self, spec: RunSpec, cal: Calibration) -> float:
+        """The forward's share of :meth:`device_wait_seconds`."""
+        return 0.0
+
 
 class OffloadPolicyPath(Fsdp2Path):
     """``CPUOffloadPolicy(pin_memory=...)``: sharded parameters, gradients and the optimizer
@@ -162,10 +166,23 @@ class OffloadPolicyPath(Fsdp2Path):
         if spec.accelerator != "cuda" or not cal.h2d_gb_s:
             return 0.0
         shard = FP32 * shape.params / spec.world_size
-        up = (cal.h2d_gb_s if pinned(spec) else cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
-        down = (cal.d2h_gb_s or cal.h2d_gb_s) * GB
+        up, down = self._rates(spec, cal)
         fetches = (PARAM_FETCHES - 1) * shard / up + max(shard / up, shard / down)
         return spec.gradient_accumulation_steps * fetches
+
+    def forward_wait_share(self, spec: RunSpec, cal: Calibration) -> float:
+        """The forward fetches once of the PARAM_FETCHES (the backward's fetch beside the
+        gradients' way down)."""
+        if spec.accelerator != "cuda" or not cal.h2d_gb_s:
+            return 0.0
+        up, down = self._rates(spec, cal)
+        return (1 / up) / ((PARAM_FETCHES - 1) / up + max(1 / up, 1 / down))
+
+    @staticmethod
+    def _rates(spec: RunSpec, cal: Calibration) -> tuple[float, float]:
+        """(host-to-device, device-to-host) bytes/s of the shards' copies."""
+        up = (cal.h2d_gb_s if pinned(spec) else cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
+        return up, (cal.d2h_gb_s or cal.h2d_gb_s) * GB
 
 
 def path_of(spec: RunSpec) -> Fsdp2Path:
