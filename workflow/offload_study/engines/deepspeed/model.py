@@ -35,8 +35,13 @@ GiB, :mod:`offload_study.core.units`).
 
 **Step time** (:func:`step_time`) adds, per optimizer step of ``gas`` micro-steps::
 
-    gas · (max(FLOPs / (matmul rate · efficiency), dispatch, collectives) + PCIe per micro-step)
+    gas · (Σ over forward, backward: max(FLOPs / (matmul rate · efficiency) + gradient copies,
+           dispatch, collectives) + parameter fetches)
     + PCIe per step + optimizer (CPU Adam: parameters per node / calibrated rate) + NVMe
+
+Each phase's share of the FLOPs and of the dispatch is fixed by its passes
+(:func:`~offload_study.prediction.shared.forward_shares`); the pinned gradients' copies to the
+host share the device's timeline with the backward's FLOPs (:func:`gradient_copy_seconds`).
 
 FLOPs are ``devices.flops_per_token`` (6N, 8N with recompute, plus attention) x tokens; on a GPU
 the efficiency and the per-layer dispatch time (Python hooks of ZeRO-3 that bound small models)
@@ -92,9 +97,10 @@ from offload_study.prediction.shared import (
 )
 
 #: This engine's constants per accelerator kind. H200 records (docs/results): ZeRO-3's matmuls
-#: reach ~56 % of the calibrated rate and take 0.0225 s per layer and micro-step whatever the
-#: model's size (ZeRO-3's hooks per parameter): benchmarks/prediction_accuracy.py's step fit over
-#: every committed GPU record; FusedAdam updates ~3e10 parameters/s. A rank's runtime is
+#: reach ~56 % of the calibrated rate and take 0.0235 s per layer and micro-step whatever the
+#: model's size (ZeRO-3's hooks per parameter), a third of it in the forward
+#: (shared.forward_shares): benchmarks/prediction_accuracy.py's step fit over every committed
+#: GPU record; FusedAdam updates ~3e10 parameters/s. A rank's runtime is
 #: measured, not fitted: its resident memory without offload once deepspeed.initialize returns,
 #: 1.44 GiB, and after the first step, 2.04 GiB (benchmarks/raw_deepspeed.py's
 #: host_memory_gib_by_stage, 134M and 1.35B alike: docs/results/h200-1gpu/host-runtime-2026-12-02/).
@@ -102,7 +108,7 @@ from offload_study.prediction.shared import (
 #: calibration's probe (0.004 s only for a calibration without one), ~0.55 GiB per rank before the
 #: model (the default study's records on the 2-core development machine, docs/benchmarks.md).
 FITS = {
-    "cuda": EngineFit(0.56, 0.0225, 3e10, 2.04, runtime_at_init_gib=1.44),
+    "cuda": EngineFit(0.56, 0.0235, 3e10, 2.04, runtime_at_init_gib=1.44),
     "cpu": EngineFit(1.0, 0.004, None, 0.55),
 }
 
