@@ -271,7 +271,8 @@ def _parts(spec, times) -> accuracy.StepParts:
     fit = engines.of(spec).model.FITS[spec.accelerator]
     return accuracy.StepParts(times.flops_s, times.dispatch_s, times.comm_s,
                               times.pcie_s + times.optimizer_s + times.nvme_s,
-                              fit.efficiency, fit.dispatch_s_per_layer)  # fmt: skip
+                              fit.efficiency, fit.dispatch_s_per_layer,
+                              times.device_wait_s, times.forward)  # fmt: skip
 
 
 def _step_fit(rows: list[dict]) -> dict[str, tuple[float, float]]:

@@ -218,14 +218,20 @@ def test_step_time_parts_by_hand():
     fit = ds_model.FITS["cuda"]
     assert t.flops_s == pytest.approx(2 * flops / (100e12 * fit.efficiency))
     assert t.dispatch_s == pytest.approx(2 * 2 * fit.dispatch_s_per_layer)
-    # gradients to the host each micro-step; the fp32 master into the GPU's bf16 partition once
-    # (a calibration without the upload's rate: 4 B per parameter from unpinned memory)
-    assert t.pcie_s == pytest.approx(2 * 2 * P / 50e9 + 4 * P / 10e9)
+    # gradients to the host each micro-step, on the device's timeline (pinned); the fp32 master
+    # into the GPU's bf16 partition once, after the micro-steps (a calibration without the
+    # upload's rate: 4 B per parameter from unpinned memory)
+    assert t.device_wait_s == pytest.approx(2 * 2 * P / 50e9)
+    assert t.pcie_s == pytest.approx(4 * P / 10e9)
     # CPU Adam and the unscale of its gradients (at CPU Adam's rate x STEP_PASS_PER_ADAM)
     unscale = ds_model.STEP_PASS_PER_ADAM["grad_unscale_params_per_s"] * 1e9
     assert t.optimizer_s == pytest.approx(P / 1e9 + P / unscale)
     assert t.nvme_s == t.comm_s == 0
-    assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.pcie_s + t.optimizer_s)
+    # forward and backward each the longer of the device's work and the host's dispatch: the
+    # forward a quarter of the FLOPs (checkpointing recomputes it) and a third of the dispatch
+    forward = max(t.flops_s / 4, t.dispatch_s / 3)
+    backward = max(3 * t.flops_s / 4 + t.device_wait_s, 2 * t.dispatch_s / 3)
+    assert t.total == pytest.approx(forward + backward + t.pcie_s + t.optimizer_s)
     assert t.bound == "dispatch"  # a tiny model: ZeRO-3's per-layer work, not its FLOPs
 
 
@@ -243,7 +249,8 @@ def test_the_offloaded_step_makes_its_host_passes_at_their_calibrated_rates():
     assert ds_model.host_step_seconds_per_param(optimizer, cal) == pytest.approx(1 / 1e9 + 1 / 4e9)
     t = predict.step_time(optimizer, ds(optimizer), cal)
     assert t.optimizer_s == pytest.approx(P * (1 / 1e9 + 1 / 4e9))
-    assert t.pcie_s == pytest.approx(2 * P / 50e9 + P / 2e8)  # gradients out, master in
+    assert t.device_wait_s == pytest.approx(2 * P / 50e9)  # gradients out, in the backward
+    assert t.pcie_s == pytest.approx(P / 2e8)  # master in, after the micro-steps
     # DeepSpeed's step timer holds the optimizer and the upload; nothing to predict without
     # CPU optimizer offload
     timer = ds_model.optimizer_step_seconds(optimizer, ds(optimizer), cal)
@@ -385,10 +392,10 @@ def test_partial_offload_step_time_by_hand():
         host * ds_model.host_step_seconds_per_param(spec, CAL)
         + 64_000 / ds_model.FITS["cuda"].optimizer_params_per_s
     )
-    # every gradient to the host (bf16), the offloaded share's fp32 master back (unpinned)
-    assert ds_model.pcie_seconds(spec, shape, CAL, k) == pytest.approx(
-        2 * P / 50e9 + 4 * host / 10e9
-    )
+    # every gradient to the host (bf16, on the device's timeline), the offloaded share's fp32
+    # master back (unpinned)
+    assert ds_model.gradient_copy_seconds(spec, shape, CAL, k) == pytest.approx(2 * P / 50e9)
+    assert ds_model.pcie_seconds(spec, shape, CAL, k) == pytest.approx(4 * host / 10e9)
     note = ds_model.mode_note(spec, shape, k)
     assert "1 of 3 sub-groups (30% of the partition) on the GPU" in note
 

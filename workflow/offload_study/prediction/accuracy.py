@@ -224,7 +224,9 @@ def fit_context(samples: Iterable[tuple[float, float]]) -> float:
 class StepParts:
     """A GPU step prediction by part, seconds (offload_study.prediction.shared.StepTime), made with ``efficiency`` and
     ``dispatch_s_per_layer``: the micro-steps are the longest of FLOPs, dispatch and
-    collectives, the rest (PCIe, optimizer, NVMe) adds."""
+    collectives, phase by phase (``forward``: shared.micro_steps_s), the rest (PCIe, optimizer,
+    NVMe) adds; ``wait_s``, copies on the device's timeline, adds to the FLOPs inside the
+    micro-steps (StepTime.device_wait_s)."""
 
     flops_s: float
     dispatch_s: float
@@ -232,13 +234,16 @@ class StepParts:
     rest_s: float
     efficiency: float
     dispatch_s_per_layer: float
+    wait_s: float = 0.0
+    forward: shared.ForwardShares = shared.ONE_PHASE
 
     def total(self, efficiency: float, dispatch_s_per_layer: float) -> float:
         """The step with other constants: FLOPs time scales as 1 / efficiency, dispatch with
         its time per layer."""
         flops = self.flops_s * self.efficiency / efficiency
         dispatch = self.dispatch_s * dispatch_s_per_layer / self.dispatch_s_per_layer
-        return shared.micro_steps_s(flops, dispatch, self.comm_s) + self.rest_s
+        micro = shared.micro_steps_s(flops, dispatch, self.comm_s, False, self.wait_s, self.forward)
+        return micro + self.rest_s
 
 
 #: The grids :func:`fit_compute` searches: efficiency of the matmul rate, seconds per layer.

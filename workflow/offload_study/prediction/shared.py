@@ -215,6 +215,20 @@ PARAM_FETCHES = 2
 
 
 @dataclass(frozen=True)
+class ForwardShares:
+    """The forward's share of a micro-step's FLOPs, of its host dispatch and collectives, and
+    of the copies its device waits for; the backward holds the rest (:func:`micro_steps_s`)."""
+
+    flops: float
+    dispatch: float
+    wait: float
+
+
+#: one phase: the whole micro-step bound by the longest of its parts
+ONE_PHASE = ForwardShares(1.0, 1.0, 1.0)
+
+
+@dataclass(frozen=True)
 class StepTime:
     """Seconds per optimizer step by part; ``total`` adds them as :mod:`predict` explains."""
 
@@ -225,10 +239,18 @@ class StepTime:
     optimizer_s: float  # CPU Adam when offloaded, else the optimizer on the device
     nvme_s: float
     serial: bool = False  # one thread runs compute, hooks and collectives in turn (CPU ranks)
+    # gas x copies the device's compute waits for, on its own timeline (FSDP2's copy-in of
+    # offloaded shards before each all-gather): they add to the FLOPs, the host's dispatch
+    # overlaps both
+    device_wait_s: float = 0.0
+    # the forward's share of the FLOPs, of the host's dispatch (and collectives) and of the
+    # device's waits (:class:`ForwardShares`); the backward holds the rest. 1: one phase.
+    forward: ForwardShares = ONE_PHASE
 
     @property
     def compute_s(self) -> float:
-        return micro_steps_s(self.flops_s, self.dispatch_s, self.comm_s, self.serial)
+        return micro_steps_s(self.flops_s, self.dispatch_s, self.comm_s, self.serial,
+                             self.device_wait_s, self.forward)  # fmt: skip
 
     @property
     def total(self) -> float:
@@ -239,17 +261,41 @@ class StepTime:
         """What takes longest: compute, dispatch, interconnect, pcie, optimizer or nvme."""
         parts = [
             ("compute", self.flops_s), ("dispatch", self.dispatch_s),
-            ("interconnect", self.comm_s), ("pcie", self.pcie_s),
+            ("interconnect", self.comm_s), ("pcie", self.pcie_s + self.device_wait_s),
             ("optimizer", self.optimizer_s), ("nvme", self.nvme_s),
         ]  # fmt: skip
         return max(parts, key=lambda part: part[1])[0]
 
 
-def micro_steps_s(flops_s: float, dispatch_s: float, comm_s: float, serial: bool = False) -> float:
-    """The micro-steps of a step: on a GPU the longest of FLOPs, dispatch and collectives (the
-    others overlap it), on a CPU rank (``serial``: one thread runs them in turn) their sum."""
-    parts = (flops_s, dispatch_s, comm_s)
-    return sum(parts) if serial else max(parts)
+def micro_steps_s(
+    flops_s: float, dispatch_s: float, comm_s: float, serial: bool = False,
+    wait_s: float = 0.0, forward: ForwardShares = ONE_PHASE,
+) -> float:  # fmt: skip
+    """The micro-steps of a step. On a GPU the host's dispatch and the collectives overlap the
+    device's work (FLOPs and the copies it waits for), phase by phase: the forward and the
+    backward each take the longest of the three, since the backward cannot start before the
+    forward's loss (a forward bound by dispatch and a backward bound by FLOPs add). On a CPU
+    rank (``serial``: one thread runs them in turn) their sum."""
+    if serial:
+        return flops_s + wait_s + dispatch_s + comm_s
+    total = 0.0
+    for flops, host, wait in ((forward.flops, forward.dispatch, forward.wait),
+                              (1 - forward.flops, 1 - forward.dispatch, 1 - forward.wait)):  # fmt: skip
+        total += max(flops * flops_s + wait * wait_s, host * dispatch_s, host * comm_s)
+    return total
+
+
+def forward_shares(spec: RunSpec, wait: float = 0.0) -> ForwardShares:
+    """The forward's shares of a micro-step, fixed by the passes over the layers: its FLOPs are
+    a third of the forward's and backward's (the backward computes two products per one of the
+    forward), a quarter with gradient checkpointing (the backward recomputes the forward);
+    the host's work per layer is about the same in each pass (forward, recomputed forward,
+    backward: the records' forward timers hold 0.30-0.38 of a ZeRO-3 micro-step with
+    checkpointing), so a half, a third with checkpointing. ``wait``: the forward's share of
+    the device's waits (the engine's copies)."""
+    if spec.gradient_checkpointing:
+        return ForwardShares(1 / 4, 1 / 3, wait)
+    return ForwardShares(1 / 3, 1 / 2, wait)
 
 
 def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:

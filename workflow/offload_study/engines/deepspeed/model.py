@@ -35,8 +35,13 @@ GiB, :mod:`offload_study.core.units`).
 
 **Step time** (:func:`step_time`) adds, per optimizer step of ``gas`` micro-steps::
 
-    gas · (max(FLOPs / (matmul rate · efficiency), dispatch, collectives) + PCIe per micro-step)
+    gas · (Σ over forward, backward: max(FLOPs / (matmul rate · efficiency) + gradient copies,
+           dispatch, collectives) + parameter fetches)
     + PCIe per step + optimizer (CPU Adam: parameters per node / calibrated rate) + NVMe
+
+Each phase's share of the FLOPs and of the dispatch is fixed by its passes
+(:func:`~offload_study.prediction.shared.forward_shares`); the pinned gradients' copies to the
+host share the device's timeline with the backward's FLOPs (:func:`gradient_copy_seconds`).
 
 FLOPs are ``devices.flops_per_token`` (6N, 8N with recompute, plus attention) x tokens; on a GPU
 the efficiency and the per-layer dispatch time (Python hooks of ZeRO-3 that bound small models)
@@ -85,15 +90,17 @@ from offload_study.prediction.shared import (
     StepTime,
     activation_parts,
     flops_per_micro_step,
+    forward_shares,
     model_shape,
     pow2_bytes,
     reserved_vector,
 )
 
 #: This engine's constants per accelerator kind. H200 records (docs/results): ZeRO-3's matmuls
-#: reach ~56 % of the calibrated rate and take 0.0225 s per layer and micro-step whatever the
-#: model's size (ZeRO-3's hooks per parameter): benchmarks/prediction_accuracy.py's step fit over
-#: every committed GPU record; FusedAdam updates ~3e10 parameters/s. A rank's runtime is
+#: reach ~56 % of the calibrated rate and take 0.0235 s per layer and micro-step whatever the
+#: model's size (ZeRO-3's hooks per parameter), a third of it in the forward
+#: (shared.forward_shares): benchmarks/prediction_accuracy.py's step fit over every committed
+#: GPU record; FusedAdam updates ~3e10 parameters/s. A rank's runtime is
 #: measured, not fitted: its resident memory without offload once deepspeed.initialize returns,
 #: 1.44 GiB, and after the first step, 2.04 GiB (benchmarks/raw_deepspeed.py's
 #: host_memory_gib_by_stage, 134M and 1.35B alike: docs/results/h200-1gpu/host-runtime-2026-12-02/).
@@ -101,7 +108,7 @@ from offload_study.prediction.shared import (
 #: calibration's probe (0.004 s only for a calibration without one), ~0.55 GiB per rank before the
 #: model (the default study's records on the 2-core development machine, docs/benchmarks.md).
 FITS = {
-    "cuda": EngineFit(0.56, 0.0225, 3e10, 2.04, runtime_at_init_gib=1.44),
+    "cuda": EngineFit(0.56, 0.0235, 3e10, 2.04, runtime_at_init_gib=1.44),
     "cpu": EngineFit(1.0, 0.004, None, 0.55),
 }
 
@@ -485,11 +492,11 @@ def own_estimate(spec: RunSpec) -> tuple[float, float] | None:
 
 
 def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
-    """Host <-> device copies of one optimizer step on one GPU (none on a CPU cluster).
+    """Host <-> device copies of one optimizer step on one GPU that add after its micro-steps
+    (none on a CPU cluster; the pinned gradients' copies are on the device's timeline:
+    :func:`gradient_copy_seconds`).
 
-    Optimizer offload: the gradients of every parameter go to the host every micro-step
-    (DeepSpeed 0.19.8 stages all of them in one host buffer, whatever the ratio), and without
-    parameter offload the updated fp32 master of the offloaded sub-groups is copied into the
+    Optimizer offload: without parameter offload the updated fp32 master of the offloaded sub-groups is copied into the
     GPU's partition once per step (:func:`master_upload_seconds`; with ZenFlow once per update
     interval; the step copies it on the host when the parameters live there). Parameter offload: each fetch
     of a micro-step copies the rank's partition to the GPU. With ``pin_memory`` off the copies
@@ -505,9 +512,7 @@ def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     pageable = (cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
     if spec.offload_optimizer != "none":
         offloaded = optimizer_split(spec, shape, k).host_params
-        if k.pin_memory:
-            seconds += gas * b * part / (cal.d2h_gb_s * GB)
-        else:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
+        if not k.pin_memory:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
             seconds += (gas * 2 * b * part + 4 * offloaded) / pageable
         if spec.offload_param == "none":
             seconds += master_upload_seconds(offloaded, cal) / zenflow_update_interval(k)
@@ -516,12 +521,32 @@ def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     return seconds
 
 
+def gradient_copy_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
+    """Optimizer offload, pinned: every micro-step the gradients of every parameter go to the
+    host (DeepSpeed 0.19.8 stages all of them in one host buffer, whatever the ratio),
+    asynchronously on the device's copy engine as each bucket is reduced. The backward's
+    compute and these copies share the device's timeline (the bucket is reused only once its
+    copy is done), while the host's dispatch overlaps both: the records show a dispatch-bound
+    backward as long with them as without, a FLOPs-bound one longer by about their time
+    (:attr:`StepTime.device_wait_s`). Unpinned copies wait for the CPU (:func:`pcie_seconds`)."""
+    if spec.accelerator != "cuda" or not cal.h2d_gb_s or spec.offload_optimizer == "none":
+        return 0.0
+    if not k.pin_memory:
+        return 0.0
+    b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
+    return spec.gradient_accumulation_steps * b * part / ((cal.d2h_gb_s or cal.h2d_gb_s) * GB)
+
+
 def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -> float:
     """Swap traffic of one step per node (the node's ranks share its disk).
 
-    Optimizer: the fp32 master and both moments (12 B per parameter) read and written. Parameters:
-    written once after the step, read once per fetch; read once per step when the swap buffers
-    hold the whole partition.
+    Optimizer: the fp32 master and both moments (12 B per parameter) read and written.
+    Parameters: the first ``max_in_cpu`` of the partition stay in the host's flat buffer
+    (stage3.py ``_create_fp16_partitions_with_defragmentation`` keeps each sub-group there
+    while it fits; the fetches copy them over PCIe, :func:`pcie_seconds`); only the rest is
+    swapped: written once after the step, read once per fetch, or once per step when the swap
+    buffers hold it whole. The records agree: model B's forward takes as long with its
+    parameters on NVMe as with them on the GPU.
     """
     if not (spec.uses_nvme and cal.disk_read_gb_s and cal.disk_write_gb_s):
         return 0.0
@@ -530,10 +555,11 @@ def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     if spec.offload_optimizer == "nvme":
         read += ADAM_BYTES * part
         write += ADAM_BYTES * part
-    if spec.offload_param == "nvme":
-        fetches = 1 if part <= k.param_buffers else PARAM_FETCHES * spec.gradient_accumulation_steps
-        read += fetches * b * part
-        write += b * part
+    swapped = max(0, part - k.max_in_cpu) if spec.offload_param == "nvme" else 0
+    if swapped:
+        fetches = 1 if swapped <= k.param_buffers else PARAM_FETCHES * spec.gradient_accumulation_steps
+        read += fetches * b * swapped
+        write += b * swapped
     return ranks * (read / (cal.disk_read_gb_s * GB) + write / (cal.disk_write_gb_s * GB))
 
 
@@ -768,6 +794,8 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
         dispatch_s=gas * dispatch_seconds(spec, shape, cal),
         comm_s=comm_seconds(spec, shape, cal, k),
         pcie_s=pcie_seconds(spec, shape, cal, k),
+        device_wait_s=gradient_copy_seconds(spec, shape, cal, k),
+        forward=forward_shares(spec, wait=0.0),  # the gradients go down in the backward
         optimizer_s=0.0,
         nvme_s=nvme_seconds(spec, shape, cal, k),
         serial=probed,

@@ -13,8 +13,11 @@ parameters, their gradients and the Adam moments, on the device or the host):
   sharded: the peak of a run whose offloaded states are smaller), with the path's states.
 
 Step time: the same FLOPs as a DeepSpeed run at this engine's own matmul efficiency and host
-time per layer (:data:`FITS`); collectives of a world above 1 (all-gather each unit twice per
-micro-step, reduce-scatter fp32 gradients once); the path's copies and optimizer step.
+time per layer (:data:`FITS`), forward and backward each bound by the longer of the device's
+work and the host's (:func:`~offload_study.prediction.shared.micro_steps_s`); collectives of a
+world above 1 (all-gather each unit twice per micro-step, reduce-scatter fp32 gradients once);
+the path's copies (those the device waits for inside the micro-steps, and those after) and
+optimizer step.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from offload_study.prediction.shared import (
     StepTime,
     activation_parts,
     flops_per_micro_step,
+    forward_shares,
     layer_activation_bytes,
     model_shape,
     reserved_vector,
@@ -43,12 +47,12 @@ from offload_study.prediction.shared import (
 #: ZeRO-3's 56 %: FSDP2 runs whole layers with no hooks per parameter); its host time per decoder layer and
 #: micro-step (a pre- and post-forward and -backward hook per layer, one all-gather and one
 #: reduce-scatter, not ZeRO-3's hooks per parameter), fitted by benchmarks/prediction_accuracy.py
-#: on the FSDP2 records: 0.0115 s, about half ZeRO-3's 0.020; a rank's host runtime before its
+#: on the FSDP2 records: 0.0100 s, under half ZeRO-3's 0.0235; a rank's host runtime before its
 #: model (the interpreter, torch, CUDA's host side; no DeepSpeed and its ops), fitted on the same
 #: records: 0.93 GiB against DeepSpeed's 1.48 fitted the same way; fused AdamW at the device rate
 #: DeepSpeed's FusedAdam reaches. On a CPU rank DeepSpeed's constants stand (none fitted apart).
 FITS = {
-    "cuda": EngineFit(0.67, 0.0115, 3e10, 0.93),
+    "cuda": EngineFit(0.67, 0.0100, 3e10, 0.93),
     "cpu": EngineFit(1.0, 0.004, None, 0.55),
 }
 
@@ -192,6 +196,8 @@ def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
         pcie_s=path.pcie_seconds(spec, shape, cal),
         optimizer_s=path.optimizer_seconds(spec, shape, cal, fit.optimizer_params_per_s),
         nvme_s=0.0,
+        device_wait_s=path.device_wait_seconds(spec, shape, cal),
+        forward=forward_shares(spec, path.forward_wait_share(spec, cal)),
     )
 
 

@@ -95,6 +95,15 @@ class Fsdp2Path:
         return shard / device_rate
 
     def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Copies of a step that add after its micro-steps."""
+        return 0.0
+
+    def device_wait_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Copies of a step that the device's compute waits for inside its micro-steps."""
+        return 0.0
+
+    def forward_wait_share(self, spec: RunSpec, cal: Calibration) -> float:
+        """The forward's share of :meth:`device_wait_seconds`."""
         return 0.0
 
 
@@ -150,15 +159,33 @@ class OffloadPolicyPath(Fsdp2Path):
         """foreach AdamW on the node's cores, which its ranks share."""
         return shard_params(spec, shape) * spec.gpus_per_node / host_adam_rate(cal)
 
-    def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-        """Every micro-step the fp32 shards go up per fetch, the fp32 gradient shards come
-        down once."""
+    def device_wait_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Every micro-step the fp32 shards go up per fetch and the fp32 gradient shards come
+        down once. A unit's all-gather waits for its shards' copy-in, and its compute for the
+        all-gather: the copies add to the FLOPs (FSDP2 prefetches one unit, whose copy takes
+        longer than a layer's compute). The gradients go down on the other copy engine while
+        the backward's shards come up (PCIe is full duplex): the backward waits for the
+        longer of the two."""
         if spec.accelerator != "cuda" or not cal.h2d_gb_s:
             return 0.0
         shard = FP32 * shape.params / spec.world_size
+        up, down = self._rates(spec, cal)
+        fetches = (PARAM_FETCHES - 1) * shard / up + max(shard / up, shard / down)
+        return spec.gradient_accumulation_steps * fetches
+
+    def forward_wait_share(self, spec: RunSpec, cal: Calibration) -> float:
+        """The forward fetches once of the PARAM_FETCHES (the backward's fetch beside the
+        gradients' way down)."""
+        if spec.accelerator != "cuda" or not cal.h2d_gb_s:
+            return 0.0
+        up, down = self._rates(spec, cal)
+        return (1 / up) / ((PARAM_FETCHES - 1) / up + max(1 / up, 1 / down))
+
+    @staticmethod
+    def _rates(spec: RunSpec, cal: Calibration) -> tuple[float, float]:
+        """(host-to-device, device-to-host) bytes/s of the shards' copies."""
         up = (cal.h2d_gb_s if pinned(spec) else cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
-        down = (cal.d2h_gb_s or cal.h2d_gb_s) * GB
-        return spec.gradient_accumulation_steps * (PARAM_FETCHES * shard / up + shard / down)
+        return up, (cal.d2h_gb_s or cal.h2d_gb_s) * GB
 
 
 def path_of(spec: RunSpec) -> Fsdp2Path:
