@@ -3,8 +3,8 @@
     python benchmarks/overlap_trial.py P       # P > 0; P = inf is the committed model
 
 Runs benchmarks/prediction_accuracy.py with the micro-steps' time as the p-norm of FLOPs,
-dispatch and collectives (p = 1: their sum, p = inf: the longest, as `offload_study.prediction.shared.micro_steps_s`
-takes it), in the prediction and in the leave-one-model-out fit alike. A trial, not a model:
+dispatch and collectives in each phase (p = 1: their sum, p = inf: the longest, as
+`offload_study.prediction.shared.micro_steps_s` takes it), in the prediction and in the leave-one-model-out fit alike. A trial, not a model:
 docs/benchmarks.md ("Partial overlap ...") says what it found and why it was left out.
 """
 
@@ -28,9 +28,19 @@ def p_norm(parts: tuple[float, ...], p: float) -> float:
 def with_overlap(p: float) -> None:
     """Patch the one rule both the prediction and the fit call (this process only)."""
 
-    def micro_steps_s(flops_s, dispatch_s, comm_s, serial=False) -> float:
-        parts = (flops_s, dispatch_s, comm_s)
-        return sum(parts) if serial else p_norm(parts, p)
+    def micro_steps_s(
+        flops_s, dispatch_s, comm_s, serial=False, wait_s=0.0, forward=shared.ONE_PHASE
+    ) -> float:
+        if serial:
+            return flops_s + wait_s + dispatch_s + comm_s
+        phases = (
+            (forward.flops, forward.dispatch, forward.wait),
+            (1 - forward.flops, 1 - forward.dispatch, 1 - forward.wait),
+        )
+        return sum(
+            p_norm((flops * flops_s + wait * wait_s, host * dispatch_s, host * comm_s), p)
+            for flops, host, wait in phases
+        )
 
     shared.micro_steps_s = micro_steps_s
 

@@ -99,6 +99,10 @@ GPU_RECORDS = {
     "docs/results/h200-1gpu/engines-h200-cpu-optimizer": "config/studies/engines-h200-cpu-optimizer.yaml",
     # model F (0.68B: 48 narrow layers), every engine x offload path
     "docs/results/h200-1gpu/engines-h200-model-f": "config/studies/engines-h200-model-f.yaml",
+    # ZeRO-3 without offload on model A, three runs each beside a plain DeepSpeed loop
+    "docs/results/h200-1gpu/fidelity-h200-zero3": "config/studies/fidelity-h200-zero3.yaml",
+    # SuperOffload at DeepSpeed's defaults and plain optimizer offload, model A (its process tree)
+    "docs/results/h200-1gpu/superoffload-launch-h200": "config/studies/superoffload-launch-h200.yaml",
 }
 SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
         "world_size", "seq_len", "dtype")  # fmt: skip
