@@ -245,3 +245,25 @@ def test_read_step_speeds_measured_only_and_corrupt(tmp_path):
     (d / "steps.csv").write_bytes(b"\xff\xfe\x00garbage")
     assert C.read_step_speeds(d).size == 0
     assert C.read_step_speeds(tmp_path / "nowhere").size == 0
+
+
+def test_host_memory_takes_the_tree_and_the_ranks_own_peak_where_the_tree_may_miss_one():
+    floored = contracts.TREE_FLOORED
+    own, tree = 6.0, 1.6  # a model built on the host between two of the tree's samples
+    assert C.host_memory_gib({"host_peak_tree_gib": tree, "host_peak_rss_gib": own}) == own
+    unfloored = {
+        "host_peak_tree_gib": 33.8,
+        "host_peak_rss_gib": 22.8,
+        "host_tree_measure": "rss+uss",
+    }
+    assert C.host_memory_gib(unfloored) == 33.8  # the worker's memory counted
+    # a floored tree holds the rank's peak already; the own figure may carry the launcher's
+    trusted = {
+        "host_peak_tree_gib": 2.0,
+        "host_peak_rss_gib": 2.6,
+        "host_tree_measure": "rss+uss" + floored,
+    }
+    assert C.host_memory_gib(trusted) == 2.0
+    assert C.host_memory_gib({"host_peak_rss_gib": own}) == own
+    assert C.host_memory_gib({}) is None
+    assert C.host_memory_gib({"host_memory_gib": 3.0, "host_peak_rss_gib": own}) == 3.0

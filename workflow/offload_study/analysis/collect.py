@@ -81,7 +81,7 @@ _LIST_COLUMNS = (
 )
 #: The host memory per node that pages show and predictions are judged by: the ranks' process
 #: trees (their worker processes counted), else, in a record from before the trees were
-#: sampled, the ranks' own peaks.
+#: sampled, the ranks' own peaks (:func:`host_memory_gib`).
 HOST_MEMORY_SOURCES = ("host_peak_tree_gib", "host_peak_rss_gib")
 _REP_RE = re.compile(r"^rep(\d+)$")
 
@@ -132,8 +132,10 @@ def read_record(metrics_path: str | Path) -> dict:
     (scenario, repeat, ...) then comes from the path and the scenario's run spec when available.
     """
     p = Path(metrics_path)
+    metrics = _read_metrics(p)
     return {
-        **_read_metrics(p),
+        **metrics,
+        "host_memory_gib": host_memory_gib(metrics),
         "machine": machine_of(read_provenance(p.parent)),
         "retries": placement.retries_of(p.parent),
     }
@@ -227,10 +229,21 @@ def flatten_record(rec: dict) -> dict:
 
 
 def host_memory_gib(row: Mapping) -> float | None:
-    """Peak host memory per node of a run or a scenario (GiB): the first of
-    HOST_MEMORY_SOURCES it has; None when it has neither."""
-    values = (_num(row.get(key)) for key in HOST_MEMORY_SOURCES)
-    return next((v for v in values if math.isfinite(v)), None)
+    """Peak host memory per node of a run or a scenario (GiB): its process trees' peak; a tree
+    sampled without the rank's high-water mark as its floor (contracts.TREE_FLOORED: older
+    records, and a scenario's summary row) can miss a peak between two samples, the model built
+    on the host before it moves to the GPU, which the rank's own peak holds: the larger of the
+    two then. The rank's own peak alone in a record from before the trees; None without both.
+    A run's or scenario's row that has the figure (read_record, summarize) gives it."""
+    given = _num(row.get("host_memory_gib"))
+    if math.isfinite(given):
+        return given
+    tree, own = (_num(row.get(key)) for key in HOST_MEMORY_SOURCES)
+    if not math.isfinite(tree):
+        return own if math.isfinite(own) else None
+    if str(row.get("host_tree_measure") or "").endswith(contracts.TREE_FLOORED):
+        return tree
+    return max(tree, own) if math.isfinite(own) else tree
 
 
 def _num(v) -> float:
@@ -448,6 +461,7 @@ SUMMARY_MEASURES = [
             "nvml_used_gib",
             "host_peak_rss_gib",
             "host_peak_tree_gib",
+            "host_memory_gib",
         ],
     ),
     ("per_node_max", ["host_peak_rss_gib_per_node"]),

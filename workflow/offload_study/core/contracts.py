@@ -473,6 +473,11 @@ def read_run_spec(path: str | Path) -> RunSpec:
 
 
 # --------------------------------------------------------------------------- harness -> runner
+#: host_tree_measure's suffix on a tree's peak that is at least the rank's own high-water mark
+#: (VmHWM): a peak between two samples counts. A tree without it may miss one.
+TREE_FLOORED = "+hwm"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankStats:
     """rank<r>.stats.json: written once the device is set up (GPU cap known), again at the end."""
@@ -496,7 +501,8 @@ class RankStats:
     nvml_used_bytes: int | None = None
     host_peak_rss_bytes: int | None = None  # this process's own peak (getrusage)
     # the peak of this process and its children summed (SuperOffload's optimizer worker),
-    # sampled (probes.HostMemorySampler); host_tree_measure: "rss+uss" or "rss", what was summed
+    # sampled (probes.HostMemorySampler); host_tree_measure: "rss+uss" or "rss", what was summed,
+    # with TREE_FLOORED when the peak is at least the rank's own high-water mark
     host_peak_tree_bytes: int | None = None
     host_tree_measure: str | None = None
     steps_done: int | None = None

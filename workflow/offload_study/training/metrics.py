@@ -15,6 +15,7 @@ from offload_study import engines
 from offload_study.core import devices, units
 from offload_study.core.contracts import (
     METRICS_FIELDS,
+    TREE_FLOORED,
     RankStats,
     RunSpec,
     StepRow,
@@ -233,8 +234,18 @@ def _host_trees(stats: dict[int, RankStats], world: int, node_of: dict) -> dict:
         "host_peak_tree_gib_per_rank": per_rank,
         "host_peak_tree_gib_per_node": per_node if whole else [None] * len(per_node),
         "host_peak_tree_gib": max(per_node) if whole else None,
-        "host_tree_measure": ("rss" if "rss" in measures else "rss+uss") if measures else None,
+        "host_tree_measure": _tree_measure(measures),
     }
+
+
+def _tree_measure(measures: set[str]) -> str | None:
+    """The run's tree measure from its ranks': "rss" if any rank summed RSS alone, floored only
+    if every rank's tree was (contracts.TREE_FLOORED)."""
+    if not measures:
+        return None
+    base = {m.removesuffix(TREE_FLOORED) for m in measures}
+    floored = all(m.endswith(TREE_FLOORED) for m in measures)
+    return ("rss" if "rss" in base else "rss+uss") + (TREE_FLOORED if floored else "")
 
 
 def step_breakdown_ms(steps: list[StepRow]) -> dict | None:

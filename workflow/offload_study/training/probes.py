@@ -13,7 +13,7 @@ import threading
 import time
 
 from offload_study.core import devices, units
-from offload_study.core.contracts import GPU_CAP_LOG_PREFIX, RunSpec
+from offload_study.core.contracts import GPU_CAP_LOG_PREFIX, TREE_FLOORED, RunSpec
 
 
 # --------------------------------------------------------------------------- GPU cap
@@ -193,9 +193,11 @@ class HostMemorySampler:
         self._stop.set()
         self._thread.join(timeout=30)
         self.sample()
-        self.own_peak = max(self.own_peak, vm_hwm_bytes(self.pid) or 0)
+        hwm = vm_hwm_bytes(self.pid)
+        self.own_peak = max(self.own_peak, hwm or 0)
         self.tree_peak = max(self.tree_peak, self.own_peak)
-        return {"host_peak_tree_bytes": self.tree_peak, "host_tree_measure": self.measure}
+        measure = self.measure + (TREE_FLOORED if hwm is not None else "")
+        return {"host_peak_tree_bytes": self.tree_peak, "host_tree_measure": measure}
 
 
 def nvml_used_bytes(device_index: int) -> int | None:
