@@ -60,8 +60,12 @@ SHARES = {"step": 0.80, "gpu": 0.95, "reserved": 0.90, "host": 0.95}
 #: two configs are clearly different when one measured more than this much faster
 CLEAR_APART = 0.15
 #: the quantities by name, in the order printed
-QUANTITIES = {"step": "step time", "gpu": "GPU allocated", "reserved": "GPU reserved",
-              "host": "host per node"}  # fmt: skip
+QUANTITIES = {
+    "step": "step time",
+    "gpu": "GPU allocated",
+    "reserved": "GPU reserved",
+    "host": "host per node",
+}
 #: what no fold refits: the same for every model judged, so no record chose it
 FIXED_BY_DESIGN = (
     "the reserved causes (shared.RESERVED_CAUSES: named from allocator traces of traced runs, "
@@ -104,8 +108,15 @@ GPU_RECORDS = {
     # SuperOffload at DeepSpeed's defaults and plain optimizer offload, model A (its process tree)
     "docs/results/h200-1gpu/superoffload-launch-h200": "config/studies/superoffload-launch-h200.yaml",
 }
-SAME = ("micro_batch", "gradient_accumulation_steps", "offload_optimizer", "offload_param",
-        "world_size", "seq_len", "dtype")  # fmt: skip
+SAME = (
+    "micro_batch",
+    "gradient_accumulation_steps",
+    "offload_optimizer",
+    "offload_param",
+    "world_size",
+    "seq_len",
+    "dtype",
+)
 #: record folder -> {calibration measured on a lease that measured records of it: those
 #: records ("<config>/rep<N>"), or EVERY_RECORD}: the "lease's own" calibrations, compared
 #: with the shipped one on the same records
@@ -118,19 +129,29 @@ LEASE_CALIBRATIONS = {
     # the machine was given back between two device calls, so the records span two leases (their
     # finished_at says which); each lease's calibration by the workflow's job
     _MODEL_E: {
-        f"{_MODEL_E}/calibration.lease-1.json":
-            ("opt__mb-8/rep0", "opt__mb-4/rep0", "opt-r0.7__mb-4/rep0"),
-        f"{_MODEL_E}/calibration.lease-2.json":
-            ("opt__mb-8/rep1", "opt__mb-4/rep1", "optparam__mb-8/rep0", "optparam__mb-4/rep0"),
+        f"{_MODEL_E}/calibration.lease-1.json": (
+            "opt__mb-8/rep0",
+            "opt__mb-4/rep0",
+            "opt-r0.7__mb-4/rep0",
+        ),
+        f"{_MODEL_E}/calibration.lease-2.json": (
+            "opt__mb-8/rep1",
+            "opt__mb-4/rep1",
+            "optparam__mb-8/rep0",
+            "optparam__mb-4/rep0",
+        ),
     },
-}  # fmt: skip
+}
 #: (record folder, plain DeepSpeed loops of its configs on a later lease: raw_deepspeed.py
 #: --phase-times outputs, that lease's calibration): benchmarks/device/run_step_phases.sh
 RAW_LOOPS = [
-    (_MODEL_E, f"{_MODEL_E}/step-phases-lease-{n}/phases-*.json",
-     f"{_MODEL_E}/step-phases-lease-{n}/calibration.at-lease-h200-model-e.json")
+    (
+        _MODEL_E,
+        f"{_MODEL_E}/step-phases-lease-{n}/phases-*.json",
+        f"{_MODEL_E}/step-phases-lease-{n}/calibration.at-lease-h200-model-e.json",
+    )
     for n in (3, 4)
-]  # fmt: skip
+]
 GIB = units.gib_to_bytes(1)
 
 
@@ -143,8 +164,11 @@ def _speed_ci(m: dict) -> tuple[float, float]:
 
 
 def record_rows(
-    record_dir: Path, study: Path, calibration: Path, cluster_dir: Path = REPO_ROOT / "config" / "clusters"
-) -> list[dict]:  # fmt: skip
+    record_dir: Path,
+    study: Path,
+    calibration: Path,
+    cluster_dir: Path = REPO_ROOT / "config" / "clusters",
+) -> list[dict]:
     """One row per record of ``record_dir``: what was measured and what is predicted."""
     plan = Plan(str(study), cluster_dir=cluster_dir)
     cal = read_calibration(calibration)
@@ -167,24 +191,33 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
     cuda = spec.accelerator == "cuda"
     low, high = _speed_ci(m) if m.get("step_time_s") else (None, None)
     return {
-        "study": record_dir.name, "config": m["scenario"], "engine": spec.engine,
-        "model": model_key(spec), "model_words": model_words(spec), "params": spec.model_params,
+        "study": record_dir.name,
+        "config": m["scenario"],
+        "engine": spec.engine,
+        "model": model_key(spec),
+        "model_words": model_words(spec),
+        "params": spec.model_params,
         "mode": f"{engines.label(spec.engine)}, {offload_words(spec, ds_config)}",
         "tokens": m["global_batch"] * m["seq_len"],
         "record": f"{record_dir.name}/{m['scenario']}/rep{m['repeat']}",
         "setup": _setup(spec, ds_config),
-        "kind": "GPU" if cuda else "CPU", "outcome": m["outcome"],
+        "kind": "GPU" if cuda else "CPU",
+        "outcome": m["outcome"],
         "offload": f"{spec.offload_optimizer}/{spec.offload_param}",
         "gpu": (memory.gpu_gib if cuda else None, m["peak_gpu_allocated_gib"]),
         "ds_gpu": (ds[0] if cuda and ds else None, m["peak_gpu_allocated_gib"]),  # fsdp2: none
         "host": (memory.host_gib, collect.host_memory_gib(m)),
         "step": (times.total if times else None, m["step_time_s"]),
-        "speed": (m["global_batch"] * m["seq_len"] / times.total if times else None,
-                  m.get("tokens_per_s"), low, high),
+        "speed": (
+            m["global_batch"] * m["seq_len"] / times.total if times else None,
+            m.get("tokens_per_s"),
+            low,
+            high,
+        ),
         "bound": times.bound if times else None,
         # torch's reserved peak and nvml's used memory, bytes (None on a CPU or an old record)
-        "reserved_measured": raw.get("peak_gpu_reserved_gib") and units.gib_to_bytes(
-            raw["peak_gpu_reserved_gib"]),
+        "reserved_measured": raw.get("peak_gpu_reserved_gib")
+        and units.gib_to_bytes(raw["peak_gpu_reserved_gib"]),
         "nvml_measured": raw.get("nvml_used_gib") and units.gib_to_bytes(raw["nvml_used_gib"]),
         "features": predict.reserved_features(spec, ds_config) if cuda else None,
         "parts": _parts(spec, times) if cuda and times else None,
@@ -196,11 +229,13 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         # reserved beyond the allocated peak by blocks of known size (not fitted)
         "known_reserved_bytes": ds_model.known_reserved_bytes(spec, ds_config),
         # DeepSpeed's step timer (ms per step in metrics.json) and its prediction, seconds
-        "step_timer": (ds_model.optimizer_step_seconds(spec, ds_config, cal),
-                       (raw.get("breakdown_ms") or {}).get("step") and raw["breakdown_ms"]["step"] / 1e3),
+        "step_timer": (
+            ds_model.optimizer_step_seconds(spec, ds_config, cal),
+            (raw.get("breakdown_ms") or {}).get("step") and raw["breakdown_ms"]["step"] / 1e3,
+        ),
         # the verdict without force (the 40 GiB OOM run is forced on purpose)
         "feasible": predict.predict(replace(spec, force=False), ds_config, cal).feasible,
-    }  # fmt: skip
+    }
 
 
 def model_key(spec) -> tuple:
@@ -218,8 +253,10 @@ def model_words(spec) -> str:
     if key[0] == "parameters":
         return f"{size} (shape unknown)"
     hidden, layers, heads, kv_heads, ffn, vocab = key
-    return (f"{size}: hidden {hidden}, {layers} layers, {heads} heads ({kv_heads} key/value), "
-            f"FFN {ffn}, vocab {vocab:,}")  # fmt: skip
+    return (
+        f"{size}: hidden {hidden}, {layers} layers, {heads} heads ({kv_heads} key/value), "
+        f"FFN {ffn}, vocab {vocab:,}"
+    )
 
 
 def offload_words(spec, config: dict) -> str:
@@ -257,8 +294,11 @@ def noise_floor_lines(rows: list[dict]) -> list[str]:
     setup, spread = floor.widest
     # the out-of-sample prediction of each record (its error, model left out, applied to what
     # it measured)
-    predicted = [(r["step"][1] * (1 + r["step_error"]), by_setup[r["setup"]])
-                 for r in ok if r.get("step_error") is not None]  # fmt: skip
+    predicted = [
+        (r["step"][1] * (1 + r["step_error"]), by_setup[r["setup"]])
+        for r in ok
+        if r.get("step_error") is not None
+    ]
     in_spread = sum(accuracy.within_spread(p, m, TARGETS["step"]) for p, m in predicted)
     return [
         f"GPU step time noise floor: {again} of {floor.records} ok records share their setup "
@@ -273,10 +313,16 @@ def noise_floor_lines(rows: list[dict]) -> list[str]:
 
 def _parts(spec, times) -> accuracy.StepParts:
     fit = engines.of(spec).model.FITS[spec.accelerator]
-    return accuracy.StepParts(times.flops_s, times.dispatch_s, times.comm_s,
-                              times.pcie_s + times.optimizer_s + times.nvme_s,
-                              fit.efficiency, fit.dispatch_s_per_layer,
-                              times.device_wait_s, times.forward)  # fmt: skip
+    return accuracy.StepParts(
+        times.flops_s,
+        times.dispatch_s,
+        times.comm_s,
+        times.pcie_s + times.optimizer_s + times.nvme_s,
+        fit.efficiency,
+        fit.dispatch_s_per_layer,
+        times.device_wait_s,
+        times.forward,
+    )
 
 
 def _step_fit(rows: list[dict]) -> dict[str, tuple[float, float]]:
@@ -285,12 +331,15 @@ def _step_fit(rows: list[dict]) -> dict[str, tuple[float, float]]:
     (never its shipped constants, which were fitted on every record)."""
 
     def samples(engine=None):
-        return [(r["parts"], r["step"][1]) for r in rows
-                if r["parts"] and engine in (None, r["engine"])]  # fmt: skip
+        return [
+            (r["parts"], r["step"][1]) for r in rows if r["parts"] and engine in (None, r["engine"])
+        ]
 
     pooled = accuracy.fit_compute(samples())
-    return {name: accuracy.fit_compute(samples(name)) if samples(name) else pooled
-            for name in engines.names()}  # fmt: skip
+    return {
+        name: accuracy.fit_compute(samples(name)) if samples(name) else pooled
+        for name in engines.names()
+    }
 
 
 def _step_error(row: dict, fits: dict[str, tuple[float, float]]) -> float | None:
@@ -309,8 +358,11 @@ def _runtime_fit(rows: list[dict]) -> dict[str, float | None]:
     whose runtime is measured (its model's FITS: runtime_gib, runtime_at_init_gib), not fitted.
     FSDP2 does not load DeepSpeed and its ops: its own is fitted, DeepSpeed's measured one
     where ``rows`` hold no FSDP2 record."""
-    fsdp2 = [(units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
-             for r in rows if r["engine"] == "fsdp2"]  # fmt: skip
+    fsdp2 = [
+        (units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
+        for r in rows
+        if r["engine"] == "fsdp2"
+    ]
     measured = units.gib_to_bytes(ds_model.FITS["cuda"].runtime_gib)
     return {"deepspeed": None, "fsdp2": accuracy.fit_runtime(fsdp2) if fsdp2 else measured}
 
@@ -395,8 +447,10 @@ def _cell(pair) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| record | outcome | offload opt/param | GPU GiB pred / meas | reserved err "
-          "(model left out) | DeepSpeed estimator GiB | host GiB | step s | bound |")  # fmt: skip
+    print(
+        "| record | outcome | offload opt/param | GPU GiB pred / meas | reserved err "
+        "(model left out) | DeepSpeed estimator GiB | host GiB | step s | bound |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         outcome = r["outcome"] if r["feasible"] else f"{r['outcome']} (predicted infeasible)"
@@ -432,10 +486,15 @@ def speeds(rows: list[dict]) -> list[accuracy.Speed]:
     for name, rs in sorted(by_config.items()):
         measured = [r["speed"][1] for r in rs]
         predicted = rs[0].get("speed_out", rs[0]["speed"][0])  # the model left out, if fitted
-        out.append(accuracy.Speed(
-            name, predicted, sum(measured) / len(measured),
-            min(r["speed"][2] for r in rs), max(r["speed"][3] for r in rs),
-        ))  # fmt: skip
+        out.append(
+            accuracy.Speed(
+                name,
+                predicted,
+                sum(measured) / len(measured),
+                min(r["speed"][2] for r in rs),
+                max(r["speed"][3] for r in rs),
+            )
+        )
     return out
 
 
@@ -447,8 +506,10 @@ def summary_lines(rows: list[dict], label: str) -> list[str]:
             continue
         hits = sum(abs(e) <= TARGETS[key] for e in errs)
         verdict = "met" if hits == len(errs) else "MISSED"
-        lines.append(f"{label} {QUANTITIES[key]}: {hits}/{len(errs)} within {TARGETS[key]:.0%}, "
-                     f"worst {max(errs, key=abs):+.1%} -> {verdict}")  # fmt: skip
+        lines.append(
+            f"{label} {QUANTITIES[key]}: {hits}/{len(errs)} within {TARGETS[key]:.0%}, "
+            f"worst {max(errs, key=abs):+.1%} -> {verdict}"
+        )
     configs = speeds(rows)
     right, total, wrong = accuracy.clear_pairs(configs, CLEAR_APART)
     tau = accuracy.kendall_tau([s.predicted for s in configs], [s.measured for s in configs])
@@ -575,8 +636,9 @@ def fold_lines(folds: dict[tuple, Constants], ok: list[dict]) -> list[str]:
     params = {r["model"]: r["params"] or 0 for r in ok}
     lines = []
     for model, fit in sorted(folds.items(), key=lambda item: (params[item[0]], str(item[0]))):
-        steps = ", ".join(f"{engines.label(e)} {eff:.2f} / {disp:.4f} s"
-                          for e, (eff, disp) in fit.steps.items())  # fmt: skip
+        steps = ", ".join(
+            f"{engines.label(e)} {eff:.2f} / {disp:.4f} s" for e, (eff, disp) in fit.steps.items()
+        )
         runtime = fit.runtimes.get("fsdp2")
         lines.append(
             f"  fitted without {words[model]}: efficiency / dispatch per layer {steps}; "
@@ -592,8 +654,12 @@ def bands(rows: list[dict], kind: str = "GPU") -> dict:
     those of DeepSpeed's predictions (the plan's, the seed rows'); FSDP2's step model reuses
     DeepSpeed's fitted per-layer cost and is shown in the table, not folded into the bands."""
     errs = errors([r for r in rows if r["kind"] == kind and r["engine"] == "deepspeed"])
-    names = {"step": "step_time", "gpu": "gpu_allocated", "reserved": "gpu_reserved",
-             "host": "host"}  # fmt: skip
+    names = {
+        "step": "step_time",
+        "gpu": "gpu_allocated",
+        "reserved": "gpu_reserved",
+        "host": "host",
+    }
     return {names[k]: round(accuracy.band(v), 4) for k, v in errs.items() if v}
 
 
@@ -626,21 +692,29 @@ def main(argv=None) -> int:
         "--cpu-calibration", type=Path, help="default: <cpu-study-dir>/../calibration.json"
     )
     ap.add_argument(
-        "--gpu-calibration", action="append", default=[], metavar="CLUSTER=PATH",
+        "--gpu-calibration",
+        action="append",
+        default=[],
+        metavar="CLUSTER=PATH",
         help="a GPU cluster's calibration instead of config/calibration/<cluster>.json (e.g. "
         "one measured by `python -m offload_study.prediction.calibrate`); repeatable",
-    )  # fmt: skip
+    )
     ap.add_argument("--cpu-cluster-dir", type=Path, default=REPO_ROOT / "config" / "clusters")
-    ap.add_argument("--bands-out", type=Path, metavar="FILE",
-                    help="write the measured error bands as JSON (config/calibration/"
-                    "error_bands.json is the one the plan reads)")  # fmt: skip
+    ap.add_argument(
+        "--bands-out",
+        type=Path,
+        metavar="FILE",
+        help="write the measured error bands as JSON (config/calibration/"
+        "error_bands.json is the one the plan reads)",
+    )
     a = ap.parse_args(argv)
     chosen = dict(item.split("=", 1) for item in a.gpu_calibration)
     rows = []
     for folder, study in GPU_RECORDS.items():
         shipped = _shipped(REPO_ROOT / study)  # config/calibration/<cluster>.json
-        rows += record_rows(REPO_ROOT / folder, REPO_ROOT / study,
-                            Path(chosen.get(shipped.stem, shipped)))  # fmt: skip
+        rows += record_rows(
+            REPO_ROOT / folder, REPO_ROOT / study, Path(chosen.get(shipped.stem, shipped))
+        )
     for cluster, path in chosen.items():
         print("\n".join(calibration_lines(Path(path), label=cluster)))
     cal = None
@@ -680,9 +754,11 @@ def uncalibrated_rows() -> list[dict]:
 
 
 def print_summaries(rows: list[dict]) -> None:
-    print("GPU step time, host and reserved memory and the rankings: the model left out (its "
-          "fitted constants fitted on the other models' records); CPU and the lease "
-          "calibration's lines: constants as committed")  # fmt: skip
+    print(
+        "GPU step time, host and reserved memory and the rankings: the model left out (its "
+        "fitted constants fitted on the other models' records); CPU and the lease "
+        "calibration's lines: constants as committed"
+    )
     for kind in ("GPU", "CPU"):
         of_kind = [r for r in rows if r["kind"] == kind]
         for study in sorted({r["study"] for r in of_kind}):
@@ -692,9 +768,11 @@ def print_summaries(rows: list[dict]) -> None:
                 print(line)
             right, total = pairs_overall(of_kind)
             if total:
-                print(f"{kind} overall ranking: {right}/{total} clearly different pairs (> "
-                      f"{CLEAR_APART:.0%} apart, within each study) ordered right "
-                      f"({right / total:.0%})")  # fmt: skip
+                print(
+                    f"{kind} overall ranking: {right}/{total} clearly different pairs (> "
+                    f"{CLEAR_APART:.0%} apart, within each study) ordered right "
+                    f"({right / total:.0%})"
+                )
         if kind == "GPU" and of_kind:
             print("\n".join(noise_floor_lines(of_kind)))
             print(step_timer_line(of_kind))
@@ -708,9 +786,11 @@ def all_records_fit_lines(rows: list[dict]) -> list[str]:
     lines = []
     for name, (eff, disp) in fit.steps.items():
         shipped = engines.get(name).model.FITS["cuda"]
-        lines.append(f"step fit over every GPU record, {name}: efficiency {eff:.3f}, dispatch "
-                     f"{disp:.4f} s per layer (shipped: {shipped.efficiency}, "
-                     f"{shipped.dispatch_s_per_layer})")  # fmt: skip
+        lines.append(
+            f"step fit over every GPU record, {name}: efficiency {eff:.3f}, dispatch "
+            f"{disp:.4f} s per layer (shipped: {shipped.efficiency}, "
+            f"{shipped.dispatch_s_per_layer})"
+        )
     ds = ds_model.FITS["cuda"]
     lines.append(
         f"runtime per rank: DeepSpeed's measured, not fitted: {ds.runtime_at_init} GiB at "
@@ -735,9 +815,11 @@ def step_timer_line(rows: list[dict]) -> str:
     if not errs:
         return "GPU optimizer step: no CPU offload record with DeepSpeed's step timer"
     within = sum(abs(e) <= TARGETS["step"] for e in errs)
-    return (f"GPU optimizer step (DeepSpeed's step timer, CPU offload, predicted from the "
-            f"calibration alone): {within}/{len(errs)} within 10%, worst "
-            f"{max(errs, key=abs):+.1%}")  # fmt: skip
+    return (
+        f"GPU optimizer step (DeepSpeed's step timer, CPU offload, predicted from the "
+        f"calibration alone): {within}/{len(errs)} within 10%, worst "
+        f"{max(errs, key=abs):+.1%}"
+    )
 
 
 def _leased(rows: list[dict], records: tuple[str, ...]) -> list[dict]:
@@ -790,18 +872,21 @@ def print_lease_calibrations(tmp: Path) -> None:
             for path, records in leases.items():
                 cal = _variant(variant, REPO_ROOT / path, shipped, tmp)
                 rows += _leased(record_rows(REPO_ROOT / folder, study, cal), records)
-            label = Path(folder).name + (", shipped calibration" if variant == "shipped"
-                                         else f", {names} ({variant})")  # fmt: skip
+            label = Path(folder).name + (
+                ", shipped calibration" if variant == "shipped" else f", {names} ({variant})"
+            )
             print("\n".join(x for x in summary_lines(rows, label) if any(w in x for w in wanted)))
             print(f"{label}: {step_timer_line(rows)}")
 
 
 def _loop_errors(loop: dict, spec, ds_config: dict, cal) -> str:
     """A plain loop's step and DeepSpeed's step timer against their predictions with ``cal``."""
-    step = accuracy.rel_error(predict.step_time(spec, ds_config, cal).total,
-                              loop["step_time_s_median"])  # fmt: skip
-    timer = accuracy.rel_error(ds_model.optimizer_step_seconds(spec, ds_config, cal),
-                               loop["phase_s_median"]["step"])  # fmt: skip
+    step = accuracy.rel_error(
+        predict.step_time(spec, ds_config, cal).total, loop["step_time_s_median"]
+    )
+    timer = accuracy.rel_error(
+        ds_model.optimizer_step_seconds(spec, ds_config, cal), loop["phase_s_median"]["step"]
+    )
     return f"{step:+.1%} (step timer {timer:+.1%})"
 
 
@@ -816,21 +901,28 @@ def print_raw_loops(tmp: Path) -> None:
             loop = read_json(path)
             name = loop["scenario"]
             ds_config = read_json(REPO_ROOT / folder / "configs" / f"{name}.json")
-            errs = [f"{variant} {_loop_errors(loop, plan.by_name[name], ds_config, cal)}"
-                    for variant, cal in cals.items()]  # fmt: skip
-            print(f"{Path(folder).name} raw loop {name} ({Path(lease).parent.name}): "
-                  f"{loop['step_time_s_median']:.3f} s; " + ", ".join(errs))  # fmt: skip
+            errs = [
+                f"{variant} {_loop_errors(loop, plan.by_name[name], ds_config, cal)}"
+                for variant, cal in cals.items()
+            ]
+            print(
+                f"{Path(folder).name} raw loop {name} ({Path(lease).parent.name}): "
+                f"{loop['step_time_s_median']:.3f} s; " + ", ".join(errs)
+            )
 
 
 def write_bands(path: Path, rows: list[dict], uncalibrated: list[dict], argv) -> None:
     """{"calibrated": {...}, "uncalibrated": {...}, "measured_by": ..., "records": N} (the one
     reader: offload_study.prediction.error_bands): the largest absolute error out of sample of
     each quantity, with the shipped calibrations and with the GPU catalog's values."""
-    gpu_ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"
-              and r["engine"] == "deepspeed"]  # fmt: skip
+    gpu_ok = [
+        r
+        for r in rows
+        if r["kind"] == "GPU" and r["outcome"] == "ok" and r["engine"] == "deepspeed"
+    ]
     command = "python benchmarks/prediction_accuracy.py " + " ".join(
         sys.argv[1:] if argv is None else argv
-    )  # fmt: skip
+    )
     out = {
         "calibrated": bands(rows),
         "uncalibrated": bands(uncalibrated),

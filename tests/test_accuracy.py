@@ -64,8 +64,12 @@ def test_band_is_the_largest_absolute_error_or_a_quantile():
 
 
 def test_folds_never_fit_on_the_judged_model_whatever_study_holds_it():
-    rows = [{"study": "s1", "model": "a", "y": 1.0}, {"study": "s2", "model": "a", "y": 2.0},
-            {"study": "s2", "model": "b", "y": 3.0}, {"study": "s3", "model": "c", "y": 5.0}]  # fmt: skip
+    rows = [
+        {"study": "s1", "model": "a", "y": 1.0},
+        {"study": "s2", "model": "a", "y": 2.0},
+        {"study": "s2", "model": "b", "y": 3.0},
+        {"study": "s3", "model": "c", "y": 5.0},
+    ]
     fit = lambda rs: sum(r["y"] for r in rs) / len(rs)  # noqa: E731
     assert accuracy.folds(rows, fit, "model") == {"a": 4.0, "b": 8 / 3, "c": 2.0}
 
@@ -106,8 +110,11 @@ def test_reserved_prediction_adds_the_allocator_slack_and_the_context(gpu_spec):
     allocated = row.gpu_gib
     tight = dataclasses.replace(row, gpu_budget_gib=allocated * 1.05)
     assert predict.refusal(dataclasses.replace(spec, force=False), tight) is not None
-    older = dataclasses.replace(tight, gpu_reserved_gib=None,  # a plan.csv before the columns
-                                gpu_reserved_with_context_gib=None)  # fmt: skip
+    older = dataclasses.replace(
+        tight,
+        gpu_reserved_gib=None,  # a plan.csv before the columns
+        gpu_reserved_with_context_gib=None,
+    )
     assert predict.refusal(dataclasses.replace(spec, force=False), older) is None
 
 
@@ -180,8 +187,9 @@ def gpu_spec():
     from offload_study.planning.plan import Plan
 
     folder = ROOT / "docs/results/h200-1gpu/sweep-h200-1gpu-24g"
-    plan = Plan(str(ROOT / "config/studies/sweep-h200-1gpu-24g.yaml"),
-                cluster_dir=ROOT / "config/clusters")  # fmt: skip
+    plan = Plan(
+        str(ROOT / "config/studies/sweep-h200-1gpu-24g.yaml"), cluster_dir=ROOT / "config/clusters"
+    )
     name = "opt__mb-8__rbs-5e8"
     return plan.by_name[name], read_json(folder / "configs" / f"{name}.json")
 
@@ -192,8 +200,10 @@ def test_accuracy_report_over_the_committed_gpu_records(tmp_path):
     out = tmp_path / "bands.json"
     res = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/prediction_accuracy.py"), "--bands-out", str(out)],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
     models = next(line for line in lines if line.startswith("Models found (by shape): "))
@@ -234,12 +244,24 @@ def test_accuracy_report_over_the_sessions_cpu_records(cross_cluster, cpu_calibr
         records = next((cross_cluster.root / "results" / cluster).glob("*/"))
         out = tmp_path / f"{cluster}.bands.json"
         res = subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks/prediction_accuracy.py"),
-             "--cpu-study-dir", str(records), "--cpu-study", str(study),
-             "--cpu-cluster-dir", str(cross_cluster.root / "clusters"),
-             "--cpu-calibration", str(cpu_calibration), "--bands-out", str(out)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(ROOT / "benchmarks/prediction_accuracy.py"),
+                "--cpu-study-dir",
+                str(records),
+                "--cpu-study",
+                str(study),
+                "--cpu-cluster-dir",
+                str(cross_cluster.root / "clusters"),
+                "--cpu-calibration",
+                str(cpu_calibration),
+                "--bands-out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         bands[cluster] = json.loads(out.read_text())["cpu"]
     print(bands)

@@ -131,10 +131,18 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
     growth = ("forward_per_element", "backward_per_element", "rest_per_token")
     assert all(costs[k] >= 0 for costs in probed for k in growth)
     assert all((costs["tokens"], costs["layer_elements"]) == (64, 64 * 64) for costs in probed)
-    for rate in (cal.matmul_tflops, cal.cpu_adam_params_per_s, cal.torch_adam_params_per_s,
-                 cal.fp16_check_elems_per_s, cal.grad_unscale_params_per_s,
-                 cal.master_copy_params_per_s, cal.disk_read_gb_s,
-                 cal.disk_write_gb_s, cal.collective_latency_s, cal.interconnect_gb_s):  # fmt: skip
+    for rate in (
+        cal.matmul_tflops,
+        cal.cpu_adam_params_per_s,
+        cal.torch_adam_params_per_s,
+        cal.fp16_check_elems_per_s,
+        cal.grad_unscale_params_per_s,
+        cal.master_copy_params_per_s,
+        cal.disk_read_gb_s,
+        cal.disk_write_gb_s,
+        cal.collective_latency_s,
+        cal.interconnect_gb_s,
+    ):
         assert math.isfinite(rate) and rate > 0
     assert 1e-6 < cal.collective_latency_s < 0.1
     # a rank's host runtime, measured in a fresh process (on an H200: 1.43 / 2.02-2.06 GiB)
@@ -147,10 +155,15 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
     assert cal.master_upload_params_per_s is None
     assert cal.source.startswith("measured by offload_study.prediction.calibrate")
     spread = cal.provenance["spread"]
-    for key in ("matmul_tflops", "cpu_adam_params_per_s", "torch_adam_params_per_s",
-                "fp16_check_elems_per_s", "all-gather 2 KiB",
-                "1 rank(s), seq 32, 3 layer(s): forward",
-                "2 rank(s), seq 128, 1 layer(s): micro-step"):  # fmt: skip
+    for key in (
+        "matmul_tflops",
+        "cpu_adam_params_per_s",
+        "torch_adam_params_per_s",
+        "fp16_check_elems_per_s",
+        "all-gather 2 KiB",
+        "1 rank(s), seq 32, 3 layer(s): forward",
+        "2 rank(s), seq 128, 1 layer(s): micro-step",
+    ):
         assert spread[key]["low"] <= spread[key]["median"] <= spread[key]["high"]
     assert cal.provenance["sizes"]["adam"] * 16 >= 4 * cal.provenance["last_level_cache_bytes"]
 
@@ -160,12 +173,15 @@ def test_layer_costs_are_the_slope_and_intercept_of_two_engines():
         return calibrate.Timing(seconds, seconds, seconds, 1, 1)
 
     # 1 layer: forward 0.03 s, micro-step 0.1 s; 3 layers: forward 0.07 s, micro-step 0.2 s
-    costs = calibrate._slope_costs((1, (timing(0.03), timing(0.1))),
-                                   (3, (timing(0.07), timing(0.2))))  # fmt: skip
+    costs = calibrate._slope_costs(
+        (1, (timing(0.03), timing(0.1))), (3, (timing(0.07), timing(0.2)))
+    )
     assert costs == pytest.approx({"forward": 0.02, "backward": 0.03, "rest": 0.05})
     # a noisy sample never gives a negative cost
-    assert calibrate._slope_costs((1, (timing(0.05), timing(0.1))),
-                                  (3, (timing(0.07), timing(0.1))))["backward"] == 0  # fmt: skip
+    noisy = calibrate._slope_costs(
+        (1, (timing(0.05), timing(0.1))), (3, (timing(0.07), timing(0.1)))
+    )
+    assert noisy["backward"] == 0
 
 
 def test_growth_with_size_is_per_element_of_a_layer_and_per_token_of_the_rest():
@@ -173,14 +189,25 @@ def test_growth_with_size_is_per_element_of_a_layer_and_per_token_of_the_rest():
     large = {"forward": 0.004, "backward": 0.0024, "rest": 0.0084}  # backward: noise, shrank
     got = calibrate._size_costs(small, large)
     # 2 x 32 and 2 x 128 tokens of hidden 64: 4,096 and 16,384 elements
-    assert got == pytest.approx({**small, "layer_elements": 4096, "tokens": 64,
-                                 "forward_per_element": 0.002 / 12288,
-                                 "backward_per_element": 0.0, "rest_per_token": 0.0024 / 192})  # fmt: skip
+    assert got == pytest.approx(
+        {
+            **small,
+            "layer_elements": 4096,
+            "tokens": 64,
+            "forward_per_element": 0.002 / 12288,
+            "backward_per_element": 0.0,
+            "rest_per_token": 0.0024 / 192,
+        }
+    )
 
 
 def test_cli_needs_a_cluster_and_an_output():
-    res = subprocess.run([sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "x"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "offload_study.prediction.calibrate", "--cluster", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "--cluster and --out are required" in res.stderr
 
 
@@ -201,25 +228,34 @@ def test_a_file_that_is_not_a_calibration_is_refused(tmp_path):
 
 
 def test_measure_until_stable_stops_once_the_last_samples_agree_or_at_its_cap():
-    timing, settled = calibrate.measure_until_stable(lambda: time.sleep(0.002), window=3,
-                                                     spread=0.5, min_sample_s=0.0)  # fmt: skip
+    timing, settled = calibrate.measure_until_stable(
+        lambda: time.sleep(0.002), window=3, spread=0.5, min_sample_s=0.0
+    )
     assert settled and timing.samples == 3
     noisy = iter([0.001, 0.02] * 50)
     timing, settled = calibrate.measure_until_stable(
         lambda: time.sleep(next(noisy)), window=3, spread=0.01, max_samples=6, min_sample_s=0.0
-    )  # fmt: skip
+    )
     assert not settled and timing.samples == 3 and timing.summary()["spread_pct"] > 50
 
 
 def test_workload_of_a_study_is_its_partition_layer_shapes_and_buckets():
-    work = calibrate.workload_of(str(REPO_ROOT / "config/config.yaml"),
-                                 str(REPO_ROOT / "config/clusters"))  # fmt: skip
+    work = calibrate.workload_of(
+        str(REPO_ROOT / "config/config.yaml"), str(REPO_ROOT / "config/clusters")
+    )
     assert work.adam_params > 0 and work.copy_bytes
     assert work.sub_group_params == 100_000_000  # the generated config's sub_group_size
     m, k, n = max(work.matmul_shapes, key=lambda s: s[0] * s[1] * s[2])
     assert m % 2 == 0 and k > 0 and n > 0
-    assert calibrate.layer_matmuls(8, 4, 16, 2) == [(8, 4, 4), (8, 4, 4), (8, 4, 2), (8, 4, 2),
-                                                   (8, 4, 16), (8, 4, 16), (8, 16, 4)]  # fmt: skip
+    assert calibrate.layer_matmuls(8, 4, 16, 2) == [
+        (8, 4, 4),
+        (8, 4, 4),
+        (8, 4, 2),
+        (8, 4, 2),
+        (8, 4, 16),
+        (8, 4, 16),
+        (8, 16, 4),
+    ]
 
 
 def test_the_runtime_probe_measures_a_fresh_rank_at_both_moments():

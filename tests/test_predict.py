@@ -30,20 +30,45 @@ from offload_study.planning.plan import Plan, write_scenario_files
 from offload_study.prediction import predict, shared
 
 GIB = 2**30
-H200 = {"name": "g", "accelerator": "cuda", "gpus_per_node": 8, "gpu_mem_gb": 141,
-        "gpu_model": "NVIDIA H200", "nvme_path": "/tmp/nvme", "nvme_capacity_gb": 100}  # fmt: skip
+H200 = {
+    "name": "g",
+    "accelerator": "cuda",
+    "gpus_per_node": 8,
+    "gpu_mem_gb": 141,
+    "gpu_model": "NVIDIA H200",
+    "nvme_path": "/tmp/nvme",
+    "nvme_capacity_gb": 100,
+}
 #: A Llama small enough to count by hand: P = 2 x 1000 x 64 + 2 x (4 x 64^2 + 3 x 64 x 128
 #: + 2 x 64) + 64 = 128,000 + 2 x 41,088 + 64 = 210,240 parameters.
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-         "vocab_size": 1000, "max_position_embeddings": 128}  # fmt: skip
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "max_position_embeddings": 128,
+}
 P = 210_240
 #: The GPU part the optimizer step adds beyond the freed activations.
 STEP_PART = "optimizer step: one sub-group's fp32 gradients or the overflow check"
-CAL = Calibration(cluster="g", accelerator="cuda", source="test", matmul_tflops=100.0,
-                  matmul_dtype="bf16", cpu_adam_params_per_s=1e9, cpu_adam_threads=16,
-                  h2d_gb_s=50.0, d2h_gb_s=50.0, pageable_h2d_gb_s=10.0, disk_read_gb_s=1.0,
-                  disk_write_gb_s=2.0, interconnect_gb_s=100.0)  # fmt: skip
+CAL = Calibration(
+    cluster="g",
+    accelerator="cuda",
+    source="test",
+    matmul_tflops=100.0,
+    matmul_dtype="bf16",
+    cpu_adam_params_per_s=1e9,
+    cpu_adam_threads=16,
+    h2d_gb_s=50.0,
+    d2h_gb_s=50.0,
+    pageable_h2d_gb_s=10.0,
+    disk_read_gb_s=1.0,
+    disk_write_gb_s=2.0,
+    interconnect_gb_s=100.0,
+)
 
 
 def gpu_spec(scenario=None, **study):
@@ -127,8 +152,9 @@ def test_the_partition_as_built_counts_at_initialization_only_where_that_moment_
     assert fit.runtime_at_init < fit.runtime_gib  # measured: 1.44 and 2.04 GiB
 
     def rank(offload, runtime_at_init_gib):
-        monkeypatch.setitem(ds_model.FITS, "cuda", dataclasses.replace(
-            fit, runtime_at_init_gib=runtime_at_init_gib))  # fmt: skip
+        monkeypatch.setitem(
+            ds_model.FITS, "cuda", dataclasses.replace(fit, runtime_at_init_gib=runtime_at_init_gib)
+        )
         spec = gpu_spec(offload)
         return ds_model.rank_host_parts(spec, shared.model_shape(spec), ds_model.knobs(ds(spec)))
 
@@ -178,8 +204,12 @@ def test_activations_without_checkpointing_keep_every_layer():
 
 
 def test_knobs_are_read_from_the_deepspeed_config():
-    spec = gpu_spec({"zero": {"reduce_bucket_size": 1000, "stage3_max_live_parameters": 77},
-                     "offload_param": "nvme"})  # fmt: skip
+    spec = gpu_spec(
+        {
+            "zero": {"reduce_bucket_size": 1000, "stage3_max_live_parameters": 77},
+            "offload_param": "nvme",
+        }
+    )
     k = ds_model.knobs(ds(spec))
     assert (k.reduce_bucket, k.max_live) == (1000, 77)
     assert k.param_buffers == 5 * 100_000_000  # DeepSpeed's offload_param defaults
@@ -239,8 +269,12 @@ def test_the_offloaded_step_makes_its_host_passes_at_their_calibrated_rates():
     """DeepSpeed's step over the offloaded sub-groups: CPU Adam, the unscale of the fp32
     gradients, and the fp32 master's copy into the bf16 partition: on the host when the
     parameters are offloaded, else to the GPU at the upload's rate (not a pinned copy)."""
-    cal = dataclasses.replace(CAL, grad_unscale_params_per_s=4e9, master_copy_params_per_s=5e9,
-                              master_upload_params_per_s=2e8)  # fmt: skip
+    cal = dataclasses.replace(
+        CAL,
+        grad_unscale_params_per_s=4e9,
+        master_copy_params_per_s=5e9,
+        master_upload_params_per_s=2e8,
+    )
     both = gpu_spec({"offload_optimizer": "cpu", "offload_param": "cpu"})
     assert ds_model.host_step_seconds_per_param(both, cal) == pytest.approx(
         1 / 1e9 + 1 / 4e9 + 1 / 5e9
@@ -288,16 +322,28 @@ def test_each_partitioned_tensor_is_gathered_per_fetch_at_its_latency():
 
 #: A CPU node's calibration with the probe's host seconds per decoder layer (1 and 2 ranks).
 CPU_CAL = dataclasses.replace(
-    CAL, accelerator="cpu", matmul_tflops=1.0, h2d_gb_s=None, d2h_gb_s=None,
-    pageable_h2d_gb_s=None, interconnect_gb_s=1.0, collective_latency_s=1e-4,
-    zero3_layer_s={"1": {"forward": 0.003, "backward": 0.004, "rest": 0.02},
-                   "2": {"forward": 0.001, "backward": 0.002, "rest": 0.01}},
-)  # fmt: skip
+    CAL,
+    accelerator="cpu",
+    matmul_tflops=1.0,
+    h2d_gb_s=None,
+    d2h_gb_s=None,
+    pageable_h2d_gb_s=None,
+    interconnect_gb_s=1.0,
+    collective_latency_s=1e-4,
+    zero3_layer_s={
+        "1": {"forward": 0.003, "backward": 0.004, "rest": 0.02},
+        "2": {"forward": 0.001, "backward": 0.002, "rest": 0.01},
+    },
+)
 
 
 def cpu_spec(ranks: int):
-    return make_spec("local-cpu", {"gpus_per_node": ranks}, model={"config": dict(LLAMA)},
-                     gradient_checkpointing=True)  # fmt: skip
+    return make_spec(
+        "local-cpu",
+        {"gpus_per_node": ranks},
+        model={"config": dict(LLAMA)},
+        gradient_checkpointing=True,
+    )
 
 
 def test_cpu_ranks_add_compute_layers_and_collectives_by_hand():
@@ -413,8 +459,12 @@ def test_unpinned_offload_copies_go_at_the_pageable_rate_by_hand():
 
 
 def test_superoffload_and_zenflow_cpu_adam_by_hand():
-    k = ds_model.knobs({"zero_optimization": {"offload_optimizer": {"super_offload": True}},
-                       "gradient_clipping": 1.0})  # fmt: skip
+    k = ds_model.knobs(
+        {
+            "zero_optimization": {"offload_optimizer": {"super_offload": True}},
+            "gradient_clipping": 1.0,
+        }
+    )
     # a worker on 80 % of the cores; clipping waits for the global norm: all at the step
     assert ds_model.host_optimizer_seconds(None, k, 1.0, 0.25, 0.9) == pytest.approx(1.25)
     free = dataclasses.replace(k, clipping=0.0)  # overlaps 2/3 of 0.9 s, never below the last
@@ -443,19 +493,29 @@ def test_zenflow_memory_and_its_auto_interval_is_a_stated_bound():
 
 def test_modes_deepspeed_refuses_on_a_cpu_accelerator_are_not_timed():
     for mode in ({"super_offload": True}, {"zenflow": {"update_interval": 2}}):
-        spec = make_spec("local-cpu", {"offload_optimizer": "cpu", **mode},
-                         model={"config": dict(LLAMA)})  # fmt: skip
+        spec = make_spec(
+            "local-cpu", {"offload_optimizer": "cpu", **mode}, model={"config": dict(LLAMA)}
+        )
         row = predict.predict(spec, ds(spec), CPU_CAL)
         assert row.step_time_s is None and row.host_gib is not None
         assert "not predicted" in row.note
 
 
 def test_cpu_host_time_grows_with_the_layer_as_the_one_rank_probe_measured():
-    growth = {"layer_elements": 4096, "tokens": 64, "forward_per_element": 1e-7,
-              "backward_per_element": 2e-7, "rest_per_token": 1e-5}  # fmt: skip
-    cal = dataclasses.replace(CPU_CAL, zero3_layer_s={
-        "1": {**CPU_CAL.zero3_layer_s["1"], **growth},
-        "2": {**CPU_CAL.zero3_layer_s["2"], "backward_per_element": 9.0}})  # fmt: skip
+    growth = {
+        "layer_elements": 4096,
+        "tokens": 64,
+        "forward_per_element": 1e-7,
+        "backward_per_element": 2e-7,
+        "rest_per_token": 1e-5,
+    }
+    cal = dataclasses.replace(
+        CPU_CAL,
+        zero3_layer_s={
+            "1": {**CPU_CAL.zero3_layer_s["1"], **growth},
+            "2": {**CPU_CAL.zero3_layer_s["2"], "backward_per_element": 9.0},
+        },
+    )
     spec = cpu_spec(2)  # micro-batch 2 x seq 64 = 128 tokens of hidden 64: 8,192 elements
     more = 8192 - 4096
     # the 2-rank costs, grown by the one-rank probe's rates (never the group's own)
@@ -547,8 +607,17 @@ def impossible_run(tmp_path: Path, plan_csv: bool):
 @pytest.mark.parametrize("plan_csv", [True, False], ids=["plan.csv", "no-plan.csv"])
 def test_runner_records_infeasible_and_launches_nothing(tmp_path, plan_csv):
     spec_path, outdir = impossible_run(tmp_path, plan_csv)
-    cmd = [sys.executable, "-m", "offload_study.training.runner", "--spec", str(spec_path),
-           "--repeat", "0", "--outdir", str(outdir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "offload_study.training.runner",
+        "--spec",
+        str(spec_path),
+        "--repeat",
+        "0",
+        "--outdir",
+        str(outdir),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     m = json.loads((outdir / "metrics.json").read_text())
@@ -578,8 +647,17 @@ def plan_study(tmp_path: Path, config) -> tuple[dict, dict]:
         cal = tmp_path / "calibration.json"
         contracts.write_calibration(cal, dataclasses.replace(CAL, accelerator="cpu"))
     out, csv = tmp_path / "plan.json", tmp_path / "plan.csv"
-    argv = ["--plan-json", str(tmp_path / "plan.unchecked.json"), "--out", str(out),
-            "--plan-csv", str(csv), "--calibration", str(cal), *specs]  # fmt: skip
+    argv = [
+        "--plan-json",
+        str(tmp_path / "plan.unchecked.json"),
+        "--out",
+        str(out),
+        "--plan-csv",
+        str(csv),
+        "--calibration",
+        str(cal),
+        *specs,
+    ]
     assert plan_main(argv) == 0
     return read_json(out), contracts.read_predictions(csv)
 
@@ -622,11 +700,18 @@ def test_predict_only_scenarios_are_planned_not_trained(tmp_path):
 
 def test_report_section_puts_predicted_beside_measured(tmp_path):
     plan, rows = plan_study(tmp_path, REPO_ROOT / "config/config.yaml")
-    summary = pd.DataFrame([
-        {"scenario": "zero3-2rank", "step_time_s": 0.5, "host_peak_rss_gib": 1.0,
-         "tokens_per_s": 2048.0, "label": "base"},
-        {"scenario": "offload-opt-2rank", "step_time_s": 0.8, "host_peak_rss_gib": 2.0},
-    ])  # fmt: skip
+    summary = pd.DataFrame(
+        [
+            {
+                "scenario": "zero3-2rank",
+                "step_time_s": 0.5,
+                "host_peak_rss_gib": 1.0,
+                "tokens_per_s": 2048.0,
+                "label": "base",
+            },
+            {"scenario": "offload-opt-2rank", "step_time_s": 0.8, "host_peak_rss_gib": 2.0},
+        ]
+    )
     view = predicted_view(plan, summary)
     by = {r["scenario"]: r for r in view["rows"]}
     step = by["zero3-2rank"]["step"]
@@ -649,8 +734,16 @@ def test_report_partial_renders_predictions_and_labels_predict_only(tmp_path):
 
     config = load_study(REPO_ROOT / "config/studies/seed-2gpu.yaml")
     plan, _ = plan_study(tmp_path, config)
-    summary = pd.DataFrame([{"scenario": "zero3-2gpu", "step_time_s": 19.5,
-                             "peak_gpu_allocated_gib": 60.6, "status": "ok"}])  # fmt: skip
+    summary = pd.DataFrame(
+        [
+            {
+                "scenario": "zero3-2gpu",
+                "step_time_s": 19.5,
+                "peak_gpu_allocated_gib": 60.6,
+                "status": "ok",
+            }
+        ]
+    )
     view = predicted_view(plan, summary)
     html = _environment().get_template("_predicted.html.j2").render(predicted=view)
     assert 'id="predicted-table"' in html and "Predicted only (not run on this cluster)" in html

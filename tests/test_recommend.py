@@ -29,13 +29,22 @@ DS, FSDP2 = "deepspeed", "fsdp2"
 
 def study(**recommend_block) -> dict:
     return {
-        "study": "rec-test", "cluster": "local-cpu", "model": {"config": dict(SMALL_LLAMA)},
-        "seq_len": 64, "dtype": "bf16", "global_batch": 8, "micro_batch": 2,
-        "gradient_checkpointing": False, "steps": 6, "warmup_steps": 2, "timeout_min": 15,
+        "study": "rec-test",
+        "cluster": "local-cpu",
+        "model": {"config": dict(SMALL_LLAMA)},
+        "seq_len": 64,
+        "dtype": "bf16",
+        "global_batch": 8,
+        "micro_batch": 2,
+        "gradient_checkpointing": False,
+        "steps": 6,
+        "warmup_steps": 2,
+        "timeout_min": 15,
         "recommend": {"gpu_mem_gb": 40, "gpus_per_node": 1, "cpu_mem_gb": 16, **recommend_block},
-        "scenarios": [{"name": "ref", "gpus_per_node": 1, "offload_optimizer": "cpu",
-                       "predict_only": True}],
-    }  # fmt: skip
+        "scenarios": [
+            {"name": "ref", "gpus_per_node": 1, "offload_optimizer": "cpu", "predict_only": True}
+        ],
+    }
 
 
 def local_cpu() -> dict:
@@ -45,21 +54,26 @@ def local_cpu() -> dict:
 def test_every_grid_entry_of_the_registry_is_one_of_the_schemas_offload_modes():
     """An engine folder's grid entries are the offload modes a study's grid names (a new
     folder's entry outside them would never be tried: this says so)."""
-    enum = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"][
-        "offload"]["items"]["enum"]  # fmt: skip
+    grid = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]
+    enum = grid["offload"]["items"]["enum"]
     assert candidates.MODES == tuple(enum)
     found = candidates.entries()
     assert found and all(entry.mode in enum for entry in found), [
-        (e.engine.name, e.path.name, e.keys) for e in found if e.mode not in enum]  # fmt: skip
+        (e.engine.name, e.path.name, e.keys) for e in found if e.mode not in enum
+    ]
     assert len({e.base for e in found}) == len(found)  # distinct names
     grid = load_schema("study")["properties"]["recommend"]["properties"]["grid"]["properties"]
     assert grid["engine"]["items"]["enum"] == list(engines.names())
 
 
 def test_the_grid_becomes_capped_candidate_scenarios():
-    grid = {"engine": [DS], "offload": ["optimizer", "zenflow"],
-            "offload_optimizer_ratio": [0.5, 1.0], "micro_batch": [1, 2],
-            "zero": {"reduce_bucket_size": ["5e8"]}}  # fmt: skip
+    grid = {
+        "engine": [DS],
+        "offload": ["optimizer", "zenflow"],
+        "offload_optimizer_ratio": [0.5, 1.0],
+        "micro_batch": [1, 2],
+        "zero": {"reduce_bucket_size": ["5e8"]},
+    }
     found = candidates.candidates(load_study(study(grid=grid)), local_cpu())
     opt = f"rec-{DS}-cpu-none"
     assert [c["name"] for c in found] == [
@@ -81,7 +95,10 @@ def test_the_grid_becomes_capped_candidate_scenarios():
         "capped": True,
     }  # the budget caps each
     assert {c["group"] for c in space["candidates"].values()} == {
-        opt, f"{opt}__ratio-0.5", f"{opt}-zenflow"}  # fmt: skip
+        opt,
+        f"{opt}__ratio-0.5",
+        f"{opt}-zenflow",
+    }
     assert space["references"] == []  # the only own scenario is predict-only
     assert space["max_measured"] == 4 and space["top_n"] is None
 
@@ -90,26 +107,33 @@ def test_a_grid_that_names_no_engine_searches_every_engine():
     """Each engine contributes its offload paths (the registry's grids); one that cannot run on
     the cluster is left out with its engine's reason; an engine without a ZeRO block is searched
     without the grid's ZeRO knobs."""
-    grid = {"offload": ["none", "optimizer", "optimizer+param"], "micro_batch": [2, 4],
-            "zero": {"reduce_bucket_size": [5e8, 2e8]}}  # fmt: skip
+    grid = {
+        "offload": ["none", "optimizer", "optimizer+param"],
+        "micro_batch": [2, 4],
+        "zero": {"reduce_bucket_size": [5e8, 2e8]},
+    }
     found, left_out = candidates.grid(load_study(study(grid=grid)), local_cpu())
     by_engine: dict[str, set] = {}
     for c in found:
         by_engine.setdefault(c.engine, set()).add(c.scenario["name"])
     assert set(by_engine) == set(engines.names()) >= {DS, FSDP2}
-    assert by_engine[FSDP2] == {f"rec-{FSDP2}-{path}__mb-{mb}" for mb in (2, 4)
-                                for path in ("none", "cpu-offload-policy")}  # fmt: skip
+    assert by_engine[FSDP2] == {
+        f"rec-{FSDP2}-{path}__mb-{mb}" for mb in (2, 4) for path in ("none", "cpu-offload-policy")
+    }
     assert len(by_engine[DS]) == 3 * 2 * 2  # none, optimizer, optimizer+param x mb x bucket
     labels = {c.scenario["label"] for c in found if c.engine == FSDP2}
-    assert labels == {"FSDP2 — no offload", "FSDP2 — parameters, gradients and optimizer states "
-                      "offloaded to the CPU together (CPUOffloadPolicy)"}  # fmt: skip
+    assert labels == {
+        "FSDP2 — no offload",
+        "FSDP2 — parameters, gradients and optimizer states "
+        "offloaded to the CPU together (CPUOffloadPolicy)",
+    }
     # every path registered is picked up: FSDP2's optimizer-only offload needs a CUDA GPU
     (out,) = left_out
     assert out["engine"] == FSDP2 and out["label"].startswith("FSDP2 — optimizer offload")
     assert "needs a CUDA GPU" in out["why"]
     only = {**grid, "engine": [FSDP2]}
-    assert {c.engine for c in candidates.grid(load_study(study(grid=only)), local_cpu())[0]} == {
-        FSDP2}  # fmt: skip
+    only_found, _ = candidates.grid(load_study(study(grid=only)), local_cpu())
+    assert {c.engine for c in only_found} == {FSDP2}
     plan = Plan(study(grid=grid))  # admitted as a study: every candidate its engine takes
     space = recommend.space(plan)
     assert {c["engine"] for c in space["candidates"].values()} == {DS, FSDP2}
@@ -118,8 +142,11 @@ def test_a_grid_that_names_no_engine_searches_every_engine():
 
 @pytest.mark.refuses_bad_input
 def test_a_grid_too_large_or_a_clashing_name_is_refused():
-    big = {"engine": [DS], "micro_batch": list(range(1, 9)),
-           "offload": ["optimizer", "optimizer+param"]}  # fmt: skip
+    big = {
+        "engine": [DS],
+        "micro_batch": list(range(1, 9)),
+        "offload": ["optimizer", "optimizer+param"],
+    }
     with pytest.raises(StudyError, match="recommend.grid: 16 candidates, more than recommend.max"):
         candidates.with_candidates(load_study(study(grid=big, max_candidates=10)), local_cpu())
     clash = study(grid={"engine": [DS], "offload": ["optimizer"]})
@@ -131,33 +158,65 @@ def test_a_grid_too_large_or_a_clashing_name_is_refused():
         candidates.with_candidates(load_study(typo), local_cpu())
 
 
-def _prediction(name: str, tps: float, feasible: bool = True, gpu_gib: float = 30,
-                band: float | None = None) -> Prediction:  # fmt: skip
+def _prediction(
+    name: str, tps: float, feasible: bool = True, gpu_gib: float = 30, band: float | None = None
+) -> Prediction:
     fields = {f.name: None for f in dataclasses.fields(Prediction)}
-    return Prediction(**{**fields, "scenario": name, "predict_only": False, "force": False,
-                         "world_size": 1, "tokens_per_s": tps, "feasible": feasible,
-                         "gpu_gib": gpu_gib, "gpu_budget_gib": 40, "step_time_band": band,
-                         "reason": None if feasible else "GPU 50 GiB > 40 GiB"})  # fmt: skip
+    return Prediction(
+        **{
+            **fields,
+            "scenario": name,
+            "predict_only": False,
+            "force": False,
+            "world_size": 1,
+            "tokens_per_s": tps,
+            "feasible": feasible,
+            "gpu_gib": gpu_gib,
+            "gpu_budget_gib": 40,
+            "step_time_band": band,
+            "reason": None if feasible else "GPU 50 GiB > 40 GiB",
+        }
+    )
 
 
-def a_space(groups: dict[str, str], max_measured=10, top_n=None, rounds=2, engine=DS,
-            references=("ref",), band=None) -> dict:  # fmt: skip
+def a_space(
+    groups: dict[str, str],
+    max_measured=10,
+    top_n=None,
+    rounds=2,
+    engine=DS,
+    references=("ref",),
+    band=None,
+) -> dict:
     """space.json of candidates name -> group (all of one engine unless the group says
     'engine:group')."""
     cands = {}
     for name, group in groups.items():
         eng, _, grp = group.rpartition(":")
         cands[name] = {"engine": eng or engine, "group": grp, "capped": True}
-    return {"max_measured": max_measured, "top_n": top_n, "rounds": rounds,
-            "step_time_band": band, "references": list(references), "candidates": cands}  # fmt: skip
+    return {
+        "max_measured": max_measured,
+        "top_n": top_n,
+        "rounds": rounds,
+        "step_time_band": band,
+        "references": list(references),
+        "candidates": cands,
+    }
 
 
 def test_the_checkpoint_measures_the_best_of_each_mode_first():
-    space = a_space({"a1": "opt", "a2": "opt", "b1": "opt-r0.5", "c1": "zenflow",
-                     "c2": "zenflow"}, max_measured=3, band=0.5)  # fmt: skip
-    preds = {"a1": _prediction("a1", 900), "a2": _prediction("a2", 800),
-             "b1": _prediction("b1", 700), "c1": _prediction("c1", 1000, feasible=False),
-             "c2": _prediction("c2", 600)}  # fmt: skip
+    space = a_space(
+        {"a1": "opt", "a2": "opt", "b1": "opt-r0.5", "c1": "zenflow", "c2": "zenflow"},
+        max_measured=3,
+        band=0.5,
+    )
+    preds = {
+        "a1": _prediction("a1", 900),
+        "a2": _prediction("a2", 800),
+        "b1": _prediction("b1", 700),
+        "c1": _prediction("c1", 1000, feasible=False),
+        "c2": _prediction("c2", 600),
+    }
     chosen = recommend.select(space, preds)  # ±50 %: at least 600 tokens/s, all of them
     assert chosen["measure"] == ["a1", "b1", "c2", "ref"]  # a2 beats b1 and c2, but a1 is opt too
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
@@ -173,66 +232,103 @@ def test_every_candidate_within_the_band_is_measured_up_to_the_budget():
     """The band of the best predicted one's step time (here ±25 %: at least 1000 / 1.25 = 800
     tokens/s) decides which may be the fastest; max_measured how many of them are measured, the
     best of each engine and offload path first."""
-    groups = {"ds-a-mb4": "deepspeed:opt", "ds-a-mb8": "deepspeed:opt",
-              "fsdp-none-mb4": "fsdp2:none", "fsdp-policy-mb8": "fsdp2:policy",
-              "ds-b-mb8": "deepspeed:optparam", "fsdp-none-mb8": "fsdp2:none"}  # fmt: skip
-    speeds = {"ds-a-mb4": 1000, "ds-a-mb8": 900, "fsdp-none-mb4": 850, "fsdp-policy-mb8": 820,
-              "ds-b-mb8": 790, "fsdp-none-mb8": 2000}  # fmt: skip
+    groups = {
+        "ds-a-mb4": "deepspeed:opt",
+        "ds-a-mb8": "deepspeed:opt",
+        "fsdp-none-mb4": "fsdp2:none",
+        "fsdp-policy-mb8": "fsdp2:policy",
+        "ds-b-mb8": "deepspeed:optparam",
+        "fsdp-none-mb8": "fsdp2:none",
+    }
+    speeds = {
+        "ds-a-mb4": 1000,
+        "ds-a-mb8": 900,
+        "fsdp-none-mb4": 850,
+        "fsdp-policy-mb8": 820,
+        "ds-b-mb8": 790,
+        "fsdp-none-mb8": 2000,
+    }
     preds = {n: _prediction(n, tps, band=0.25) for n, tps in speeds.items()}
     preds["fsdp-none-mb8"] = _prediction("fsdp-none-mb8", 2000, feasible=False)
     round0 = recommend.select(a_space(groups, max_measured=3), preds)
     assert round0["measure"] == ["ds-a-mb4", "fsdp-none-mb4", "fsdp-policy-mb8", "ref"]
     rows = {r["scenario"]: r for r in round0["candidates"]}
     assert [n for n, r in rows.items() if r.get("in_band")] == [
-        "ds-a-mb4", "ds-a-mb8", "fsdp-none-mb4", "fsdp-policy-mb8"]  # fmt: skip
+        "ds-a-mb4",
+        "ds-a-mb8",
+        "fsdp-none-mb4",
+        "fsdp-policy-mb8",
+    ]
     assert rows["ds-b-mb8"]["why"] == (
         "not measured: predicted 790 tokens/s, rank 5: slower than the best predicted "
-        "(1,000 tokens/s) by more than the model's ±25 % step-time error")  # fmt: skip
-    assert rows["ds-a-mb8"]["why"].endswith("recommend.max_measured (3), was spent on those "
-                                            "ranked before it (the best of each engine and "
-                                            "offload mode first)")  # fmt: skip
+        "(1,000 tokens/s) by more than the model's ±25 % step-time error"
+    )
+    assert rows["ds-a-mb8"]["why"].endswith(
+        "recommend.max_measured (3), was spent on those "
+        "ranked before it (the best of each engine and "
+        "offload mode first)"
+    )
     assert rows["fsdp-none-mb4"]["why"] == (
         "measured in round 0 (predicted 850 tokens/s, rank 3: within the model's ±25 % "
-        "step-time error of the best predicted (1,000 tokens/s))")  # fmt: skip
+        "step-time error of the best predicted (1,000 tokens/s))"
+    )
     (band,) = round0["bands"]
     assert band["best"] == "ds-a-mb4" and band["floor_tokens_per_s"] == 800
     assert (band["in_band"], band["chosen"], band["limited_by"]) == (4, 3, "max_measured")
     # a larger budget measures the whole band, never one below it
     assert recommend.select(a_space(groups, max_measured=10), preds)["measure"] == [
-        "ds-a-mb4", "fsdp-none-mb4", "fsdp-policy-mb8", "ds-a-mb8", "ref"]  # fmt: skip
+        "ds-a-mb4",
+        "fsdp-none-mb4",
+        "fsdp-policy-mb8",
+        "ds-a-mb8",
+        "ref",
+    ]
     # the study's own band (step_time_band) over the model's: 12 % keeps 1000 and 900 only
     narrow = recommend.select(a_space(groups, band=0.12), preds)
     assert narrow["measure"] == ["ds-a-mb4", "ds-a-mb8", "ref"]
     # top_n caps a round, and the budget is over the whole search
     assert recommend.select(a_space(groups, max_measured=3, top_n=2), preds)["measure"] == [
-        "ds-a-mb4", "fsdp-none-mb4", "ref"]  # fmt: skip
+        "ds-a-mb4",
+        "fsdp-none-mb4",
+        "ref",
+    ]
 
 
 def test_memory_is_judged_as_the_gate_judges_it_reserved_with_the_context_as_the_cap_counts_it():
-    row = dataclasses.replace(_prediction("a", 1000, gpu_gib=30.0), gpu_reserved_gib=41.0,
-                              gpu_reserved_with_context_gib=41.5)  # fmt: skip
+    row = dataclasses.replace(
+        _prediction("a", 1000, gpu_gib=30.0),
+        gpu_reserved_gib=41.0,
+        gpu_reserved_with_context_gib=41.5,
+    )
     capped = recommend._row("a", {"engine": DS, "group": "g", "capped": True}, row)
     whole = recommend._row("a", {"engine": DS, "group": "g", "capped": False}, row)
     assert capped["predicted_gpu_reserved_gib"] == 41.0 and capped["over_budget"]
     assert whole["predicted_gpu_reserved_gib"] == 41.5
     older = dataclasses.replace(row, gpu_reserved_gib=None)  # plan.csv's one reserved column
-    assert recommend._row("a", {"engine": DS, "group": "g", "capped": True}, older)[
-        "predicted_gpu_reserved_gib"] == pytest.approx(41.5 - shared.ACCELERATOR_FITS[
-            "cuda"].cuda_context_gib)  # fmt: skip
+    from_csv = recommend._row("a", {"engine": DS, "group": "g", "capped": True}, older)
+    context = shared.ACCELERATOR_FITS["cuda"].cuda_context_gib
+    assert from_csv["predicted_gpu_reserved_gib"] == pytest.approx(41.5 - context)
 
 
 def test_a_candidate_predicted_over_its_budget_is_measured_after_those_under_it():
     # 43 GiB of a 40 GiB budget is feasible (within the model's memory error) but likelier to OOM
-    space = a_space({"fast-over": "opt-r0.5", "mid": "opt-r0.6", "slow": "opt-r0.7"},
-                    max_measured=2, references=())  # fmt: skip
-    preds = {"fast-over": _prediction("fast-over", 1000, gpu_gib=43.4),
-             "mid": _prediction("mid", 900, gpu_gib=38.8),
-             "slow": _prediction("slow", 800, gpu_gib=32.8)}  # fmt: skip
+    space = a_space(
+        {"fast-over": "opt-r0.5", "mid": "opt-r0.6", "slow": "opt-r0.7"},
+        max_measured=2,
+        references=(),
+    )
+    preds = {
+        "fast-over": _prediction("fast-over", 1000, gpu_gib=43.4),
+        "mid": _prediction("mid", 900, gpu_gib=38.8),
+        "slow": _prediction("slow", 800, gpu_gib=32.8),
+    }
     chosen = recommend.select(space, preds)
     assert chosen["measure"] == ["mid", "slow"]
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
-    assert why["fast-over"].startswith("not measured: predicted 1,000 tokens/s, 43.4 GiB: over "
-                                       "the budget within the model's error, rank 3: ")  # fmt: skip
+    assert why["fast-over"].startswith(
+        "not measured: predicted 1,000 tokens/s, 43.4 GiB: over "
+        "the budget within the model's error, rank 3: "
+    )
     preds["mid"] = _prediction("mid", 900, gpu_gib=41)  # over too: speed decides among them
     assert recommend.select(space, preds)["measure"] == ["slow", "fast-over"]
 
@@ -240,16 +336,23 @@ def test_a_candidate_predicted_over_its_budget_is_measured_after_those_under_it(
 def _record(tmp_path: Path, scenario: str, outcome: str, tps: float | None = None) -> str:
     path = tmp_path / scenario / "rep0" / "metrics.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"scenario": scenario, "repeat": 0, "outcome": outcome,
-                                "tokens_per_s": tps}))  # fmt: skip
+    path.write_text(
+        json.dumps({"scenario": scenario, "repeat": 0, "outcome": outcome, "tokens_per_s": tps})
+    )
     return str(path)
 
 
 def _two_gpu_40g_space(top_n=2, rounds=2):
     """The shape of recommend-h200-2gpu-40g: predicted 38.8 and 38.4 GiB ran out
     of 40 GiB, the next ones (32.8-33.9 GiB) fit."""
-    preds = {"r06-mb8": (9885, 38.8), "r05-mb4": (9755, 38.4), "r07-mb8": (9586, 32.8),
-             "r06-mb4": (9535, 33.9), "r08-mb8": (9373, 28.3), "r05-mb8": (10122, 43.4)}  # fmt: skip
+    preds = {
+        "r06-mb8": (9885, 38.8),
+        "r05-mb4": (9755, 38.4),
+        "r07-mb8": (9586, 32.8),
+        "r06-mb4": (9535, 33.9),
+        "r08-mb8": (9373, 28.3),
+        "r05-mb8": (10122, 43.4),
+    }
     space = a_space({n: "opt-r0." + n[2] for n in preds}, top_n=top_n, rounds=rounds)
     return space, {n: _prediction(n, tps, gpu_gib=gib) for n, (tps, gib) in preds.items()}
 
@@ -258,14 +361,19 @@ def test_a_second_round_skips_candidates_at_least_as_large_as_one_that_ran_out(t
     space, preds = _two_gpu_40g_space()
     round0 = recommend.select(space, preds)
     assert round0["measure"] == ["r06-mb8", "r05-mb4", "ref"]
-    records = [_record(tmp_path, "r06-mb8", "gpu_oom"), _record(tmp_path, "r05-mb4", "gpu_oom"),
-               _record(tmp_path, "ref", "ok", 14966.0)]  # fmt: skip
+    records = [
+        _record(tmp_path, "r06-mb8", "gpu_oom"),
+        _record(tmp_path, "r05-mb4", "gpu_oom"),
+        _record(tmp_path, "ref", "ok", 14966.0),
+    ]
     round1 = recommend.next_round(space, round0, records)
     # best of each mode first among those predicted below 38.4 GiB; the reference is not redone
     assert round1["measure"] == ["r07-mb8", "r06-mb4"] and round1["ended"] is None
     why = {r["scenario"]: r["why"] for r in round1["candidates"]}
-    assert why["r05-mb8"] == ("not measured: predicted 43.4 GiB, not below 38.4 GiB of a "
-                              "candidate that ran out of GPU memory")  # fmt: skip
+    assert why["r05-mb8"] == (
+        "not measured: predicted 43.4 GiB, not below 38.4 GiB of a "
+        "candidate that ran out of GPU memory"
+    )
     assert (
         why["r06-mb8"]
         == "measured in round 0 (predicted 9,885 tokens/s, rank 1: the best predicted)"
@@ -275,8 +383,10 @@ def test_a_second_round_skips_candidates_at_least_as_large_as_one_that_ran_out(t
         == "measured in round 1 (predicted 9,586 tokens/s, rank 3: the best predicted)"
     )
     assert [b["best"] for b in round1["bands"]] == ["r06-mb8", "r07-mb8"]
-    records += [_record(tmp_path, "r07-mb8", "ok", 12329.0),
-                _record(tmp_path, "r06-mb4", "gpu_oom")]  # fmt: skip
+    records += [
+        _record(tmp_path, "r07-mb8", "ok", 12329.0),
+        _record(tmp_path, "r06-mb4", "gpu_oom"),
+    ]
     round2 = recommend.next_round({**space, "rounds": 5}, round1, records)
     assert round2["measure"] == [] and round2["ended"] == "a candidate ran ok: r07-mb8"
 
@@ -321,10 +431,23 @@ def test_recommend_on_a_study_without_the_block_says_so(tmp_path):
     plain["scenarios"][0]["predict_only"] = False
     path.write_text(yaml.safe_dump(plain))
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d", str(with_clusters(tmp_path)),
-         "--config", f"study_file={path}", "-n", "recommend"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO_ROOT / "Snakefile"),
+            "-d",
+            str(with_clusters(tmp_path)),
+            "--config",
+            f"study_file={path}",
+            "-n",
+            "recommend",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "recommend: study 'rec-test' has no recommend block" in result.stdout + result.stderr
 
@@ -339,12 +462,30 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     max_measured 2) and recommend the faster. FSDP2's optimizer-only offload is left out: it
     needs a CUDA GPU."""
     path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study(max_measured=2, step_time_band=10.0,
-                                         grid={"offload": ["optimizer"],
-                                               "micro_batch": [1, 8]})))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            study(
+                max_measured=2,
+                step_time_band=10.0,
+                grid={"offload": ["optimizer"], "micro_batch": [1, 8]},
+            )
+        )
+    )
     place_calibration(tmp_path, "local-cpu", cpu_calibration)  # measured once per session
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
-           str(with_clusters(tmp_path)), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO_ROOT / "Snakefile"),
+        "-d",
+        str(with_clusters(tmp_path)),
+        "--config",
+        f"study_file={path}",
+        "--cores",
+        "2",
+        "recommend",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results/local-cpu/rec-test"
@@ -377,19 +518,36 @@ def test_a_search_whose_first_round_fails_measures_a_second(tmp_path, cpu_calibr
     round 0 measures the better predicted; it fails, so round 1 measures the other; it fails
     too and the two rounds are spent: no winner, and the page says why each lost."""
     path = tmp_path / "study.yaml"
-    block = {"top_n": 1, "rounds": 2, "grid": {"offload": ["zenflow", "super_offload"],
-                                               "micro_batch": [8]}}  # fmt: skip
+    block = {
+        "top_n": 1,
+        "rounds": 2,
+        "grid": {"offload": ["zenflow", "super_offload"], "micro_batch": [8]},
+    }
     path.write_text(yaml.safe_dump(study(**block)))
     place_calibration(tmp_path, "local-cpu", cpu_calibration)
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-d",
-           str(with_clusters(tmp_path)), "--config", f"study_file={path}", "--cores", "2", "recommend"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO_ROOT / "Snakefile"),
+        "-d",
+        str(with_clusters(tmp_path)),
+        "--config",
+        f"study_file={path}",
+        "--cores",
+        "2",
+        "recommend",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results/local-cpu/rec-test"
     rounds = [read_json(out / f"recommend/selected.round{r}.json") for r in range(3)]
     first, second = rounds[0]["measure"], rounds[1]["measure"]
     assert len(first) == len(second) == 1 and {*first, *second} == {
-        f"rec-{DS}-cpu-none-zenflow__mb-8", f"rec-{DS}-cpu-none-super__mb-8"}  # fmt: skip
+        f"rec-{DS}-cpu-none-zenflow__mb-8",
+        f"rec-{DS}-cpu-none-super__mb-8",
+    }
     assert rounds[2]["measure"] == [] and rounds[2]["ended"] == "recommend.rounds (2) spent"
     rec = read_json(out / "recommend/recommendation.json")
     assert rec["winner"] is None and rec["rounds"] == 2 and rec["device_time"]["runs"] == 2
@@ -407,23 +565,53 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
     from offload_study.analysis.report import recommend as view
     from offload_study.analysis.report.render import _read_plan
 
-    rec = recommend._no_nan({
-        "study": "s", "cluster": "c", "gpu_mem_gb": 16, "winner": "rec-opt__mb-4",
-        "tokens_per_s": 1000.0, "tokens_per_s_ci": [990.0, 1010.0], "runner_up": "rec-opt__mb-2",
-        "margin": {"of": "rec-opt__mb-2", "ratio": 1.01, "ci_low": 0.99, "ci_high": 1.03,
-                   "pairs": 1, "verdict": "no difference shown", "note": "1 pair(s) by repeat"},
-        "vs_references": [{"of": "ref", "ratio": float("nan"), "ci_low": float("nan"),
-                           "ci_high": float("nan"), "pairs": 0, "verdict": "no pair", "note": ""}],
-        "others": [{"scenario": "rec-super__mb-4", "kind": "candidate", "measured": True,
-                    "why": "no ok run: outcome error: SuperOffload only supports NVIDIA CUDA GPUs"}],
-        "device_time": {"runs": 3, "wall_s": 90.0, "device_minutes": 1.5},
-    })  # fmt: skip
+    rec = recommend._no_nan(
+        {
+            "study": "s",
+            "cluster": "c",
+            "gpu_mem_gb": 16,
+            "winner": "rec-opt__mb-4",
+            "tokens_per_s": 1000.0,
+            "tokens_per_s_ci": [990.0, 1010.0],
+            "runner_up": "rec-opt__mb-2",
+            "margin": {
+                "of": "rec-opt__mb-2",
+                "ratio": 1.01,
+                "ci_low": 0.99,
+                "ci_high": 1.03,
+                "pairs": 1,
+                "verdict": "no difference shown",
+                "note": "1 pair(s) by repeat",
+            },
+            "vs_references": [
+                {
+                    "of": "ref",
+                    "ratio": float("nan"),
+                    "ci_low": float("nan"),
+                    "ci_high": float("nan"),
+                    "pairs": 0,
+                    "verdict": "no pair",
+                    "note": "",
+                }
+            ],
+            "others": [
+                {
+                    "scenario": "rec-super__mb-4",
+                    "kind": "candidate",
+                    "measured": True,
+                    "why": "no ok run: outcome error: SuperOffload only supports NVIDIA CUDA GPUs",
+                }
+            ],
+            "device_time": {"runs": 3, "wall_s": 90.0, "device_minutes": 1.5},
+        }
+    )
     (tmp_path / "recommend").mkdir()
     (tmp_path / "recommend/recommendation.json").write_text(json.dumps(rec))
     (tmp_path / "plan.json").write_text(json.dumps({"study": "s"}))
     beside = _read_plan(str(tmp_path / "plan.json"))["recommendation"]
-    assert {k: beside[k] for k in rec if k != "others"} == {k: v for k, v in rec.items()
-                                                            if k != "others"}  # fmt: skip
+    assert {k: beside[k] for k in rec if k != "others"} == {
+        k: v for k, v in rec.items() if k != "others"
+    }
     # a plan without the scenario: its name in words still (a candidate's, from its name)
     assert beside["names"]["rec-opt__mb-4"] == "CPU optimizer offload; micro-batch 4"
     (why,) = [o["why"] for o in beside["others"]]
@@ -455,8 +643,14 @@ def winner_study(root: Path, peak_gpu_gib: float) -> Path:
     from builders import CLUSTER, STUDY, make_record, set_provenance
 
     for rep in (0, 1):
-        metrics = make_record(root, "rec-opt__mb-4", rep, offload_optimizer="cpu",
-                              peak_gpu_gib=peak_gpu_gib + rep, host_rss_gib=50.0 + rep)  # fmt: skip
+        metrics = make_record(
+            root,
+            "rec-opt__mb-4",
+            rep,
+            offload_optimizer="cpu",
+            peak_gpu_gib=peak_gpu_gib + rep,
+            host_rss_gib=50.0 + rep,
+        )
         set_provenance(metrics, gpu_driver="550.54.15", cuda_version="12.4", git_dirty=True)
     study_dir = root / "results" / CLUSTER / STUDY
     (study_dir / "configs").mkdir()
@@ -468,16 +662,43 @@ def winner_study(root: Path, peak_gpu_gib: float) -> Path:
 
 def a_recommendation(margin_ci=(1.05, 1.15)) -> dict:
     return {
-        "study": "s", "cluster": "c", "gpu_mem_gb": 16, "winner": "rec-opt__mb-4",
-        "tokens_per_s": 1000.0, "tokens_per_s_ci": [990.0, 1010.0], "runner_up": "rec-opt__mb-2",
-        "margin": {"of": "rec-opt__mb-2", "ratio": 1.1, "ci_low": margin_ci[0],
-                   "ci_high": margin_ci[1], "pairs": 2, "verdict": "beyond CI", "note": ""},
-        "vs_references": [{"of": "ref", "ratio": 0.9, "ci_low": 0.5, "ci_high": 1.6, "pairs": 2,
-                           "verdict": "within noise", "note": ""}],
-        "others": [{"scenario": "rec-opt__mb-2", "kind": "candidate", "measured": True,
-                    "why": "slower: 909 tokens/s"}],
+        "study": "s",
+        "cluster": "c",
+        "gpu_mem_gb": 16,
+        "winner": "rec-opt__mb-4",
+        "tokens_per_s": 1000.0,
+        "tokens_per_s_ci": [990.0, 1010.0],
+        "runner_up": "rec-opt__mb-2",
+        "margin": {
+            "of": "rec-opt__mb-2",
+            "ratio": 1.1,
+            "ci_low": margin_ci[0],
+            "ci_high": margin_ci[1],
+            "pairs": 2,
+            "verdict": "beyond CI",
+            "note": "",
+        },
+        "vs_references": [
+            {
+                "of": "ref",
+                "ratio": 0.9,
+                "ci_low": 0.5,
+                "ci_high": 1.6,
+                "pairs": 2,
+                "verdict": "within noise",
+                "note": "",
+            }
+        ],
+        "others": [
+            {
+                "scenario": "rec-opt__mb-2",
+                "kind": "candidate",
+                "measured": True,
+                "why": "slower: 909 tokens/s",
+            }
+        ],
         "device_time": {"runs": 4, "wall_s": 120.0, "device_minutes": 2.0},
-    }  # fmt: skip
+    }
 
 
 def cell(page: str, element_id: str) -> str:
@@ -504,14 +725,23 @@ def test_the_recommend_page_shows_budget_memory_config_and_provenance(tmp_path):
     met = cell(page, "recommend-met")
     assert met.startswith("met — peak GPU memory 13.0 GiB allocated, 15.0 GiB reserved"), met
     assert "peak host memory 51.0 GiB per node" in met
-    uri = re.search(r'download="recommended.ds_config.json" href="data:application/json;base64,'
-                    r'([^"]+)"', page)  # fmt: skip
+    uri = re.search(
+        r'download="recommended.ds_config.json" href="data:application/json;base64,'
+        r'([^"]+)"',
+        page,
+    )
     assert json.loads(base64.b64decode(uri.group(1))) == {"train_batch_size": 32}
     assert "&#34;train_batch_size&#34;: 32" in page  # inline too
     assert "slower: 909 tokens/s" in page
     prov = page[page.index('id="recommend-provenance"') :]
-    for value in ("NVIDIA H200", "550.54.15", "12.4", "2.5.1", "deepspeed 0.16.4",
-                  "deadbeef with uncommitted changes"):  # fmt: skip
+    for value in (
+        "NVIDIA H200",
+        "550.54.15",
+        "12.4",
+        "2.5.1",
+        "deepspeed 0.16.4",
+        "deadbeef with uncommitted changes",
+    ):
         assert f"<code>{value}</code>" in prov, value
     # the winner's plan names it in words; its runs ran from a dirty tree, and the page says so
     assert "CPU optimizer offload; micro-batch 4" in page and 'id="dirty"' in page
@@ -543,23 +773,62 @@ def test_the_page_names_the_best_config_of_each_engine_and_what_was_measured_why
 
     ds4, ds8 = f"rec-{DS}-cpu-none__mb-4", f"rec-{DS}-cpu-none__mb-8"
     none4, policy4 = f"rec-{FSDP2}-none__mb-4", f"rec-{FSDP2}-cpu-offload-policy__mb-4"
-    space = {**a_space({ds4: f"{DS}:opt", ds8: f"{DS}:opt", none4: f"{FSDP2}:none",
-                        policy4: f"{FSDP2}:policy"}, max_measured=3, band=0.25,
-                       references=()),
-             "study": "s", "cluster": "c", "gpu_mem_gb": 16,
-             "left_out": [{"engine": FSDP2, "label": "FSDP2 — optimizer offload to the CPU",
-                           "why": "offload_optimizer: needs a CUDA GPU"}]}  # fmt: skip
-    preds = {ds4: _prediction(ds4, 1000, gpu_gib=12), ds8: _prediction(ds8, 700, gpu_gib=14),
-             none4: _prediction(none4, 1100, gpu_gib=15),
-             policy4: _prediction(policy4, 900, gpu_gib=9)}  # fmt: skip
+    space = {
+        **a_space(
+            {
+                ds4: f"{DS}:opt",
+                ds8: f"{DS}:opt",
+                none4: f"{FSDP2}:none",
+                policy4: f"{FSDP2}:policy",
+            },
+            max_measured=3,
+            band=0.25,
+            references=(),
+        ),
+        "study": "s",
+        "cluster": "c",
+        "gpu_mem_gb": 16,
+        "left_out": [
+            {
+                "engine": FSDP2,
+                "label": "FSDP2 — optimizer offload to the CPU",
+                "why": "offload_optimizer: needs a CUDA GPU",
+            }
+        ],
+    }
+    preds = {
+        ds4: _prediction(ds4, 1000, gpu_gib=12),
+        ds8: _prediction(ds8, 700, gpu_gib=14),
+        none4: _prediction(none4, 1100, gpu_gib=15),
+        policy4: _prediction(policy4, 900, gpu_gib=9),
+    }
     selected = recommend.select(space, preds)
     assert selected["measure"] == [none4, ds4, policy4]  # 700 < 1100 / 1.25: ds8 is not
-    made = {ds4: ("ok", 1000.0, DS), none4: ("ok", 1300.0, FSDP2),
-            policy4: ("gpu_oom", None, FSDP2)}  # fmt: skip
-    metrics = [str(make_record(tmp_path, name, rep, outcome=outcome, tokens_per_s=tps,
-                               gpu_mem_gb=16, world_size=1, gpus_per_node=1, peak_gpu_gib=11.0,
-                               label=name, seed=rep, extra={"engine": engine}))
-               for name, (outcome, tps, engine) in made.items() for rep in (0, 1)]  # fmt: skip
+    made = {
+        ds4: ("ok", 1000.0, DS),
+        none4: ("ok", 1300.0, FSDP2),
+        policy4: ("gpu_oom", None, FSDP2),
+    }
+    metrics = [
+        str(
+            make_record(
+                tmp_path,
+                name,
+                rep,
+                outcome=outcome,
+                tokens_per_s=tps,
+                gpu_mem_gb=16,
+                world_size=1,
+                gpus_per_node=1,
+                peak_gpu_gib=11.0,
+                label=name,
+                seed=rep,
+                extra={"engine": engine},
+            )
+        )
+        for name, (outcome, tps, engine) in made.items()
+        for rep in (0, 1)
+    ]
     rec = recommend.decide(space, selected, metrics)
     assert rec["winner"] == none4 and rec["winner_engine"] == FSDP2
     assert rec["winner_memory"]["gpu_reserved_gib"] == pytest.approx(13.0)
@@ -587,5 +856,6 @@ def test_the_page_names_the_best_config_of_each_engine_and_what_was_measured_why
         "3 of 4 candidates measured: the prediction's step time errs by up to ±25 %, so every "
         "feasible candidate predicted within that of the best predicted one (FSDP2 — no "
         "offload; micro-batch 4, 1,100 tokens/s), at least 880 tokens/s, may be the fastest; 3 "
-        "were predicted within it.")  # fmt: skip
+        "were predicted within it."
+    )
     assert "ran out of GPU memory" in page and "needs a CUDA GPU" in page

@@ -167,8 +167,10 @@ class CachingAllocator:
             self._list(tail, seg)
 
     def _list(self, block: Block, seg: Segment) -> None:
-        bisect.insort(self.free.setdefault((seg.small, seg.stream), []),
-                      (block.size, block.segment, block.offset))  # fmt: skip
+        bisect.insort(
+            self.free.setdefault((seg.small, seg.stream), []),
+            (block.size, block.segment, block.offset),
+        )
 
     def _unlist(self, block: Block, seg: Segment) -> None:
         self.free[(seg.small, seg.stream)].remove((block.size, block.segment, block.offset))

@@ -71,9 +71,15 @@ DISK_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 DISK_FILES = 2
 #: ZeRO-3 probe: a Llama small enough that its FLOPs do not count, built with 1 and 3 layers;
 #: micro-batch, sequence, micro-steps per timed sample.
-PROBE_LLAMA = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4,
-               "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 128,
-               "tie_word_embeddings": False}  # fmt: skip
+PROBE_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 512,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+}
 PROBE_LAYERS = (1, 3)
 PROBE_BATCH, PROBE_CALLS, PROBE_REPEATS = 2, 5, 7
 #: Sequence lengths the probe runs each engine at: a layer's host time grows with the elements
@@ -140,24 +146,33 @@ class Timing:
     def summary(self) -> dict:
         """Seconds per call at the median, with the range of the samples."""
         return {
-            "median": self.median, "low": self.fastest, "high": self.slowest,
+            "median": self.median,
+            "low": self.fastest,
+            "high": self.slowest,
             "spread_pct": round(100 * (self.slowest - self.fastest) / self.median, 1),
-            "samples": self.samples, "calls_per_sample": self.calls_per_sample,
-        }  # fmt: skip
+            "samples": self.samples,
+            "calls_per_sample": self.calls_per_sample,
+        }
 
     def rate(self, work: float) -> dict:
         """``work`` per second at the median, with the range of the samples."""
         return {
-            "median": work / self.median, "low": work / self.slowest, "high": work / self.fastest,
+            "median": work / self.median,
+            "low": work / self.slowest,
+            "high": work / self.fastest,
             "spread_pct": round(100 * (self.slowest - self.fastest) / self.median, 1),
-            "samples": self.samples, "calls_per_sample": self.calls_per_sample,
-        }  # fmt: skip
+            "samples": self.samples,
+            "calls_per_sample": self.calls_per_sample,
+        }
 
 
 def measure(
-    op: Callable[[], object], sync: Callable[[], None] = lambda: None, repeats: int = REPEATS,
-    min_sample_s: float = MIN_SAMPLE_S, calls: int | None = None,
-) -> Timing:  # fmt: skip
+    op: Callable[[], object],
+    sync: Callable[[], None] = lambda: None,
+    repeats: int = REPEATS,
+    min_sample_s: float = MIN_SAMPLE_S,
+    calls: int | None = None,
+) -> Timing:
     """Time ``op``: one warm-up call, one call to size the samples, then ``repeats`` samples
     of as many calls as last ``min_sample_s``, or of ``calls`` calls (collectives: every rank
     must make the same number)."""
@@ -186,11 +201,14 @@ STABLE_MAX_S = 10.0
 
 
 def measure_until_stable(
-    op: Callable[[], object], sync: Callable[[], None] = lambda: None,
-    window: int = STABLE_WINDOW, spread: float = STABLE_SPREAD,
-    max_samples: int = STABLE_MAX_SAMPLES, min_sample_s: float = MIN_SAMPLE_S,
+    op: Callable[[], object],
+    sync: Callable[[], None] = lambda: None,
+    window: int = STABLE_WINDOW,
+    spread: float = STABLE_SPREAD,
+    max_samples: int = STABLE_MAX_SAMPLES,
+    min_sample_s: float = MIN_SAMPLE_S,
     max_s: float = STABLE_MAX_S,
-) -> tuple[Timing, bool]:  # fmt: skip
+) -> tuple[Timing, bool]:
     """(the Timing of the last ``window`` samples, whether they settled): samples as
     :func:`measure` takes them, one more at a time until the relative range of the last
     ``window`` is under ``spread`` (a machine warming up, or another job's burst, shows as a
@@ -324,9 +342,12 @@ def fp16_check_elems_per_s(n_elems: int, threads: int, until_stable: bool = Fals
 
 
 def step_passes_at(
-    n_params: int, threads: int, accelerator: str, until_stable: bool = True,
+    n_params: int,
+    threads: int,
+    accelerator: str,
+    until_stable: bool = True,
     groups: list | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Parameters per second of the host passes DeepSpeed's ZeRO-3 step makes over each
     offloaded sub-group beside CPU Adam, on ``n_params`` (over ``groups``, the run's layout:
     :func:`partition_layout`) with ``threads`` cores:
@@ -348,15 +369,18 @@ def step_passes_at(
         ),
         "master_copy_params_per_s": _rate(
             lambda: [b.copy_(m.data) for b, m in zip(bf16, groups, strict=True)],
-            n_params, until_stable,
+            n_params,
+            until_stable,
         ),
-    }  # fmt: skip
+    }
     if accelerator == "cuda":
         bf16 = [b.to("cuda") for b in bf16]
         out["master_upload_params_per_s"] = _rate(
             lambda: [b.copy_(m.data) for b, m in zip(bf16, groups, strict=True)],
-            n_params, until_stable, _sync("cuda"),
-        )  # fmt: skip
+            n_params,
+            until_stable,
+            _sync("cuda"),
+        )
     return out
 
 
@@ -440,8 +464,12 @@ class Workload:
 def layer_matmuls(tokens: int, hidden: int, ffn: int, kv: int) -> list[tuple[int, int, int]]:
     """(M, K, N) of a Llama decoder layer's projections: q and o (hidden x hidden), k and v
     (hidden x kv), gate and up (hidden x ffn), down (ffn x hidden)."""
-    return [(tokens, hidden, hidden)] * 2 + [(tokens, hidden, kv)] * 2 + \
-        [(tokens, hidden, ffn)] * 2 + [(tokens, ffn, hidden)]  # fmt: skip
+    return (
+        [(tokens, hidden, hidden)] * 2
+        + [(tokens, hidden, kv)] * 2
+        + [(tokens, hidden, ffn)] * 2
+        + [(tokens, ffn, hidden)]
+    )
 
 
 def engine_versions() -> dict[str, str | None]:
@@ -495,10 +523,16 @@ def matmul_tflops_at(device: str, shapes: tuple[tuple[int, int, int], ...]) -> d
         del a, b
     rate = flops / seconds / 1e12
     spreads = [v["spread_pct"] for v in per_shape.values()]
-    return {"median": rate, "low": min(v["low"] for v in per_shape.values()),
-            "high": max(v["high"] for v in per_shape.values()), "spread_pct": max(spreads),
-            "samples": min(v["samples"] for v in per_shape.values()), "calls_per_sample": 1,
-            "settled": settled, "shapes": per_shape}  # fmt: skip
+    return {
+        "median": rate,
+        "low": min(v["low"] for v in per_shape.values()),
+        "high": max(v["high"] for v in per_shape.values()),
+        "spread_pct": max(spreads),
+        "samples": min(v["samples"] for v in per_shape.values()),
+        "calls_per_sample": 1,
+        "settled": settled,
+        "shapes": per_shape,
+    }
 
 
 def workload_matmul(device: str, shapes: tuple[tuple[int, int, int], ...]) -> dict:
@@ -507,8 +541,11 @@ def workload_matmul(device: str, shapes: tuple[tuple[int, int, int], ...]) -> di
     of, with the layer's shapes measured beside it for the record (``layer_shapes``)."""
     if device == "cpu":
         return matmul_tflops_at(device, shapes)
-    return {**matmul_tflops(device, GPU_MATMUL_SIDE), "side": GPU_MATMUL_SIDE,
-            "layer_shapes": matmul_tflops_at(device, shapes)}  # fmt: skip
+    return {
+        **matmul_tflops(device, GPU_MATMUL_SIDE),
+        "side": GPU_MATMUL_SIDE,
+        "layer_shapes": matmul_tflops_at(device, shapes),
+    }
 
 
 def copies_at(sizes: tuple[int, ...], pageable_bytes: int) -> dict[str, dict]:
@@ -527,11 +564,17 @@ def copies_at(sizes: tuple[int, ...], pageable_bytes: int) -> dict[str, dict]:
         d2h, ok_d = measure_until_stable(
             lambda d=device, h=pinned: h.copy_(d, non_blocking=True), sync
         )
-        by_size[nbytes] = {"h2d_gb_s": {**h2d.rate(nbytes / 1e9), "settled": ok_h},
-                           "d2h_gb_s": {**d2h.rate(nbytes / 1e9), "settled": ok_d}}  # fmt: skip
+        by_size[nbytes] = {
+            "h2d_gb_s": {**h2d.rate(nbytes / 1e9), "settled": ok_h},
+            "d2h_gb_s": {**d2h.rate(nbytes / 1e9), "settled": ok_d},
+        }
     smallest = by_size[min(by_size)]
-    out.update({k: {**v, "bytes_by_size": {str(n): by_size[n][k]["median"] for n in by_size}}
-                for k, v in smallest.items()})  # fmt: skip
+    out.update(
+        {
+            k: {**v, "bytes_by_size": {str(n): by_size[n][k]["median"] for n in by_size}}
+            for k, v in smallest.items()
+        }
+    )
     device = torch.empty(pageable_bytes, dtype=torch.uint8, device="cuda")
     pageable = torch.empty(pageable_bytes, dtype=torch.uint8)
     pageable.fill_(1)  # touch the pages: the first copy must not time page faults
@@ -556,9 +599,11 @@ def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
     CPU Adam's partition capped at a quarter of the free host memory (16 B per parameter)."""
     device = "cuda" if accelerator == "cuda" else "cpu"
     adam = min(workload.adam_params, host_bytes_free() // (4 * 16))
-    spread = {"matmul_tflops": workload_matmul(device, workload.matmul_shapes),
-              "torch_adam_params_per_s": adam_rate("torch AdamW", adam, cores, until_stable=True),
-              "fp16_check_elems_per_s": fp16_check_elems_per_s(adam, cores, until_stable=True)}  # fmt: skip
+    spread = {
+        "matmul_tflops": workload_matmul(device, workload.matmul_shapes),
+        "torch_adam_params_per_s": adam_rate("torch AdamW", adam, cores, until_stable=True),
+        "fp16_check_elems_per_s": fp16_check_elems_per_s(adam, cores, until_stable=True),
+    }
     # DeepSpeed's step over the partition as the run holds it: sub-groups, pinned on a GPU
     groups = partition_layout(adam, workload.sub_group_params, pinned=accelerator == "cuda")
     spread["cpu_adam_params_per_s"] = adam_rate("DeepSpeedCPUAdam", adam, cores, True, groups)
@@ -612,10 +657,12 @@ def _probe_config() -> dict:
     backward 2.1 / 2.8 ms per layer plain, 2.1 / 2.8 and 2.2 / 3.1 offloaded; two ranks: 2.4 /
     10.1, 2.3 / 11.7 and 2.5 / 11.1): the optimizer's own time is CPU Adam's, counted apart."""
     return {
-        "train_micro_batch_size_per_gpu": PROBE_BATCH, "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
+        "train_micro_batch_size_per_gpu": PROBE_BATCH,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-    }  # fmt: skip
+    }
 
 
 def _slope_costs(few: tuple[int, tuple], many: tuple[int, tuple]) -> dict[str, float]:
@@ -643,8 +690,12 @@ def _size_costs(small: dict[str, float], large: dict[str, float]) -> dict[str, f
         / (elements[1] - elements[0]),
         "rest_per_token": (large["rest"] - small["rest"]) / (tokens[1] - tokens[0]),
     }
-    return {**small, "layer_elements": elements[0], "tokens": tokens[0],
-            **{k: max(v, 0.0) for k, v in grow.items()}}  # fmt: skip
+    return {
+        **small,
+        "layer_elements": elements[0],
+        "tokens": tokens[0],
+        **{k: max(v, 0.0) for k, v in grow.items()},
+    }
 
 
 def _zero3_costs(torch, deepspeed, dist) -> dict:
@@ -670,10 +721,12 @@ def _zero3_costs(torch, deepspeed, dist) -> dict:
     ranks = dist.get_world_size()
     return {
         "values": {"zero3_layer_s": {str(ranks): _size_costs(*sized)}},
-        "spread": {f"{ranks} rank(s), seq {q}, {n} layer(s): {name}": timing.summary()
-                   for (q, n), (fwd, step) in timings.items()
-                   for name, timing in (("forward", fwd), ("micro-step", step))},
-    }  # fmt: skip
+        "spread": {
+            f"{ranks} rank(s), seq {q}, {n} layer(s): {name}": timing.summary()
+            for (q, n), (fwd, step) in timings.items()
+            for name, timing in (("forward", fwd), ("micro-step", step))
+        },
+    }
 
 
 def _allgather_costs(torch, dist) -> dict:
@@ -685,14 +738,16 @@ def _allgather_costs(torch, dist) -> dict:
         out = torch.empty(world * numel, dtype=torch.bfloat16)
         timings[numel] = measure(
             lambda out=out, part=part: dist.all_gather_into_tensor(out, part), calls=calls
-        )  # fmt: skip
+        )
     small, large = timings[1024], timings[2**21]
     received = 2 * 2**21 * (world - 1)  # what each rank receives of the large one
     return {
-        "values": {"collective_latency_s": small.median,
-                   "interconnect_gb_s": received / max(large.median - small.median, 1e-9) / 1e9},
+        "values": {
+            "collective_latency_s": small.median,
+            "interconnect_gb_s": received / max(large.median - small.median, 1e-9) / 1e9,
+        },
         "spread": {"all-gather 2 KiB": small.summary(), "all-gather 4 MiB": large.summary()},
-    }  # fmt: skip
+    }
 
 
 def probe_rank(out: str) -> None:
@@ -713,8 +768,10 @@ def probe_rank(out: str) -> None:
     zero3 = _zero3_costs(torch, deepspeed, dist)
     gather = _allgather_costs(torch, dist) if not alone else {}
     if dist.get_rank() == 0:
-        result = {key: {**zero3[key], **gather.get(key, {}), **runtime.get(key, {})}
-                  for key in ("values", "spread")}  # fmt: skip
+        result = {
+            key: {**zero3[key], **gather.get(key, {}), **runtime.get(key, {})}
+            for key in ("values", "spread")
+        }
         Path(out).write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
@@ -742,15 +799,18 @@ def _runtime_gib(torch, deepspeed) -> dict[str, float]:
     config = _probe_config()
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=PROBE_LAYERS[0]))
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=config)  # fmt: skip
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config
+    )
     at_init = resident_bytes()
     tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, PROBE_SEQS[0]))
     tokens = tokens.to(engine.device)
     engine.backward(engine(input_ids=tokens, labels=tokens).loss)
     engine.step()
-    return {"runtime_at_init_gib": units.bytes_to_gib(at_init),
-            "runtime_gib": units.bytes_to_gib(resident_bytes())}  # fmt: skip
+    return {
+        "runtime_at_init_gib": units.bytes_to_gib(at_init),
+        "runtime_gib": units.bytes_to_gib(resident_bytes()),
+    }
 
 
 def runtime_rank(out: str) -> None:
@@ -772,12 +832,24 @@ def _torchrun_module(ranks: int, flag: str, env: dict) -> tuple[dict | None, str
 
     with tempfile.TemporaryDirectory(prefix="offload-study-probe-") as tmp:
         out = Path(tmp) / "probe.json"
-        cmd = [*default_torchrun(), "--nnodes", "1", "--nproc_per_node", str(ranks),
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               "-m", "offload_study.prediction.calibrate", flag, str(out)]  # fmt: skip
+        cmd = [
+            *default_torchrun(),
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            str(ranks),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "offload_study.prediction.calibrate",
+            flag,
+            str(out),
+        ]
         res = subprocess.run(
             cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
-        )  # fmt: skip
+        )
         # Rank 0 writes its result before the group is torn down; a crash in the teardown
         # (seen once: "terminate called without an active exception") leaves a whole result.
         if not out.is_file():
@@ -846,11 +918,13 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
     if workload is not None:
         spread = workload_spread(workload, accelerator, cores)
     else:
-        spread = {"matmul_tflops": matmul_tflops(device, size["matmul"]),
-                  "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores),
-                  "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores),
-                  "fp16_check_elems_per_s": fp16_check_elems_per_s(size["adam"], cores),
-                  **step_passes_at(size["adam"], cores, accelerator, until_stable=False)}  # fmt: skip
+        spread = {
+            "matmul_tflops": matmul_tflops(device, size["matmul"]),
+            "cpu_adam_params_per_s": cpu_adam_params_per_s(size["adam"], cores),
+            "torch_adam_params_per_s": torch_adam_params_per_s(size["adam"], cores),
+            "fp16_check_elems_per_s": fp16_check_elems_per_s(size["adam"], cores),
+            **step_passes_at(size["adam"], cores, accelerator, until_stable=False),
+        }
         if accelerator == "cuda":
             spread.update(copy_gb_s(size["copy"]))
     rates = {key: summary["median"] for key, summary in spread.items()}
@@ -949,9 +1023,11 @@ def main(argv=None) -> int:
     workload = workload_of(a.study, a.cluster_dir) if a.study else None
     calibration = calibrate(cluster, max(1, a.cores), workload)
     write_calibration(a.out, calibration)
-    print(f"calibrate: {a.out}: " + ", ".join(
-        f"{k}={v:.4g}" for k, v in calibration.to_dict().items() if isinstance(v, float)
-    ))  # fmt: skip
+    rates = calibration.to_dict().items()
+    print(
+        f"calibrate: {a.out}: "
+        + ", ".join(f"{k}={v:.4g}" for k, v in rates if isinstance(v, float))
+    )
     return 0
 
 

@@ -126,8 +126,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cluster", required=True, help="cluster name (config/clusters/<name>.yaml)")
     p.add_argument("--cluster-dir", default=str(CLUSTER_DIR))
-    p.add_argument("--cpu", choices=("here", "catalog"), help="CPU Adam measured here or the "
-                   "catalog's default (default: here for a local cluster, else catalog)")  # fmt: skip
+    p.add_argument(
+        "--cpu",
+        choices=("here", "catalog"),
+        help="CPU Adam measured here or the catalog's default (default: here for a local "
+        "cluster, else catalog)",
+    )
     p.add_argument("--out", required=True, help="calibration.uncalibrated.json to write")
     a = p.parse_args(argv)
     try:

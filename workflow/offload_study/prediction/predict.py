@@ -120,8 +120,9 @@ def budget_bytes(spec: RunSpec) -> dict[str, int | None]:
 def budget_gib(spec: RunSpec) -> dict[str, float | None]:
     """:func:`budget_bytes` in GiB, as plan.csv states them (6 digits: the GiB the keys gave,
     less the whole-byte rounding)."""
-    return {k: _rounded(units.bytes_to_gib(v), 6) if v else None
-            for k, v in budget_bytes(spec).items()}  # fmt: skip
+    return {
+        k: _rounded(units.bytes_to_gib(v), 6) if v else None for k, v in budget_bytes(spec).items()
+    }
 
 
 def refusal(spec: RunSpec, row: Prediction) -> str | None:
@@ -181,9 +182,12 @@ def _times(times: StepTime | None) -> dict:
 
 
 def predict(
-    spec: RunSpec, config: dict, cal: Calibration | None, repeats: int = 1,
+    spec: RunSpec,
+    config: dict,
+    cal: Calibration | None,
+    repeats: int = 1,
     with_own_estimate: bool = False,
-) -> Prediction:  # fmt: skip
+) -> Prediction:
     """The plan.csv row of a run: memory, the engine's own estimate where it has one
     (``with_own_estimate``: DeepSpeed's estimator, columns ``ds_*``), step time and GPU-hours
     (``cal`` given), and the verdict of :func:`refusal`."""
@@ -195,8 +199,11 @@ def predict(
     reserved = gpu_reserved_bytes(spec, memory, config)
     reserved_gib = units.bytes_to_gib(reserved) if reserved is not None else None
     context_gib = ACCELERATOR_FITS["cuda"].cuda_context_gib
+    job_s = job_seconds(spec, step, cal) if step else None
     row = Prediction(
-        scenario=spec.scenario, predict_only=spec.predict_only, force=spec.force,
+        scenario=spec.scenario,
+        predict_only=spec.predict_only,
+        force=spec.force,
         world_size=spec.world_size,
         gpu_gib=_rounded(memory.gpu_gib) if memory and spec.accelerator == "cuda" else None,
         gpu_budget_gib=limit["gpu"],
@@ -212,10 +219,11 @@ def predict(
         tokens_per_s=_rounded(spec.global_batch * spec.seq_len / step, 1) if step else None,
         **_times(times),
         bound=times.bound if times else None,
-        gpu_hours=_rounded(repeats * spec.world_size * job_seconds(spec, step, cal) / 3600, 4)
-        if step else None,
-        feasible=True, reason=None, note=model.note(spec, config),
-    )  # fmt: skip
+        gpu_hours=_rounded(repeats * spec.world_size * job_s / 3600, 4) if step else None,
+        feasible=True,
+        reason=None,
+        note=model.note(spec, config),
+    )
     reason = refusal(spec, row)
     return dataclasses.replace(row, feasible=reason is None, reason=reason)
 

@@ -66,9 +66,15 @@ def space(plan) -> dict:
         )
     found, left_out = candidates.grid(plan.study, plan.cluster)
     runs = plan.by_name
-    grid = {c.scenario["name"]: {"engine": c.engine, "group": c.group,
-                                 "capped": predict.capped(runs[c.scenario["name"]])}
-            for c in found if c.scenario["name"] in runs}  # fmt: skip
+    grid = {
+        c.scenario["name"]: {
+            "engine": c.engine,
+            "group": c.group,
+            "capped": predict.capped(runs[c.scenario["name"]]),
+        }
+        for c in found
+        if c.scenario["name"] in runs
+    }
     references = [s for s in plan.scenarios if s not in grid]
     return {
         "study": plan.study["study"],
@@ -118,21 +124,24 @@ def _row(name: str, info: dict, p: Prediction | None) -> dict:
     """A candidate's line in selected.json: its prediction, GPU memory as the gate judges it."""
     need = predict.need_gib(p, info["capped"]) if p else None
     budget = p.gpu_budget_gib if p else None
-    return {"scenario": name, "engine": info["engine"], "group": info["group"],
-            "predicted_tokens_per_s": p.tokens_per_s if p else None,
-            # reserved, the CUDA context counted as the cap counts it (allocated: older plans)
-            "predicted_gpu_reserved_gib": need,
-            # feasible allows the model's own error over the budget (predict.MARGINS)
-            "over_budget": bool(need and budget and need > budget),
-            "feasible": bool(p.feasible) if p else True,
-            "reason": p.reason if p else "no prediction"}  # fmt: skip
+    return {
+        "scenario": name,
+        "engine": info["engine"],
+        "group": info["group"],
+        "predicted_tokens_per_s": p.tokens_per_s if p else None,
+        # reserved, the CUDA context counted as the cap counts it (allocated: older plans)
+        "predicted_gpu_reserved_gib": need,
+        # feasible allows the model's own error over the budget (predict.MARGINS)
+        "over_budget": bool(need and budget and need > budget),
+        "feasible": bool(p.feasible) if p else True,
+        "reason": p.reason if p else "no prediction",
+    }
 
 
 def select(space_: dict, predictions: dict[str, Prediction]) -> dict:
     """recommend/selected.json: every candidate's rank and why it is (not) measured, the band
     that chose them, and the scenarios to train (the chosen candidates and every reference)."""
-    rows = [_row(name, info, predictions.get(name))
-            for name, info in space_["candidates"].items()]  # fmt: skip
+    rows = [_row(name, info, predictions.get(name)) for name, info in space_["candidates"].items()]
     feasible = [r for r in rows if r["feasible"]]
     # a run predicted over its budget is likelier to OOM than one predicted under it: it ranks
     # after all of those
@@ -147,8 +156,9 @@ def select(space_: dict, predictions: dict[str, Prediction]) -> dict:
     return {"round": 0, "candidates": rows, "measure": measure, "ended": None, "bands": [band]}
 
 
-def _choose(space_: dict, ranked: list[dict], band: float | None, measured: int,
-            rnd: int) -> tuple[list[dict], dict]:  # fmt: skip
+def _choose(
+    space_: dict, ranked: list[dict], band: float | None, measured: int, rnd: int
+) -> tuple[list[dict], dict]:
     """Round ``rnd``'s candidates from ``ranked`` (best first), ``measured`` having been measured
     before it: every one predicted within ``band`` of the best one's step time (all of them
     without a band), the best of each group first, up to max_measured in all and top_n a round;
@@ -163,11 +173,19 @@ def _choose(space_: dict, ranked: list[dict], band: float | None, measured: int,
         row["in_band"] = row in in_band
     chosen = _top(in_band, limit)
     limited_by = "top_n" if space_.get("top_n") and space_["top_n"] < left else "max_measured"
-    return chosen, {"round": rnd, "step_time_band": band, "best": best and best["scenario"],
-                    "best_tokens_per_s": best_tps, "floor_tokens_per_s": floor,
-                    "in_band": len(in_band), "chosen": len(chosen), "measured_before": measured,
-                    "limit": limit, "limited_by": limited_by,
-                    "limit_value": space_[limited_by]}  # fmt: skip
+    return chosen, {
+        "round": rnd,
+        "step_time_band": band,
+        "best": best and best["scenario"],
+        "best_tokens_per_s": best_tps,
+        "floor_tokens_per_s": floor,
+        "in_band": len(in_band),
+        "chosen": len(chosen),
+        "measured_before": measured,
+        "limit": limit,
+        "limited_by": limited_by,
+        "limit_value": space_[limited_by],
+    }
 
 
 def _top(ranked: list[dict], n: int) -> list[dict]:
@@ -192,19 +210,19 @@ def next_round(space_: dict, previous: dict, metrics: Sequence[str]) -> dict:
     ran = [r for r in rows if r["round"] is not None]
     ok = [r["scenario"] for r in ran if _ran_ok(outcome.get(r["scenario"]))]
     oom = [r for r in ran if (outcome.get(r["scenario"]) or {}).get("outcome") == "gpu_oom"]
-    floor = min((r["predicted_gpu_reserved_gib"] for r in oom if r["predicted_gpu_reserved_gib"]),
-                default=None)  # fmt: skip
+    floor = min(
+        (r["predicted_gpu_reserved_gib"] for r in oom if r["predicted_gpu_reserved_gib"]),
+        default=None,
+    )
     left = [r for r in rows if r["feasible"] and r["round"] is None]
     for row in left:
         if floor is not None and (row["predicted_gpu_reserved_gib"] or 0) >= floor:
-            row["skipped"] = (f"predicted {row['predicted_gpu_reserved_gib']:.1f} GiB, not below "
-                              f"{floor:.1f} GiB of a candidate that ran out of GPU memory")  # fmt: skip
+            row["skipped"] = (
+                f"predicted {row['predicted_gpu_reserved_gib']:.1f} GiB, not below "
+                f"{floor:.1f} GiB of a candidate that ran out of GPU memory"
+            )
     tries = sorted((r for r in left if not r.get("skipped")), key=lambda r: r["rank"])
-    ended = ("a candidate ran ok: " + ", ".join(ok) if ok else
-             f"recommend.rounds ({space_['rounds']}) spent" if rnd >= space_["rounds"] else
-             f"recommend.max_measured ({space_['max_measured']}) spent"
-             if len(ran) >= space_["max_measured"] else
-             "no candidate left to try" if not tries else None)  # fmt: skip
+    ended = _ended(space_, ok, rnd, ran, tries)
     bands = list(previous.get("bands") or [])
     chosen: list[dict] = []
     if not ended:
@@ -217,8 +235,13 @@ def next_round(space_: dict, previous: dict, metrics: Sequence[str]) -> dict:
         if row["round"] is None or row in chosen:
             row["why"] = row.get("skipped") and f"not measured: {row['skipped']}"
             row["why"] = row["why"] or _selection_why(row, bands[-1])
-    return {"round": rnd, "candidates": rows, "measure": [r["scenario"] for r in chosen],
-            "ended": ended, "bands": bands}  # fmt: skip
+    return {
+        "round": rnd,
+        "candidates": rows,
+        "measure": [r["scenario"] for r in chosen],
+        "ended": ended,
+        "bands": bands,
+    }
 
 
 def _ran_ok(record: dict | None) -> bool:
@@ -238,40 +261,67 @@ def _band_words(row: dict, band: dict) -> str:
     return f"slower than {best} by more than {error}"
 
 
+def _ended(space_: dict, ok: list, rnd: int, ran: list, tries: list) -> str | None:
+    """Why the search stops after round ``rnd``, or None while it goes on."""
+    if ok:
+        return "a candidate ran ok: " + ", ".join(ok)
+    if rnd >= space_["rounds"]:
+        return f"recommend.rounds ({space_['rounds']}) spent"
+    if len(ran) >= space_["max_measured"]:
+        return f"recommend.max_measured ({space_['max_measured']}) spent"
+    if not tries:
+        return "no candidate left to try"
+    return None
+
+
 def _selection_why(row: dict, band: dict) -> str:
     if not row["feasible"]:
         return f"predicted not to fit: {row['reason']}"
     tps = row["predicted_tokens_per_s"]
     said = f"predicted {tps:,.0f} tokens/s" if tps else "no speed predicted"
     if row["over_budget"]:
-        said += (f", {row['predicted_gpu_reserved_gib']:.1f} GiB: over the budget within the "
-                 "model's error")  # fmt: skip
+        said += (
+            f", {row['predicted_gpu_reserved_gib']:.1f} GiB: over the budget within the "
+            "model's error"
+        )
     said += f", rank {row['rank']}: {_band_words(row, band)}"
     if row["round"] is not None:
         return f"measured in round {row['round']} ({said})"
     if row.get("in_band"):
-        return (f"not measured: {said}, but the budget, recommend.{band['limited_by']} "
-                f"({band['limit_value']}), was spent on those ranked before it (the best of "
-                "each engine and offload mode first)")  # fmt: skip
+        return (
+            f"not measured: {said}, but the budget, recommend.{band['limited_by']} "
+            f"({band['limit_value']}), was spent on those ranked before it (the best of "
+            "each engine and offload mode first)"
+        )
     return f"not measured: {said}"
 
 
 # --------------------------------------------------------------------------- 5. the decision
 def _steps(runs: pd.DataFrame) -> dict:
     ok = runs[runs["outcome"] == "ok"]
-    return {rd: np.array([r.tokens_per_s for r in collect.read_timed_steps(rd)])
-            for rd in ok["record_dir"].dropna()}  # fmt: skip
+    return {
+        rd: np.array([r.tokens_per_s for r in collect.read_timed_steps(rd)])
+        for rd in ok["record_dir"].dropna()
+    }
 
 
 def _ratio(runs, steps, a: str, b: str, seed: int) -> dict:
     """a's tokens/s over b's, run for run (collect.paired_ratio), with its verdict
     (core.verdict.speed: faster, slower, no difference shown or inconclusive)."""
     ok = runs[runs["outcome"] == "ok"]
-    r, lo, hi, n, how = collect.paired_ratio(ok[ok["scenario"] == a], ok[ok["scenario"] == b],
-                                             steps, 2000, seed)  # fmt: skip
+    r, lo, hi, n, how = collect.paired_ratio(
+        ok[ok["scenario"] == a], ok[ok["scenario"] == b], steps, 2000, seed
+    )
     word = "no pair" if math.isnan(r) else verdict.speed(r, lo, hi)
-    return {"of": b, "ratio": r, "ci_low": lo, "ci_high": hi, "pairs": n, "verdict": word,
-            "note": how}  # fmt: skip
+    return {
+        "of": b,
+        "ratio": r,
+        "ci_low": lo,
+        "ci_high": hi,
+        "pairs": n,
+        "verdict": word,
+        "note": how,
+    }
 
 
 def _row_state(row: pd.Series, budget: float) -> str | None:
@@ -302,19 +352,27 @@ def decide(space_: dict, selected: dict, metrics: Sequence[str]) -> dict:
     steps = _steps(runs)
     rows = {r["scenario"]: r for _, r in summary.iterrows()}
     state = {name: _row_state(row, space_["gpu_mem_gb"]) for name, row in rows.items()}
-    eligible = sorted((n for n in rows if state[n] is None),
-                      key=lambda n: -float(rows[n]["tokens_per_s"]))  # fmt: skip
+    eligible = sorted(
+        (n for n in rows if state[n] is None), key=lambda n: -float(rows[n]["tokens_per_s"])
+    )
     winner = eligible[0] if eligible else None
+    ci = None
+    if winner:
+        ci = [float(rows[winner].get(f"tokens_per_s_ci_{s}", math.nan)) for s in ("low", "high")]
     out = {
-        "study": space_["study"], "cluster": space_["cluster"], "gpu_mem_gb": space_["gpu_mem_gb"],
-        "winner": winner, "tokens_per_s": float(rows[winner]["tokens_per_s"]) if winner else None,
-        "tokens_per_s_ci": [float(rows[winner].get(f"tokens_per_s_ci_{s}", math.nan))
-                            for s in ("low", "high")] if winner else None,
+        "study": space_["study"],
+        "cluster": space_["cluster"],
+        "gpu_mem_gb": space_["gpu_mem_gb"],
+        "winner": winner,
+        "tokens_per_s": float(rows[winner]["tokens_per_s"]) if winner else None,
+        "tokens_per_s_ci": ci,
         "runner_up": eligible[1] if len(eligible) > 1 else None,
         "margin": _ratio(runs, steps, winner, eligible[1], 0) if len(eligible) > 1 else None,
-        "vs_references": [_ratio(runs, steps, winner, ref, i + 1)
-                          for i, ref in enumerate(space_["references"])
-                          if winner and ref in rows and ref != winner],
+        "vs_references": [
+            _ratio(runs, steps, winner, ref, i + 1)
+            for i, ref in enumerate(space_["references"])
+            if winner and ref in rows and ref != winner
+        ],
         "others": _others(space_, selected, runs, steps, rows, state, winner),
         "device_time": _device_time(runs),
         "rounds": selected.get("round", 0) + (1 if selected.get("measure") else 0),
@@ -323,19 +381,24 @@ def decide(space_: dict, selected: dict, metrics: Sequence[str]) -> dict:
         "winner_memory": _memory(rows[winner]) if winner else None,
         "best_of_engines": best_of_engines(space_, selected, runs, rows, state, winner),
         "measured": _measured(selected, runs, rows, state),
-        "selection": {"max_measured": space_.get("max_measured"), "top_n": space_.get("top_n"),
-                      "candidates": len(space_["candidates"]),
-                      "measured": sum(r["round"] is not None for r in selected["candidates"]),
-                      "bands": selected.get("bands") or [],
-                      "left_out": space_.get("left_out") or []},
-    }  # fmt: skip
+        "selection": {
+            "max_measured": space_.get("max_measured"),
+            "top_n": space_.get("top_n"),
+            "candidates": len(space_["candidates"]),
+            "measured": sum(r["round"] is not None for r in selected["candidates"]),
+            "bands": selected.get("bands") or [],
+            "left_out": space_.get("left_out") or [],
+        },
+    }
     return _no_nan(out)
 
 
 def _engine_of(space_: dict) -> dict[str, str]:
     """Every candidate's and reference's engine, by scenario."""
-    return {**{n: c["engine"] for n, c in space_["candidates"].items()},
-            **(space_.get("reference_engines") or {})}  # fmt: skip
+    return {
+        **{n: c["engine"] for n, c in space_["candidates"].items()},
+        **(space_.get("reference_engines") or {}),
+    }
 
 
 def _number(value) -> float | None:
@@ -346,9 +409,11 @@ def _number(value) -> float | None:
 def _memory(row: pd.Series) -> dict:
     """A scenario's measured peaks: GPU reserved (torch's, what the cap limits) and allocated
     per GPU, host per node; GiB."""
-    return {"gpu_reserved_gib": _number(row.get("peak_gpu_reserved_gib")),
-            "gpu_allocated_gib": _number(row.get("peak_gpu_allocated_gib")),
-            "host_gib": _number(collect.host_memory_gib(row))}  # fmt: skip
+    return {
+        "gpu_reserved_gib": _number(row.get("peak_gpu_reserved_gib")),
+        "gpu_allocated_gib": _number(row.get("peak_gpu_allocated_gib")),
+        "host_gib": _number(collect.host_memory_gib(row)),
+    }
 
 
 def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
@@ -357,45 +422,79 @@ def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
     how its run failed), else why none of its candidates could be tried."""
     engine_of, picks = _engine_of(space_), {r["scenario"]: r for r in selected["candidates"]}
     left_out = space_.get("left_out") or []
-    order = dict.fromkeys([engine_of.get(winner), *engine_of.values(),
-                           *(o["engine"] for o in left_out)])  # fmt: skip
+    order = dict.fromkeys(
+        [engine_of.get(winner), *engine_of.values(), *(o["engine"] for o in left_out)]
+    )
     out = []
     for engine in (e for e in order if e):
         mine = [n for n, e in engine_of.items() if e == engine]
-        measured = sorted((n for n in mine if n in rows and state[n] is None),
-                          key=lambda n: -float(rows[n]["tokens_per_s"]))  # fmt: skip
-        ranked = sorted((picks[n] for n in mine if n in picks and picks[n]["feasible"]),
-                        key=lambda r: r["rank"])  # fmt: skip
+        measured = sorted(
+            (n for n in mine if n in rows and state[n] is None),
+            key=lambda n: -float(rows[n]["tokens_per_s"]),
+        )
+        ranked = sorted(
+            (picks[n] for n in mine if n in picks and picks[n]["feasible"]), key=lambda r: r["rank"]
+        )
         if measured:
             name = measured[0]
-            out.append({"engine": engine, "scenario": name, "measured": True,
-                        "winner": name == winner,
-                        "tokens_per_s": float(rows[name]["tokens_per_s"]),
-                        "gpu_reserved_gib": _memory(rows[name])["gpu_reserved_gib"],
-                        "why": None})  # fmt: skip
+            out.append(
+                {
+                    "engine": engine,
+                    "scenario": name,
+                    "measured": True,
+                    "winner": name == winner,
+                    "tokens_per_s": float(rows[name]["tokens_per_s"]),
+                    "gpu_reserved_gib": _memory(rows[name])["gpu_reserved_gib"],
+                    "why": None,
+                }
+            )
         elif ranked:
             row = ranked[0]
             made = row["round"] is not None and _result(runs, rows, state, row["scenario"])
-            out.append({"engine": engine, "scenario": row["scenario"], "measured": False,
-                        "winner": False, "tokens_per_s": row["predicted_tokens_per_s"],
-                        "gpu_reserved_gib": row["predicted_gpu_reserved_gib"],
-                        "why": f"measured: {made}" if made else row["why"]})  # fmt: skip
+            out.append(
+                {
+                    "engine": engine,
+                    "scenario": row["scenario"],
+                    "measured": False,
+                    "winner": False,
+                    "tokens_per_s": row["predicted_tokens_per_s"],
+                    "gpu_reserved_gib": row["predicted_gpu_reserved_gib"],
+                    "why": f"measured: {made}" if made else row["why"],
+                }
+            )
         else:
             whys = [picks[n]["why"] for n in mine if n in picks]
             whys += [f"{o['label']}: {o['why']}" for o in left_out if o["engine"] == engine]
-            out.append({"engine": engine, "scenario": None, "measured": False, "winner": False,
-                        "tokens_per_s": None, "gpu_reserved_gib": None,
-                        "why": "; ".join(dict.fromkeys(whys)) or "no candidate"})  # fmt: skip
+            out.append(
+                {
+                    "engine": engine,
+                    "scenario": None,
+                    "measured": False,
+                    "winner": False,
+                    "tokens_per_s": None,
+                    "gpu_reserved_gib": None,
+                    "why": "; ".join(dict.fromkeys(whys)) or "no candidate",
+                }
+            )
     return out
 
 
 def _measured(selected, runs, rows, state) -> list[dict]:
     """Every candidate measured, in the order chosen: why it was, and what it made."""
-    chosen = sorted((r for r in selected["candidates"] if r["round"] is not None),
-                    key=lambda r: (r["round"], r["rank"]))  # fmt: skip
-    return [{"scenario": r["scenario"], "engine": r["engine"], "round": r["round"],
-             "why": r["why"], "result": _result(runs, rows, state, r["scenario"])}
-            for r in chosen]  # fmt: skip
+    chosen = sorted(
+        (r for r in selected["candidates"] if r["round"] is not None),
+        key=lambda r: (r["round"], r["rank"]),
+    )
+    return [
+        {
+            "scenario": r["scenario"],
+            "engine": r["engine"],
+            "round": r["round"],
+            "why": r["why"],
+            "result": _result(runs, rows, state, r["scenario"]),
+        }
+        for r in chosen
+    ]
 
 
 def _result(runs, rows, state, name: str) -> str:
@@ -433,14 +532,22 @@ def _others(space_, selected, runs, steps, rows, state, winner) -> list[dict]:
             word = "slower"  # by the ranking; a paired CI, where there is one, decides the word
             if ratio and not math.isnan(ratio["ratio"]):
                 word = ratio["verdict"]
-                speed += (f" = {ratio['ratio']:.1%} of the winner (95% CI {ratio['ci_low']:.1%}"
-                          f"–{ratio['ci_high']:.1%})")  # fmt: skip
+                speed += (
+                    f" = {ratio['ratio']:.1%} of the winner (95% CI {ratio['ci_low']:.1%}"
+                    f"–{ratio['ci_high']:.1%})"
+                )
             why = f"{state[name]}: {speed}, {word}" if state[name] else f"{word}: {speed}"
         out.append({"scenario": name, "kind": kind, "measured": name in made, "why": why})
     for row in selected["candidates"]:
         if row["scenario"] not in chosen:
-            out.append({"scenario": row["scenario"], "kind": "candidate", "measured": False,
-                        "why": row["why"]})  # fmt: skip
+            out.append(
+                {
+                    "scenario": row["scenario"],
+                    "kind": "candidate",
+                    "measured": False,
+                    "why": row["why"],
+                }
+            )
     return out
 
 
@@ -453,10 +560,13 @@ def spending(space_: dict, device_time: dict, predictions: dict) -> dict:
     hours = [r.gpu_hours for r in rows if r.gpu_hours is not None]
     grid = 60 * sum(hours) if hours else None
     spent = device_time["device_minutes"]
-    return {"spent_device_minutes": spent, "grid_runs": len(rows),
-            "grid_not_predicted": len(rows) - len(hours),
-            "grid_predicted_device_minutes": grid,
-            "saved_device_minutes": None if grid is None else grid - spent}  # fmt: skip
+    return {
+        "spent_device_minutes": spent,
+        "grid_runs": len(rows),
+        "grid_not_predicted": len(rows) - len(hours),
+        "grid_predicted_device_minutes": grid,
+        "saved_device_minutes": None if grid is None else grid - spent,
+    }
 
 
 def spending_line(spend: dict) -> str:
@@ -476,8 +586,11 @@ def _device_time(runs: pd.DataFrame) -> dict:
     runs = runs[runs["outcome"] != "missing"]  # a run never made took no device time
     wall = pd.to_numeric(runs.get("wall_time_s"), errors="coerce").fillna(0)
     world = pd.to_numeric(runs.get("world_size"), errors="coerce").fillna(1)
-    return {"runs": len(runs), "wall_s": float(wall.sum()),
-            "device_minutes": float((wall * world).sum() / 60)}  # fmt: skip
+    return {
+        "runs": len(runs),
+        "wall_s": float(wall.sum()),
+        "device_minutes": float((wall * world).sum() / 60),
+    }
 
 
 # --------------------------------------------------------------------------- CLI
@@ -503,8 +616,9 @@ def main(argv=None) -> int:
     )
     dec.add_argument("--configs", required=True, help="the study's configs/ folder")
     dec.add_argument("--plan-csv", help="the plan's predictions (what the whole grid would cost)")
-    dec.add_argument("--ds-config-out", required=True,
-                     help="the winner's engine config (its configs/ JSON)")  # fmt: skip
+    dec.add_argument(
+        "--ds-config-out", required=True, help="the winner's engine config (its configs/ JSON)"
+    )
     dec.add_argument("--html", required=True, help="the recommendation page")
     dec.add_argument("metrics", nargs="*", help="metrics.json of every measured run")
     a = ap.parse_args(argv)

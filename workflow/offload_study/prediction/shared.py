@@ -76,8 +76,10 @@ class EngineFit:
 #: every committed H200 record (benchmarks/prediction_accuracy.py prints the fit and evaluates
 #: it leaving each model out): nvml's used memory less torch's reserved peak is 1.89-1.94 GiB
 #: on one GPU (2.7 with NCCL's buffers on two).
-RESERVED_FIT = {"cuda_context_gib": 1.918,
-                "reserved_slack": (2.6, 0.5422, 0.6067, 7.705, 1.172, 0.5201)}  # fmt: skip
+RESERVED_FIT = {
+    "cuda_context_gib": 1.918,
+    "reserved_slack": (2.6, 0.5422, 0.6067, 7.705, 1.172, 0.5201),
+}
 ACCELERATOR_FITS = {
     # H200 records (docs/results): start-up 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s
     # (offload) for the 7B
@@ -249,8 +251,14 @@ class StepTime:
 
     @property
     def compute_s(self) -> float:
-        return micro_steps_s(self.flops_s, self.dispatch_s, self.comm_s, self.serial,
-                             self.device_wait_s, self.forward)  # fmt: skip
+        return micro_steps_s(
+            self.flops_s,
+            self.dispatch_s,
+            self.comm_s,
+            self.serial,
+            self.device_wait_s,
+            self.forward,
+        )
 
     @property
     def total(self) -> float:
@@ -260,17 +268,24 @@ class StepTime:
     def bound(self) -> str:
         """What takes longest: compute, dispatch, interconnect, pcie, optimizer or nvme."""
         parts = [
-            ("compute", self.flops_s), ("dispatch", self.dispatch_s),
-            ("interconnect", self.comm_s), ("pcie", self.pcie_s + self.device_wait_s),
-            ("optimizer", self.optimizer_s), ("nvme", self.nvme_s),
-        ]  # fmt: skip
+            ("compute", self.flops_s),
+            ("dispatch", self.dispatch_s),
+            ("interconnect", self.comm_s),
+            ("pcie", self.pcie_s + self.device_wait_s),
+            ("optimizer", self.optimizer_s),
+            ("nvme", self.nvme_s),
+        ]
         return max(parts, key=lambda part: part[1])[0]
 
 
 def micro_steps_s(
-    flops_s: float, dispatch_s: float, comm_s: float, serial: bool = False,
-    wait_s: float = 0.0, forward: ForwardShares = ONE_PHASE,
-) -> float:  # fmt: skip
+    flops_s: float,
+    dispatch_s: float,
+    comm_s: float,
+    serial: bool = False,
+    wait_s: float = 0.0,
+    forward: ForwardShares = ONE_PHASE,
+) -> float:
     """The micro-steps of a step. On a GPU the host's dispatch and the collectives overlap the
     device's work (FLOPs and the copies it waits for), phase by phase: the forward and the
     backward each take the longest of the three, since the backward cannot start before the
@@ -279,8 +294,10 @@ def micro_steps_s(
     if serial:
         return flops_s + wait_s + dispatch_s + comm_s
     total = 0.0
-    for flops, host, wait in ((forward.flops, forward.dispatch, forward.wait),
-                              (1 - forward.flops, 1 - forward.dispatch, 1 - forward.wait)):  # fmt: skip
+    for flops, host, wait in (
+        (forward.flops, forward.dispatch, forward.wait),
+        (1 - forward.flops, 1 - forward.dispatch, 1 - forward.wait),
+    ):
         total += max(flops * flops_s + wait * wait_s, host * dispatch_s, host * comm_s)
     return total
 
@@ -300,7 +317,11 @@ def forward_shares(spec: RunSpec, wait: float = 0.0) -> ForwardShares:
 
 def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
     per_token = devices.flops_per_token(
-        shape.params, spec.gradient_checkpointing, attention=True,
-        layers=shape.layers, hidden=shape.hidden, seq_len=spec.seq_len,
-    )  # fmt: skip
+        shape.params,
+        spec.gradient_checkpointing,
+        attention=True,
+        layers=shape.layers,
+        hidden=shape.hidden,
+        seq_len=spec.seq_len,
+    )
     return per_token * spec.micro_batch * spec.seq_len

@@ -123,10 +123,12 @@ FP32_GRAD_BYTES = float(units.state_bytes("fp32", "fp32 gradients"))
 
 #: Defaults of DeepSpeed 0.19's ZeRO-3 config for knobs a config leaves out.
 DEEPSPEED_DEFAULTS = {
-    "reduce_bucket_size": 5e8, "stage3_max_live_parameters": 1e9,
-    "stage3_param_persistence_threshold": 1e5, "sub_group_size": 1e9,
+    "reduce_bucket_size": 5e8,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_param_persistence_threshold": 1e5,
+    "sub_group_size": 1e9,
     "contiguous_gradients": True,
-}  # fmt: skip
+}
 
 
 ALIASES = {
@@ -137,14 +139,20 @@ ALIASES = {
 
 #: offload block key -> DeepSpeed's default (offload_param: 5 x 1e8, offload_optimizer: 4).
 OFFLOAD_DEFAULTS = {
-    "buffer_count": {"param": 5, "optimizer": 4}, "buffer_size": 1e8, "max_in_cpu": 1e9,
-}  # fmt: skip
+    "buffer_count": {"param": 5, "optimizer": 4},
+    "buffer_size": 1e8,
+    "max_in_cpu": 1e9,
+}
 
 
 #: ZenFlowConfig's defaults in DeepSpeed 0.19.8 (runtime/zenflow/zenflow_config.py) for the keys
 #: the model reads.
-ZENFLOW_DEFAULTS = {"topk_ratio": 0.1, "update_interval": "auto", "overlap_step": False,
-                    "pt_reserved_cores_perc": 0.5}  # fmt: skip
+ZENFLOW_DEFAULTS = {
+    "topk_ratio": 0.1,
+    "update_interval": "auto",
+    "overlap_step": False,
+    "pt_reserved_cores_perc": 0.5,
+}
 
 
 #: DeepSpeed's fp16 overflow check on the host per CPU Adam's rate with the same cores, for a
@@ -265,8 +273,10 @@ def zenflow_gpu_parts(spec: RunSpec, part: int, k: Knobs) -> dict[str, float]:
         return {}
     b, selected = DTYPE_BYTES[spec.dtype], zenflow_topk(k) * part
     moments = 0.0 if k.zenflow.get("offload") else 2.0 * b * selected
-    return {"ZenFlow selected columns: Adam moments": moments,
-            "ZenFlow selected columns: gradient + parameter copy": 2.0 * b * selected}  # fmt: skip
+    return {
+        "ZenFlow selected columns: Adam moments": moments,
+        "ZenFlow selected columns: gradient + parameter copy": 2.0 * b * selected,
+    }
 
 
 def zenflow_topk(k: Knobs) -> float:
@@ -352,7 +362,7 @@ def rank_host_parts(
         # the gradient buffer lives on the host: so do the overflow check's copy and mask
         parts["fp16 overflow check (|gradients| and a bool mask, in the step)"] = (
             overflow_check_bytes(spec, part)
-        )  # fmt: skip
+        )
     if spec.offload_param != "none":
         # the flat buffer the partitions are copied into (for NVMe up to max_in_cpu), while the
         # memory they were built in stays with the process
@@ -376,12 +386,12 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
     made in a pinned host buffer first and moved (:func:`cached_staging_bytes`); ZenFlow's
     extra buffers."""
     split, b = optimizer_split(spec, shape, k), DTYPE_BYTES[spec.dtype]
+    staging = cached_staging_bytes(split) if pinned_host(spec, k) else 0.0
     parts = {
         "fp32 master + Adam moments": ADAM_BYTES * split.host_params,
         "fp32 gradients (pinned, per sub-group)": sum(buf(FP32_GRAD_BYTES * g) for g in split.host),
-        "fp32 gradient staging of the GPU sub-groups (pinned, cached)":
-            cached_staging_bytes(split) if pinned_host(spec, k) else 0.0,
-    }  # fmt: skip
+        "fp32 gradient staging of the GPU sub-groups (pinned, cached)": staging,
+    }
     zf = k.zenflow
     if zf is not None and zf.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
         # engine_stage3.initialize_optimizer_states: two fp32 gradient buffers per sub-group
@@ -391,7 +401,7 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
     if zf is not None and zf.get("offload"):
         parts["ZenFlow selected Adam moments (pinned)"] = buf(
             2.0 * b * zenflow_topk(k) * partition(spec, shape)
-        )  # fmt: skip
+        )
     return parts
 
 
@@ -446,13 +456,15 @@ def reserved_features(spec: RunSpec, ds_config: dict) -> tuple[float, ...]:
     b, k, part = DTYPE_BYTES[spec.dtype], knobs(ds_config), partition(spec, shape)
     gathered = spec.world_size > 1 or spec.offload_param != "none"
     bucket = b * min(k.reduce_bucket, shape.params) if k.contiguous_gradients else 0.0
-    return reserved_vector({
-        "the reduction stream's buckets": bucket,
-        "the fp16 overflow check on the GPU":
-            overflow_check_bytes(spec, part) if spec.offload_optimizer == "none" else 0.0,
-        "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
-        "one layer's parameters": b * shape.params / shape.layers,
-    })  # fmt: skip
+    overflow = overflow_check_bytes(spec, part) if spec.offload_optimizer == "none" else 0.0
+    return reserved_vector(
+        {
+            "the reduction stream's buckets": bucket,
+            "the fp16 overflow check on the GPU": overflow,
+            "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
+            "one layer's parameters": b * shape.params / shape.layers,
+        }
+    )
 
 
 def known_reserved_bytes(spec: RunSpec, ds_config: dict) -> float:
@@ -512,7 +524,8 @@ def pcie_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     pageable = (cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
     if spec.offload_optimizer != "none":
         offloaded = optimizer_split(spec, shape, k).host_params
-        if not k.pin_memory:  # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
+        # unpinned: every copy waits for the CPU to stage it (stage3.partition_grads)
+        if not k.pin_memory:
             seconds += (gas * 2 * b * part + 4 * offloaded) / pageable
         if spec.offload_param == "none":
             seconds += master_upload_seconds(offloaded, cal) / zenflow_update_interval(k)
@@ -557,7 +570,9 @@ def nvme_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
         write += ADAM_BYTES * part
     swapped = max(0, part - k.max_in_cpu) if spec.offload_param == "nvme" else 0
     if swapped:
-        fetches = 1 if swapped <= k.param_buffers else PARAM_FETCHES * spec.gradient_accumulation_steps
+        fetches = (
+            1 if swapped <= k.param_buffers else PARAM_FETCHES * spec.gradient_accumulation_steps
+        )
         read += fetches * b * swapped
         write += b * swapped
     return ranks * (read / (cal.disk_read_gb_s * GB) + write / (cal.disk_write_gb_s * GB))
@@ -688,22 +703,28 @@ def mode_note(spec: RunSpec, shape: ModelShape, k: Knobs) -> str | None:
             "calibrated apart); every gradient still crosses PCIe"
         )
     if k.super_offload:
+        when = (
+            "synchronous at the step (gradient_clipping)"
+            if k.clipping
+            else "overlapping the backward"
+        )
         notes.append(
-            "SuperOffload: CPU Adam in a worker on "
-            f"{k.cpuadam_cores_perc:.0%} of the cores, "
-            + ("synchronous at the step (gradient_clipping)" if k.clipping else
-               "overlapping the backward") + "; the worker's IPC is not modelled"
-        )  # fmt: skip
+            f"SuperOffload: CPU Adam in a worker on {k.cpuadam_cores_perc:.0%} of the cores, "
+            f"{when}; the worker's IPC is not modelled"
+        )
     if k.zenflow is not None:
         auto = not isinstance(k.zenflow.get("update_interval", "auto"), int)
+        interval = (
+            "update_interval auto adapts at run time: predicted at its bound 1 (CPU Adam "
+            "every step); "
+        )
         notes.append(
             "ZenFlow: "
-            + ("update_interval auto adapts at run time: predicted at its bound 1 (CPU Adam "
-               "every step); " if auto else "")
+            + (interval if auto else "")
             + "the top-k selection (column norms, all-reduce) is not modelled; DeepSpeed "
             "0.19.8's ZeRO-3 ZenFlow transposes every 2-D parameter in place at start-up, so a "
             "model with an nn.Embedding fails its first forward (measured on CPU and H200)"
-        )  # fmt: skip
+        )
     refused = refused_mode(spec, k)
     return "; ".join([refused, *notes] if refused else notes) or None
 
@@ -738,8 +759,13 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
 
 
 #: The probe's keys for how a layer's host time grows with its size (calibrate._size_costs).
-GROWTH_KEYS = ("layer_elements", "tokens", "forward_per_element", "backward_per_element",
-               "rest_per_token")  # fmt: skip
+GROWTH_KEYS = (
+    "layer_elements",
+    "tokens",
+    "forward_per_element",
+    "backward_per_element",
+    "rest_per_token",
+)
 
 
 def layer_costs(spec: RunSpec, cal: Calibration) -> dict[str, float] | None:

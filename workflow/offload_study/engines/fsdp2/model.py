@@ -70,8 +70,11 @@ def root_params(shape: ModelShape) -> int:
 def gpu_parts(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
     """Bytes per GPU at the peak, by what holds them: the largest of the moments of a step (the
     states held all step long are in each)."""
-    moments = [at_the_loss(spec, shape), in_the_first_layers_backward(spec, shape),
-               in_a_foreach_optimizer_step(spec, shape)]  # fmt: skip
+    moments = [
+        at_the_loss(spec, shape),
+        in_the_first_layers_backward(spec, shape),
+        in_a_foreach_optimizer_step(spec, shape),
+    ]
     return max(moments, key=lambda parts: sum(parts.values()))
 
 

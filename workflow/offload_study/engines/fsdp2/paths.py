@@ -54,14 +54,21 @@ class Fsdp2Path:
 
         cls = torch.optim.AdamW if spec.optimizer.type == "AdamW" else torch.optim.Adam
         impl = {"fused": True} if on_gpu else {"foreach": True}
-        opt = cls(model.parameters(), lr=spec.optimizer.lr,
-                  weight_decay=spec.optimizer.weight_decay, **impl)  # fmt: skip
+        opt = cls(
+            model.parameters(),
+            lr=spec.optimizer.lr,
+            weight_decay=spec.optimizer.weight_decay,
+            **impl,
+        )
         return opt, next(iter(impl))
 
     def effective(self, spec: RunSpec) -> dict:
         """What metrics.json's ``modes.effective`` says of the path."""
-        return {"pin_memory_optimizer": None, "pin_memory_param": None,
-                "offload_policy": "OffloadPolicy"}  # fmt: skip
+        return {
+            "pin_memory_optimizer": None,
+            "pin_memory_param": None,
+            "offload_policy": "OffloadPolicy",
+        }
 
     # ----------------------------------------------------------------- model
     def gpu_held(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
@@ -86,8 +93,9 @@ class Fsdp2Path:
         """Host bytes of the states the path keeps there (none)."""
         return {}
 
-    def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
-                          device_rate: float | None) -> float:  # fmt: skip
+    def optimizer_seconds(
+        self, spec: RunSpec, shape: ModelShape, cal: Calibration, device_rate: float | None
+    ) -> float:
         """fused AdamW at the device rate; foreach AdamW on a CPU rank's cores."""
         shard = shard_params(spec, shape)
         if device_rate is None:
@@ -124,8 +132,11 @@ class OffloadPolicyPath(Fsdp2Path):
         return super().optimizer(model, spec, on_gpu=False)
 
     def effective(self, spec: RunSpec) -> dict:
-        return {"pin_memory_optimizer": pinned(spec), "pin_memory_param": pinned(spec),
-                "offload_policy": "CPUOffloadPolicy"}  # fmt: skip
+        return {
+            "pin_memory_optimizer": pinned(spec),
+            "pin_memory_param": pinned(spec),
+            "offload_policy": "CPUOffloadPolicy",
+        }
 
     def gpu_held(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         return {}
@@ -133,8 +144,8 @@ class OffloadPolicyPath(Fsdp2Path):
     def gpu_gradients(self, spec: RunSpec, shape: ModelShape, layer: int) -> dict[str, float]:
         """The fp32 shards of two layers copied up for their all-gather (no gradient shards:
         they go to the host)."""
-        return {"fp32 shards of two layers copied up for their all-gather":
-                2 * FP32 * layer / spec.world_size}  # fmt: skip
+        shards = 2 * FP32 * layer / spec.world_size
+        return {"fp32 shards of two layers copied up for their all-gather": shards}
 
     def accumulated_gradients(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """None on the device: the gradient shards accumulate on the host."""
@@ -154,8 +165,9 @@ class OffloadPolicyPath(Fsdp2Path):
             "foreach AdamW's temporary (fp32, in the step)": FP32 * shard_params(spec, shape),
         }
 
-    def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
-                          device_rate: float | None) -> float:  # fmt: skip
+    def optimizer_seconds(
+        self, spec: RunSpec, shape: ModelShape, cal: Calibration, device_rate: float | None
+    ) -> float:
         """foreach AdamW on the node's cores, which its ranks share."""
         return shard_params(spec, shape) * spec.gpus_per_node / host_adam_rate(cal)
 
@@ -194,7 +206,9 @@ def path_of(spec: RunSpec) -> Fsdp2Path:
 
     path = engines.get(spec.engine).path(spec.offload_optimizer, spec.offload_param)
     if path is None:
-        raise ValueError(f"scenario {spec.scenario}: engine {spec.engine} has no offload path for "
-                         f"offload_optimizer {spec.offload_optimizer}, offload_param "
-                         f"{spec.offload_param}")  # fmt: skip
+        raise ValueError(
+            f"scenario {spec.scenario}: engine {spec.engine} has no offload path for "
+            f"offload_optimizer {spec.offload_optimizer}, offload_param "
+            f"{spec.offload_param}"
+        )
     return path.parts

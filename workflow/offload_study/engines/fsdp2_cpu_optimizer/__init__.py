@@ -60,21 +60,30 @@ class CpuOptimizerPath(Fsdp2Path):
         from torchao.optim import CPUOffloadOptimizer
 
         cls = torch.optim.AdamW if spec.optimizer.type == "AdamW" else torch.optim.Adam
-        opt = CPUOffloadOptimizer(model.parameters(), cls, minimal_size=MINIMAL_SIZE,
-                                  lr=spec.optimizer.lr, weight_decay=spec.optimizer.weight_decay,
-                                  fused=True)  # fmt: skip
+        opt = CPUOffloadOptimizer(
+            model.parameters(),
+            cls,
+            minimal_size=MINIMAL_SIZE,
+            lr=spec.optimizer.lr,
+            weight_decay=spec.optimizer.weight_decay,
+            fused=True,
+        )
         return opt, f"torchao CPUOffloadOptimizer, fused CPU {cls.__name__}"
 
     def effective(self, spec: RunSpec) -> dict:
-        return {"pin_memory_optimizer": True, "pin_memory_param": None,
-                "offload_policy": "OffloadPolicy",
-                "optimizer_offload": "torchao CPUOffloadOptimizer"}  # fmt: skip
+        return {
+            "pin_memory_optimizer": True,
+            "pin_memory_param": None,
+            "offload_policy": "OffloadPolicy",
+            "optimizer_offload": "torchao CPUOffloadOptimizer",
+        }
 
     def gpu_held(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """The fp32 weight shards, and the Adam moments of the tensors kept on the GPU."""
-        return {"parameters (fp32 shard)": FP32 * shard_params(spec, shape),
-                "Adam moments of the small tensors (fp32)":
-                    2 * FP32 * small_tensors(spec, shape)}  # fmt: skip
+        return {
+            "parameters (fp32 shard)": FP32 * shard_params(spec, shape),
+            "Adam moments of the small tensors (fp32)": 2 * FP32 * small_tensors(spec, shape),
+        }
 
     def host_states(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """Per offloaded tensor a pinned fp32 copy of its shard and of its gradient (torch's
@@ -86,8 +95,9 @@ class CpuOptimizerPath(Fsdp2Path):
             "Adam moments (fp32)": 2.0 * sum(copies),
         }
 
-    def optimizer_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration,
-                          device_rate: float | None) -> float:  # fmt: skip
+    def optimizer_seconds(
+        self, spec: RunSpec, shape: ModelShape, cal: Calibration, device_rate: float | None
+    ) -> float:
         """Fused CPU AdamW over every offloaded shard on the node's cores, one tensor after
         another: the vectorized kernel at the rate calibrated for DeepSpeed's CPU Adam (the
         same kind of kernel; torch's foreach rate is 4x slower), and per tensor torchao's own
@@ -118,12 +128,16 @@ def problems(study: dict, scenario: dict, cluster: dict, where: str) -> list[str
             "or use engine deepspeed"
         )
     elif cluster["scheduler"] == "local" and importlib.util.find_spec("torchao") is None:
-        errors.append(f"{key}: optimizer-only CPU offload on engine fsdp2 needs torchao on this "
-                      f"machine: {INSTALL}")  # fmt: skip
+        errors.append(
+            f"{key}: optimizer-only CPU offload on engine fsdp2 needs torchao on this "
+            f"machine: {INSTALL}"
+        )
     if study["dtype"] == "fp16":
-        errors.append(f"{key}: optimizer-only CPU offload on engine fsdp2 takes dtype bf16 or "
-                      "fp32, not fp16 (the grad scaler would unscale gradients while torchao "
-                      "copies them to the host)")  # fmt: skip
+        errors.append(
+            f"{key}: optimizer-only CPU offload on engine fsdp2 takes dtype bf16 or "
+            "fp32, not fp16 (the grad scaler would unscale gradients while torchao "
+            "copies them to the host)"
+        )
     return errors
 
 
