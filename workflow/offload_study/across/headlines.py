@@ -150,20 +150,17 @@ def fastest_line(scenarios: list) -> str:
     if not rated:
         if base is None:
             return "no scenario measured against a baseline"
-        return f"{base['plot_label']}: {_tokens(base)} tokens/s; nothing else measured beside it"
+        speed = views.tokens_text(base)
+        return f"{base['plot_label']}: {speed} tokens/s; nothing else measured beside it"
     v = max(rated, key=lambda v: float(v["relative_speed"]))
     ci = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
     ratio, word = verdict.ratio_text(*ci), verdict.speed(*ci)
     if base is not None and word == verdict.SLOWER:
         return (
-            f"fastest: the baseline, {base['plot_label']} ({_tokens(base)} tokens/s); "
+            f"fastest: the baseline, {base['plot_label']} ({views.tokens_text(base)} tokens/s); "
             f"next: {v['plot_label']}, {ratio} of its speed ({word})"
         )
     return f"fastest: {v['plot_label']}, {ratio} of baseline speed ({word})"
-
-
-def _tokens(v) -> str:
-    return views.fmt_ci(v["tokens_per_s"], v["tokens_per_s_ci_low"], v["tokens_per_s_ci_high"])
 
 
 def committed_pages(

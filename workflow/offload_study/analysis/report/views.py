@@ -318,7 +318,7 @@ def verdicts(views: list[Row], baseline: str | None, note: str | None) -> tuple[
     mem, mem_name = ("peak_gpu_allocated_gib", "GPU memory per GPU")
     if base[mem] is None:
         mem, mem_name = ("host_memory_gib", "host memory per node")
-    head = f"Baseline {base['plot_label']}: {_tokens_text(base)} tokens/s on " + (
+    head = f"Baseline {base['plot_label']}: {tokens_text(base)} tokens/s on " + (
         count_of(base["world_size"], base["unit"])
         + (f", {fmt(base[mem])} GiB {mem_name}" if base[mem] is not None else "")
     )
@@ -358,7 +358,7 @@ def baseline_spread(views: list[Row], baseline: str | None, bound: str | None) -
     return text + "."
 
 
-def _tokens_text(v: Row) -> str:
+def tokens_text(v: Row) -> str:
     return fmt_ci(v["tokens_per_s"], v["tokens_per_s_ci_low"], v["tokens_per_s_ci_high"])
 
 
@@ -387,7 +387,7 @@ def _absolute_line(v: Row, blocked: set[str]) -> str:
         return f"{v['plot_label']}: no successful run ({v['outcome_words']})."
     peak = v["peak_gpu_allocated_gib"]
     return (
-        f"{v['plot_label']}: {_tokens_text(v)} tokens/s on "
+        f"{v['plot_label']}: {tokens_text(v)} tokens/s on "
         f"{count_of(v['world_size'], v['unit'])}"
         + (f", peak {fmt(peak)} GiB per GPU" if peak is not None else "")
         + _pair_clause(v, blocked)
@@ -401,7 +401,7 @@ def _relative_line(v: Row, base: Row, mem: str, mem_name: str, blocked: set[str]
         return f"{v['plot_label']}: no successful run ({v['outcome_words']})."
     rel = (v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"])
     if base["scenario"] in blocked:
-        t = f"{v['plot_label']}: {_tokens_text(v)} tokens/s (the baseline is flagged)"
+        t = f"{v['plot_label']}: {tokens_text(v)} tokens/s (the baseline is flagged)"
     else:
         t = f"{v['plot_label']}: {worded_ratio(v['speed_verdict'], _ratio_text(*rel), 'baseline speed')}"
     if v[mem] is not None and isnum(base[mem]) and base[mem] > 0:
@@ -637,7 +637,7 @@ def _cluster_cell(v: Row | None) -> dict:
         "relative_speed": verdict.ratio_text(
             v["relative_speed"], v["relative_speed_ci_low"], v["relative_speed_ci_high"]
         ),
-        "tokens_per_s": _tokens_text(v),
+        "tokens_per_s": tokens_text(v),
         "peak_gpu_allocated_gib": fmt(v["peak_gpu_allocated_gib"]),
         "status": v["status"],
     }
