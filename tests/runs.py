@@ -98,8 +98,9 @@ def runner_timeout(spec_path) -> float:
     return read_run_spec(spec_path).job_timeout_s + RUNNER_GRACE_S
 
 
-def run_runner(spec_path, outdir):
-    cmd = [
+def runner_argv(spec_path, outdir) -> list[str]:
+    """The command that runs one record of a run spec, as the workflow's train rule does."""
+    return [
         sys.executable,
         "-m",
         "offload_study.training.runner",
@@ -110,7 +111,15 @@ def run_runner(spec_path, outdir):
         "--outdir",
         str(outdir),
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=runner_timeout(spec_path))
+
+
+def run_runner(spec_path, outdir):
+    return subprocess.run(
+        runner_argv(spec_path, outdir),
+        capture_output=True,
+        text=True,
+        timeout=runner_timeout(spec_path),
+    )
 
 
 def load_record(outdir: Path) -> dict:

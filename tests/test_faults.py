@@ -25,7 +25,7 @@ import psutil
 import pytest
 import yaml
 from conftest import SMALL_LLAMA, copy_repo_for_run, make_spec
-from runs import NVME_AIO, RUNNER_GRACE_S, load_record, run_runner, tmpfs
+from runs import NVME_AIO, RUNNER_GRACE_S, load_record, run_runner, runner_argv, tmpfs
 from slurm_cluster import slurm_fixture_gen
 
 from offload_study.core.contracts import read_json, write_json
@@ -58,20 +58,6 @@ def plan_run(study: Path, name: str, world: int = 1, scenario=None, **keys) -> t
     spec_path = study / "configs" / f"{name}.run.json"
     write_scenario_files(spec, str(study / "configs" / f"{name}.json"), str(spec_path))
     return spec_path, study / name / "rep0"
-
-
-def runner_argv(spec_path: Path, outdir: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "offload_study.training.runner",
-        "--spec",
-        str(spec_path),
-        "--repeat",
-        "0",
-        "--outdir",
-        str(outdir),
-    ]
 
 
 def start_runner(spec_path: Path, outdir: Path) -> subprocess.Popen:

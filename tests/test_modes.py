@@ -12,6 +12,7 @@ import sys
 import pandas as pd
 import pytest
 from conftest import make_spec
+from runs import runner_argv
 
 from offload_study.analysis import sanity
 from offload_study.core.contracts import read_json
@@ -245,17 +246,7 @@ def run_mode(tmp_path, name: str, scenario: dict) -> dict:
     spec_path, ds_path = tmp_path / f"{name}.run.json", tmp_path / f"{name}.json"
     write_scenario_files(spec, str(ds_path), str(spec_path))
     outdir = tmp_path / "results" / "local-cpu" / "test" / name / "rep0"
-    cmd = [
-        sys.executable,
-        "-m",
-        "offload_study.training.runner",
-        "--spec",
-        str(spec_path),
-        "--repeat",
-        "0",
-        "--outdir",
-        str(outdir),
-    ]
+    cmd = runner_argv(spec_path, outdir)
     subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     return read_json(outdir / "metrics.json")
 

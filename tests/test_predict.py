@@ -8,7 +8,6 @@ import dataclasses
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -16,6 +15,7 @@ import pandas as pd
 import pytest
 from conftest import REPO as REPO_ROOT
 from conftest import make_spec
+from runs import runner_argv
 
 from offload_study.admission.admit import main as plan_main
 from offload_study.analysis import collect
@@ -607,17 +607,7 @@ def impossible_run(tmp_path: Path, plan_csv: bool):
 @pytest.mark.parametrize("plan_csv", [True, False], ids=["plan.csv", "no-plan.csv"])
 def test_runner_records_infeasible_and_launches_nothing(tmp_path, plan_csv):
     spec_path, outdir = impossible_run(tmp_path, plan_csv)
-    cmd = [
-        sys.executable,
-        "-m",
-        "offload_study.training.runner",
-        "--spec",
-        str(spec_path),
-        "--repeat",
-        "0",
-        "--outdir",
-        str(outdir),
-    ]
+    cmd = runner_argv(spec_path, outdir)
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     m = json.loads((outdir / "metrics.json").read_text())

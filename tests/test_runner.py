@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import make_spec
-from runs import RUNNER_GRACE_S, load_record, make_run, run_runner
+from runs import RUNNER_GRACE_S, load_record, make_run, run_runner, runner_argv
 
 from offload_study.core import contracts
 from offload_study.core.contracts import RankStats, StepRow
@@ -120,17 +120,7 @@ def test_step_timeout(tmp_path):
 @pytest.mark.slow
 def test_sigterm_cancelled(tmp_path):
     spec_path, outdir, _ = make_run(tmp_path, steps=100000, world=2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "offload_study.training.runner",
-        "--spec",
-        str(spec_path),
-        "--repeat",
-        "0",
-        "--outdir",
-        str(outdir),
-    ]
+    cmd = runner_argv(spec_path, outdir)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     tmp_logs = None

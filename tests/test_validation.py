@@ -21,6 +21,7 @@ from bad_inputs import (
 )
 from conftest import CLUSTER_DIR, SMALL_LLAMA, make_spec
 from conftest import REPO as REPO_ROOT
+from runs import runner_argv
 
 from offload_study.admission.admit import Refused, admitted_plan, first_problem
 from offload_study.core.study import SHOWN_CHARS, SchemaRefused, StudyError, load_study
@@ -281,17 +282,7 @@ def test_the_run_checks_its_nvme_folder_first(tmp_path):
     spec_path, ds_path = tmp_path / "s.run.json", tmp_path / "s.json"
     write_scenario_files(spec, str(ds_path), str(spec_path))
     outdir = tmp_path / "results" / "local-cpu" / "test" / spec.scenario / "rep0"
-    cmd = [
-        sys.executable,
-        "-m",
-        "offload_study.training.runner",
-        "--spec",
-        str(spec_path),
-        "--repeat",
-        "0",
-        "--outdir",
-        str(outdir),
-    ]
+    cmd = runner_argv(spec_path, outdir)
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     metrics = json.loads((outdir / "metrics.json").read_text())
     assert metrics["outcome"] == "config_error", metrics["error_excerpt"]
