@@ -56,18 +56,15 @@ def baseline_of(summary: pd.DataFrame, plan: dict) -> tuple[str | None, str | No
     return baseline or plan.get("baseline") or None, note
 
 
-def _seed_view(plan: dict, scenarios: list, baseline: str | None) -> dict | None:
+def _predictions(plan: dict) -> dict:
+    """The plan's predictions by scenario (plan.csv), read once per page; {} without it."""
     path = (plan.get("prediction") or {}).get("plan_csv")
-    predictions = contracts.read_predictions(path) if path and Path(path).is_file() else {}
-    return seed.seed_view(plan, scenarios, predictions, references.published_or_none(), baseline)
+    return contracts.read_predictions(path) if path and Path(path).is_file() else {}
 
 
-def _predicted_bound(plan: dict, scenario: str | None) -> str | None:
-    """The plan's predicted bound of ``scenario``'s step in words (None without plan.csv)."""
-    path = (plan.get("prediction") or {}).get("plan_csv")
-    if not scenario or not path or not Path(path).is_file():
-        return None
-    prediction = contracts.read_predictions(path).get(scenario)
+def _bound_of(predictions: dict, scenario: str | None) -> str | None:
+    """The predicted bound of ``scenario``'s step in words (None where not predicted)."""
+    prediction = predictions.get(scenario) if scenario else None
     return predicted.bound_text(prediction) if prediction else None
 
 
@@ -103,7 +100,8 @@ def render(
     if not scenarios:
         note = "no scenario in the plan and no run collected"
     head, lines = views.verdicts(scenarios, baseline, note)
-    spread = views.baseline_spread(scenarios, baseline, _predicted_bound(plan, baseline))
+    predictions = _predictions(plan)
+    spread = views.baseline_spread(scenarios, baseline, _bound_of(predictions, baseline))
     head = f"{head} {spread}" if spread else head
     cluster = plan.get("cluster") or (
         str(summary["cluster"].dropna().iloc[0])
@@ -113,7 +111,9 @@ def render(
     base_view = next((v for v in scenarios if v["is_baseline"]), None)
     labels = {v["scenario"]: v["plot_label"] for v in scenarios}
     model = views.model_name(plan.get("model"), plan.get("model_params"))
-    seed_view = _seed_view(plan, scenarios, baseline)
+    seed_view = seed.seed_view(
+        plan, scenarios, predictions, references.published_or_none(), baseline
+    )
     configs = views.config_blocks(scenarios, runs)
     records_dir = plan.get("records_dir")
     rerender = origin.rerender_command(records_dir, out) if out and records_dir else None
