@@ -12,7 +12,12 @@
    used, which moves less with other work on a shared machine) and the ratio study / trivial
    of the wall-time medians against the target (at most 1.3x), and
    beside it the ratios to the trivial workflow of the study's job count (what the study's dry
-   run would take if each of its jobs cost Snakemake no more than a trivial one).
+   run would take if each of its jobs cost Snakemake no more than a trivial one), and to the
+   study's DAG without the library's code (the same rules, outputs, logs, params, priority,
+   conda env and resources per run, each job a `touch`): what Snakemake itself spends on a
+   run's declarations, and over it what the workflow's own code adds; and to that DAG without
+   the engine_config jobs (one job per run: the floor of a design where train writes its own
+   configs).
    The library's bytecode is compiled first: Snakemake's own modules come compiled with its
    install, and a user's checkout caches the library's after its first run, but where
    PYTHONDONTWRITEBYTECODE is set nothing would be cached and every dry run of the study would
@@ -43,6 +48,8 @@ from offload_study.planning.plan import Plan
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_RATIO = 1.3
+SAME_SHAPE = "same DAG, no library"
+ONE_JOB = "one job per run, no library"
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-n", "--forceall"]
 
 TRIVIAL_SNAKEFILE = """\
@@ -54,6 +61,93 @@ rule all:
 rule one:
     output:
         "out/{i}.txt",
+    shell:
+        "touch {output}"
+"""
+
+
+# The study's DAG with none of the library's code: per run, an engine_config job (2 outputs, a
+# log, a params function) and a train job (3 outputs, a log, the config files and plan.json as
+# inputs, a params function, threads, a conda env, a priority function, plain resources), then
+# plan, collect and report as the study has them. What Snakemake itself spends on a run's
+# declarations, the floor under the study's dry run.
+SAME_SHAPE_SNAKEFILE = """\
+rule all:
+    input:
+        "report.html",
+        expand("runs/{s}/rep0/metrics.json", s=range(JOBS)),
+
+
+rule engine_config:
+    output:
+        ds_config="configs/{s}.json",
+        spec="configs/{s}.run.json",
+    log:
+        "logs/engine_config/{s}.log",
+    params:
+        spec=lambda wc: {"scenario": wc.s, "micro_batch": 4},
+    shell:
+        "touch {output}"
+
+
+rule plan:
+    input:
+        "plan.unchecked.json",
+    output:
+        json="plan.json",
+        csv="plan.csv",
+    log:
+        "logs/plan.log",
+    shell:
+        "touch {output}"
+
+
+rule train:
+    input:
+        spec="configs/{s}.run.json",
+        ds_config="configs/{s}.json",
+        plan=ancient("plan.json"),
+    output:
+        metrics="runs/{s}/rep{r}/metrics.json",
+        steps="runs/{s}/rep{r}/steps.csv",
+        provenance="runs/{s}/rep{r}/provenance.json",
+    log:
+        "logs/train/{s}.rep{r}.log",
+    priority: lambda wc: int(wc.s)
+    conda:
+        "ENV"
+    threads: 2
+    resources:
+        nodes=1,
+        mem_mb=4096,
+        runtime=30,
+        cpus_per_task=2,
+        tasks=1,
+    params:
+        outdir=subpath(output.metrics, parent=True),
+    shell:
+        "touch {output}"
+
+
+rule collect:
+    input:
+        expand("runs/{s}/rep0/metrics.json", s=range(JOBS)),
+    output:
+        "runs.csv",
+    log:
+        "logs/collect.log",
+    shell:
+        "touch {output}"
+
+
+rule report:
+    input:
+        "runs.csv",
+        "plan.json",
+    output:
+        "report.html",
+    log:
+        "logs/report.log",
     shell:
         "touch {output}"
 """
@@ -98,6 +192,23 @@ def trivial_workflow(folder: Path, jobs: int) -> Path:
     return folder
 
 
+def same_shape_workflow(folder: Path, runs: int, one_job_per_run: bool = False) -> Path:
+    """The study's DAG without the library; with ``one_job_per_run``, without the engine_config
+    jobs too (train would write its own configs): the floor of that design."""
+    folder.mkdir()
+    env = REPO_ROOT / "envs" / "train.yaml"
+    text = SAME_SHAPE_SNAKEFILE.replace("JOBS", str(runs)).replace("ENV", str(env))
+    if one_job_per_run:
+        config_rule = text[text.index("rule engine_config:") : text.index("rule plan:")]
+        config_inputs = (
+            '        spec="configs/{s}.run.json",\n        ds_config="configs/{s}.json",\n'
+        )
+        text = text.replace(config_rule, "").replace(config_inputs, "")
+    (folder / "Snakefile").write_text(text)
+    (folder / "plan.unchecked.json").write_text("{}")
+    return folder
+
+
 def compile_library(checkout: Path) -> None:
     """The library's bytecode, as a checkout has it after its first run (see the docstring)."""
     compileall.compile_dir(checkout / "workflow" / "offload_study", quiet=1)
@@ -130,6 +241,8 @@ def compare_dry_runs(runs: int, repeats: int, others: list[str]) -> None:
         jobs = int(re.search(r"^total\s+(\d+)", planned, re.M)[1])
         cases[f"trivial, {runs} jobs"] = (trivial_workflow(Path(tmp, "trivial"), runs),)
         cases[f"trivial, {jobs} jobs"] = (trivial_workflow(Path(tmp, "same-jobs"), jobs),)
+        cases[SAME_SHAPE] = (same_shape_workflow(Path(tmp, "same-shape"), runs),)
+        cases[ONE_JOB] = (same_shape_workflow(Path(tmp, "one-job"), runs, one_job_per_run=True),)
         walls, cpus = time_cases(cases, repeats)
     print_ratios(walls, cpus, list(checkouts), f"trivial, {runs} jobs", f"trivial, {jobs} jobs")
 
@@ -151,6 +264,17 @@ def print_ratios(walls: dict, cpus: dict, studies: list[str], trivial: str, same
             f"{other + ' / trivial':>24}: {wall[other] / wall[trivial]:.2f}x wall,"
             f" {cpu[other] / cpu[trivial]:.2f}x CPU"
         )
+    shape = wall[SAME_SHAPE] / wall[trivial]
+    print(
+        f"{SAME_SHAPE + ' / trivial':>24}: {shape:.2f}x wall, {cpu[SAME_SHAPE] / cpu[trivial]:.2f}x"
+        f" CPU (Snakemake alone, for the study's declarations); study / {SAME_SHAPE}:"
+        f" {wall[studies[0]] / wall[SAME_SHAPE]:.2f}x wall,"
+        f" {cpu[studies[0]] / cpu[SAME_SHAPE]:.2f}x CPU (the workflow's own code)"
+    )
+    print(
+        f"{ONE_JOB + ' / trivial':>24}: {wall[ONE_JOB] / wall[trivial]:.2f}x wall,"
+        f" {cpu[ONE_JOB] / cpu[trivial]:.2f}x CPU (without the engine_config jobs)"
+    )
     print(
         f"{'study / ' + same_jobs:>24}: {wall[studies[0]] / wall[same_jobs]:.2f}x wall,"
         f" {cpu[studies[0]] / cpu[same_jobs]:.2f}x CPU; {same_jobs} / {trivial}:"
