@@ -23,6 +23,8 @@ from pathlib import Path
 from offload_study import engines
 
 MIB_IN_GIB = 1024
+#: effective-mode keys of metrics.json that name a mode of their own
+MODE_NAMES = (("super_offload", "SuperOffload"), ("zenflow", "ZenFlow"))
 # Student's t, 97.5th percentile, by degrees of freedom (a t-interval over few pairs); past 10, 2.2.
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # fmt: skip
@@ -43,6 +45,7 @@ def pair_row(raw: dict, record: dict) -> dict:
     """One pair's figures and the path it measures, in the record's words."""
     gas = record["gradient_accumulation_steps"]
     offloads = f"optimizer {record['offload_optimizer']}, parameters {record['offload_param']}"
+    offloads += "".join(f", {words}" for words in mode_words(record))
     allocated_gib = (raw.get("peak_gpu_allocated_gib"), record.get("peak_gpu_allocated_gib"))
     return {
         "study": record["study"],
@@ -54,6 +57,20 @@ def pair_row(raw: dict, record: dict) -> dict:
         "same_mib": None not in allocated_gib
         and round(allocated_gib[0] * MIB_IN_GIB) == round(allocated_gib[1] * MIB_IN_GIB),
     }
+
+
+def mode_words(record: dict) -> list[str]:
+    """The offload mode a record ran beyond its offload keys (its effective modes), in words: runs
+    of different modes are different paths, even where their offload keys are alike."""
+    modes = record.get("modes") or {}
+    effective = modes.get("effective") or {}
+    words = [name for key, name in MODE_NAMES if effective.get(key)]
+    ratio = effective.get("offload_optimizer_ratio")
+    if ratio is not None and ratio < 1:
+        words.append(f"{ratio:g} of the optimizer on the CPU")
+    if modes.get("bound_cores"):
+        words.append("cores bound")
+    return words
 
 
 def mean_and_ci(ratios: list[float]) -> tuple[float, float | None, float | None]:

@@ -8,7 +8,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_pair(results: Path, scenario: str, rep: int, workflow: float, plain: float) -> None:
+def write_pair(
+    results: Path, scenario: str, rep: int, workflow: float, plain: float, **fields
+) -> None:
     study = results / "h200-1gpu" / "a-study"
     record = {
         "study": "a-study",
@@ -20,6 +22,7 @@ def write_pair(results: Path, scenario: str, rep: int, workflow: float, plain: f
         "gradient_accumulation_steps": 1,
         "tokens_per_s": workflow,
         "peak_gpu_allocated_gib": 24.8483,
+        **fields,
     }
     raw = {"scenario": scenario, "tokens_per_s": plain, "peak_gpu_allocated_gib": 24.8483}
     (study / scenario / f"rep{rep}").mkdir(parents=True, exist_ok=True)
@@ -44,3 +47,17 @@ def test_pairs_are_judged_per_path_with_their_interval(tmp_path):
     assert "| a-study | ZeRO-3, no offload, repeat 1 | 11,000 | 10,000 | 1.100 | yes |" in out
     # geometric mean of 0.9 and 1.1, t-interval with one degree of freedom
     assert "| ZeRO-3: optimizer none, parameters none, gas 1 | 2 | 0.995 | [0.278, 3.560] |" in out
+
+
+def test_a_mode_is_its_own_path_beside_plain_optimizer_offload(tmp_path):
+    offload = {"offload_optimizer": "cpu", "label": "optimizer offload"}
+    write_pair(tmp_path, "opt", 0, 5_000.0, 5_000.0, **offload)
+    modes = {"effective": {"super_offload": True, "offload_optimizer_ratio": 0.8}}
+    write_pair(tmp_path, "super", 0, 3_000.0, 3_000.0, **offload, modes=modes)
+    script = ROOT / "benchmarks" / "fidelity_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "| ZeRO-3: optimizer cpu, parameters none, gas 1 | 1 | 1.000 | one pair |" in out
+    super_path = "ZeRO-3: optimizer cpu, parameters none, SuperOffload, 0.8 of the optimizer on"
+    assert f"| {super_path} the CPU, gas 1 | 1 | 1.000 | one pair |" in out
