@@ -120,6 +120,13 @@ ADAM_BYTES = float(units.state_bytes("fp32", "fp32 master weights", "Adam moment
 
 FP32_GRAD_BYTES = float(units.state_bytes("fp32", "fp32 gradients"))
 
+#: SuperOffload's CPU Adam worker (runtime/superoffload/superoffload_utils.py), a process of its
+#: own beside the rank: what it holds beyond the Adam moments it steps, i.e. its own Python,
+#: torch and CUDA runtime. Measured, not fitted: the rank's process tree less the rank and the
+#: moments, 0.74-0.97 GiB (median 0.92) in the four runs of model A at the default sub-group
+#: size (docs/results/h200-1gpu/superoffload-launch-h200/, host_peak_tree_gib).
+SUPEROFFLOAD_WORKER_GIB = 0.92
+
 
 #: Defaults of DeepSpeed 0.19's ZeRO-3 config for knobs a config leaves out.
 DEEPSPEED_DEFAULTS = {
@@ -384,7 +391,7 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
     """Host bytes of a CPU-offloaded optimizer: its sub-groups' fp32 master and Adam moments and
     their pinned fp32 gradients; with partial offload the GPU sub-groups' fp32 gradients are
     made in a pinned host buffer first and moved (:func:`cached_staging_bytes`); ZenFlow's
-    extra buffers."""
+    extra buffers; SuperOffload's worker process (the rank's process tree holds it)."""
     split, b = optimizer_split(spec, shape, k), DTYPE_BYTES[spec.dtype]
     staging = cached_staging_bytes(split) if pinned_host(spec, k) else 0.0
     parts = {
@@ -392,6 +399,16 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
         "fp32 gradients (pinned, per sub-group)": sum(buf(FP32_GRAD_BYTES * g) for g in split.host),
         "fp32 gradient staging of the GPU sub-groups (pinned, cached)": staging,
     }
+    if k.super_offload:
+        # Each sub-group's fp32 gradients go to the worker through a multiprocessing queue: a
+        # copy in shared memory (pinned tensors cannot be shared) that the rank holds beside its
+        # own; the moments move to the worker, so the tree holds them once, as counted above.
+        parts["SuperOffload: fp32 gradients shared with its worker"] = (
+            FP32_GRAD_BYTES * split.host_params
+        )
+        parts["SuperOffload: its CPU Adam worker's runtime"] = units.gib_to_bytes(
+            SUPEROFFLOAD_WORKER_GIB
+        )
     zf = k.zenflow
     if zf is not None and zf.get("overlap_step", ZENFLOW_DEFAULTS["overlap_step"]):
         # engine_stage3.initialize_optimizer_states: two fp32 gradient buffers per sub-group
