@@ -10,7 +10,14 @@ STUDY ?=
 BIN := $(abspath $(VENV))/bin
 # What the default study and the tests run: CPU Adam, fused Adam, gloo's shared-memory comm,
 # async_io (NVMe offload). Built for DeepSpeed's CPU accelerator, the one the default study uses.
-OPS := cpu_adam fused_adam shm_comm async_io
+OPS := cpu_adam fused_adam shm_comm async_io pin_memory
+# The ops compiled for this venv's torch and DeepSpeed are kept beside it. torch's default cache
+# (~/.cache/torch_extensions) is shared by every environment of the user: one that loads an op
+# with other paths or flags rebuilds it there, and a run loading that op meanwhile waits for the
+# build (NVMe runs of the tests then time out on a machine shared with other checkouts). A
+# TORCH_EXTENSIONS_DIR set by the caller is kept.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch-extensions
+OPS_STAMP := $(TORCH_EXTENSIONS_DIR)/.offload-study-ops
 # Rules call `python -m offload_study...`: the venv's python must come first on PATH.
 export PATH := $(BIN):$(PATH)
 export PYTHON
@@ -21,7 +28,7 @@ export PYTHON
 # never --configfile, whose YAML template engine can run a file's Python).
 # --logger rich (snakemake-logger-plugin-rich, the `workflow` extra): a job-count table and one
 # line per job instead of Snakemake's scroll; the full log stays in .snakemake/log/.
-study: debian-study $(VENV)/.ops
+study: debian-study $(OPS_STAMP)
 	$(BIN)/snakemake --cores $(CORES) --logger rich $(if $(STUDY),--config study_file='$(STUDY)')
 
 # --durations: the CI log names the slowest tests (where the suite's time goes).
@@ -37,13 +44,13 @@ study: debian-study $(VENV)/.ops
 # other workers' load is not their noise.
 # OFFLOAD_STUDY_TEST_SHARED (tests/conftest.py made_once): the two runs measure this machine's
 # calibration once, into a folder emptied first.
-test: debian-test $(VENV)/.ops
+test: debian-test $(OPS_STAMP)
 	rm -rf .pytest-shared
 	OFFLOAD_STUDY_TEST_SHARED=$(abspath .pytest-shared) $(BIN)/python -m pytest -q -rs \
 		-n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not alone"
 	OFFLOAD_STUDY_TEST_SHARED=$(abspath .pytest-shared) $(BIN)/python -m pytest -q -rs -m alone
 
-setup: debian-test $(VENV)/.ops
+setup: debian-test $(OPS_STAMP)
 
 debian-study debian-test: debian-%:
 	bash scripts/setup.sh $*
@@ -57,10 +64,10 @@ $(VENV)/.installed: pyproject.toml | debian-study
 	$(BIN)/python -m pip install -q -e '.[train,analysis,workflow,test]'
 	touch $@
 
-# Compiled into torch's extension cache (~/.cache/torch_extensions); `rm .venv/.ops` rebuilds.
-$(VENV)/.ops: $(VENV)/.installed | debian-study
+# Compiled into TORCH_EXTENSIONS_DIR (above); removing the stamp rebuilds what changed.
+$(OPS_STAMP): $(VENV)/.installed | debian-study
 	DS_ACCELERATOR=cpu $(BIN)/python -m offload_study.admission.ops $(OPS)
-	touch $@
+	mkdir -p $(TORCH_EXTENSIONS_DIR) && touch $@
 
 # ruff format --check: the code is as `ruff format` writes it (pyproject.toml's [tool.ruff]);
 # a `# fmt: skip` keeps only a table whose rows read better aligned.
