@@ -400,9 +400,10 @@ def offloaded_optimizer_host_parts(spec: RunSpec, shape: ModelShape, k: Knobs, b
         "fp32 gradient staging of the GPU sub-groups (pinned, cached)": staging,
     }
     if k.super_offload:
-        # Each sub-group's fp32 gradients go to the worker through a multiprocessing queue: a
-        # copy in shared memory (pinned tensors cannot be shared) that the rank holds beside its
-        # own; the moments move to the worker, so the tree holds them once, as counted above.
+        # Each sub-group's fp32 gradients go to the worker through a multiprocessing queue, in
+        # shared memory: measured, the rank holds 4 bytes per offloaded parameter beyond plain
+        # offload's rank less the moments (docs/benchmarks.md). The moments move to the worker,
+        # so the tree holds them once, as counted above.
         parts["SuperOffload: fp32 gradients shared with its worker"] = (
             FP32_GRAD_BYTES * split.host_params
         )
