@@ -194,7 +194,8 @@ def trivial_workflow(folder: Path, jobs: int) -> Path:
 
 def same_shape_workflow(folder: Path, runs: int, one_job_per_run: bool = False) -> Path:
     """The study's DAG without the library; with ``one_job_per_run``, without the engine_config
-    jobs too (train would write its own configs): the floor of that design."""
+    jobs too (train would write its own configs, its run spec a param): the floor of that
+    design."""
     folder.mkdir()
     env = REPO_ROOT / "envs" / "train.yaml"
     text = SAME_SHAPE_SNAKEFILE.replace("JOBS", str(runs)).replace("ENV", str(env))
@@ -204,6 +205,12 @@ def same_shape_workflow(folder: Path, runs: int, one_job_per_run: bool = False) 
             '        spec="configs/{s}.run.json",\n        ds_config="configs/{s}.json",\n'
         )
         text = text.replace(config_rule, "").replace(config_inputs, "")
+        # its run spec then a train param, so that a changed scenario still re-runs alone
+        train_params = "    params:\n        outdir=subpath"
+        spec_param = '        spec=lambda wc: {"scenario": wc.s, "micro_batch": 4},\n'
+        text = text.replace(
+            train_params, train_params.replace("    params:\n", f"    params:\n{spec_param}")
+        )
     (folder / "Snakefile").write_text(text)
     (folder / "plan.unchecked.json").write_text("{}")
     return folder
