@@ -13,7 +13,11 @@
 #           RAW_FSDP2 followed at once by its plain loop on the same repeat, so a workflow run and
 #           its plain loop run minutes apart on one machine; then collect and report
 #           (PAIRED_REPEATS="1": those repeats only, e.g. one a call when a call holds one;
-#           PAIRED_SCENARIOS="a b": those scenarios only). Every study of STUDIES is run so.
+#           PAIRED_SCENARIOS="a b": those scenarios only). Every study of STUDIES is run so. A
+#           plain loop whose JSON line is newer than its workflow record is not run again, so a
+#           call repeated after a deadline continues where the last one stopped.
+# RAW_WARMUP, RAW_STEPS the plain loops' warm-up and measured steps (default 3 and 8);
+# RAW_LIMIT_S a plain loop's time limit (default 150 s; an NVMe loop of a 1B model needs more).
 # OPS       the DeepSpeed ops built ahead (default: cpu_adam fused_adam; "" for FSDP2 alone).
 # CALIBRATE_AT CLUSTER:STUDY_YAML: after the studies, measure CLUSTER's calibration at the sizes
 #           and shapes of STUDY's runs (calibrate --study) into results/CLUSTER/calibration.at-<study>.json,
@@ -85,6 +89,14 @@ print(f"FIDELITY {raw['scenario']}: workflow {wf['tokens_per_s']:.1f} tok/s, raw
 PY
 }
 
+raw_done() { # raw_done RESULTS_DIR SCENARIO REPEAT: its plain loop ran after its workflow run
+  local rec=$1/$2/rep$3/metrics.json json
+  for json in /tmp/raw/*/"$2.rep$3.json"; do
+    [ -f "$json" ] && [ -f "$rec" ] && [ "$json" -nt "$rec" ] && say "raw $2 rep$3: done before" && return 0
+  done
+  return 1
+}
+
 raw_fsdp2() { raw_loop fsdp2 "$@"; }
 raw_deepspeed() { raw_loop deepspeed "$@"; }
 
@@ -96,8 +108,11 @@ paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 
     for s in $(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').scenarios)"); do
       [ -n "${PAIRED_SCENARIOS:-}" ] && [[ " $PAIRED_SCENARIOS " != *" $s "* ]] && continue
       timed "$s rep$k" 300 snake "$study" "$res/$s/rep$k/metrics.json"
-      [[ " ${RAW_FSDP2:-} " == *" $s "* ]] && timed "raw $s rep$k" 150 raw_fsdp2 "$res" "$s" "$k"
-      [[ " ${RAW_DEEPSPEED:-} " == *" $s "* ]] && timed "raw $s rep$k" 150 raw_deepspeed "$res" "$s" "$k"
+      raw_done "$res" "$s" "$k" && continue
+      [[ " ${RAW_FSDP2:-} " == *" $s "* ]] &&
+        timed "raw $s rep$k" "${RAW_LIMIT_S:-150}" raw_fsdp2 "$res" "$s" "$k"
+      [[ " ${RAW_DEEPSPEED:-} " == *" $s "* ]] &&
+        timed "raw $s rep$k" "${RAW_LIMIT_S:-150}" raw_deepspeed "$res" "$s" "$k"
     done
   done
   [ -z "${PAIRED_REPEATS:-}" ] && timed "collect and report $study" 300 snake "$study"
@@ -114,7 +129,7 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake versions build_ops table raw_loop raw_fsdp2 raw_deepspeed paired
+export -f elapsed say left snake versions build_ops table raw_loop raw_done raw_fsdp2 raw_deepspeed paired
 
 keep_outside
 requeue_cancelled
