@@ -420,6 +420,24 @@ def test_snakemake_killed_mid_study_and_restarted(tmp_path, results_ledger, cpu_
         assert load_record(results / name / "rep0")["outcome"] == "ok"
     assert (work / "reports" / "local-cpu" / "killed" / "report.html").is_file()
     cancelled_run_made_again(work, results / done / "rep0")
+    changed_scenario_runs_again_alone(work)
+
+
+def changed_scenario_runs_again_alone(work: Path) -> None:
+    """The finished study has nothing to do; once one scenario changes, its run alone is
+    planned again, in the same invocation. (A train behind the study-wide plan job through an
+    ancient input alone is not: Snakemake does not look at a job's own reasons below a job that
+    re-runs, snakemake/snakemake#4166; its config job per scenario is what re-runs it.)"""
+    res = snakemake(work, "-n")
+    assert "Nothing to be done" in res.stdout + res.stderr, res.stdout[-4000:]
+    study = yaml.safe_load((work / "killed.yaml").read_text())
+    study["scenarios"][1]["cpu_mem_gb"] = 7
+    (work / "killed.yaml").write_text(yaml.safe_dump(study))
+    res = snakemake(work, "-n")
+    planned = re.findall(
+        r"^rule train:\n(?:\s+.*\n)*?\s+wildcards: scenario=([^,\s]+)", res.stdout, re.M
+    )
+    assert planned == ["second"], res.stdout[-4000:]
 
 
 def cancelled_run_made_again(work: Path, record: Path) -> None:
