@@ -107,6 +107,9 @@ GPU_RECORDS = {
     "docs/results/h200-1gpu/fidelity-h200-zero3": "config/studies/fidelity-h200-zero3.yaml",
     # SuperOffload at DeepSpeed's defaults and plain optimizer offload, model A (its process tree)
     "docs/results/h200-1gpu/superoffload-launch-h200": "config/studies/superoffload-launch-h200.yaml",
+    # model A's parameter, partial and NVMe offload, FSDP2's CPUOffloadPolicy and SuperOffload,
+    # each beside a plain loop
+    "docs/results/h200-1gpu/fidelity-h200-modes": "config/studies/fidelity-h200-modes.yaml",
 }
 SAME = (
     "micro_batch",
