@@ -17,7 +17,8 @@
    conda env and resources per run, each job a `touch`): what Snakemake itself spends on a
    run's declarations, and over it what the workflow's own code adds; and to that DAG without
    the engine_config jobs (one job per run: the floor of a design where train writes its own
-   configs).
+   configs, which Snakemake would not re-run when its scenario changes while the plan job
+   re-runs too: benchmarks/snakemake_masking.py).
    The library's bytecode is compiled first: Snakemake's own modules come compiled with its
    install, and a user's checkout caches the library's after its first run, but where
    PYTHONDONTWRITEBYTECODE is set nothing would be cached and every dry run of the study would
@@ -195,7 +196,7 @@ def trivial_workflow(folder: Path, jobs: int) -> Path:
 def same_shape_workflow(folder: Path, runs: int, one_job_per_run: bool = False) -> Path:
     """The study's DAG without the library; with ``one_job_per_run``, without the engine_config
     jobs too (train would write its own configs, its run spec a param): the floor of that
-    design."""
+    design, timed only (its re-runs are wrong: benchmarks/snakemake_masking.py)."""
     folder.mkdir()
     env = REPO_ROOT / "envs" / "train.yaml"
     text = SAME_SHAPE_SNAKEFILE.replace("JOBS", str(runs)).replace("ENV", str(env))
