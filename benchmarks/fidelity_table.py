@@ -6,7 +6,8 @@ Reads every pair committed under the results folder: a plain loop's JSON line
 (``<study>/device-logs/raw-<engine>/<scenario>.rep<k>.json``, written by
 ``benchmarks/device/run_study.sh`` with PAIRED=1 right after the workflow's run of that repeat
 on the same machine) beside the workflow's record (``<study>/<scenario>/rep<k>/metrics.json``).
-Prints one row per pair, then per path (engine, offloads, accumulation steps) the geometric
+Prints one row per pair (with which of its two loops ran first: run_study.sh ran the workflow
+first until PAIRED_ORDER=alternate; a plain loop stamped with its start says so), then per path (engine, offloads, accumulation steps) the geometric
 mean of workflow / plain tokens/s with its 95 % t-interval over the pairs (on log ratios), and
 whether the two loops' GPU memory matched to the MiB. Pairs set aside under ``superseded/`` are
 not read.
@@ -56,7 +57,18 @@ def pair_row(raw: dict, record: dict) -> dict:
         "ratio": record["tokens_per_s"] / raw["tokens_per_s"],
         "same_mib": None not in allocated_gib
         and round(allocated_gib[0] * MIB_IN_GIB) == round(allocated_gib[1] * MIB_IN_GIB),
+        "first": first_loop(raw, record),
     }
+
+
+def first_loop(raw: dict, record: dict) -> str:
+    """Which loop of a pair ran first: by their UTC starts where the plain loop has one (ISO
+    stamps of one format order as strings); else the workflow, the only order run_study.sh had
+    before the plain loops were stamped."""
+    raw_start, workflow_start = raw.get("started_at"), record.get("started_at")
+    if raw_start and workflow_start and raw_start < workflow_start:
+        return "plain loop"
+    return "workflow"
 
 
 def mode_words(record: dict) -> list[str]:
@@ -85,12 +97,15 @@ def mean_and_ci(ratios: list[float]) -> tuple[float, float | None, float | None]
 
 def main(argv: list[str]) -> int:
     rows = pairs(Path(argv[0] if argv else "docs/results"))
-    print("| study | run | workflow tok/s | plain tok/s | ratio | GPU memory same to the MiB |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| study | run | workflow tok/s | plain tok/s | ratio | GPU memory same to the MiB "
+        "| ran first |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['study']} | {r['run']} | {r['workflow']:,.0f} | {r['plain']:,.0f} "
-            f"| {r['ratio']:.3f} | {'yes' if r['same_mib'] else 'no'} |"
+            f"| {r['ratio']:.3f} | {'yes' if r['same_mib'] else 'no'} | {r['first']} |"
         )
     print("\n| path | pairs | workflow / plain (geometric mean) | 95 % CI |")
     print("|---|---|---|---|")

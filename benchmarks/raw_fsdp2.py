@@ -187,6 +187,9 @@ def main(argv=None) -> int:
         "loss_last": losses[-1] if losses else None,
         "init_s": round(init_s, 3),
         "wall_s": round(time.time() - t_start, 3),
+        # UTC as the workflow's records stamp theirs: which of a pair's two loops ran first
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device_name": torch.cuda.get_device_name(device) if is_cuda else None,
         "peak_gpu_allocated_gib": peak_allocated,
         "peak_gpu_reserved_gib": peak_reserved,

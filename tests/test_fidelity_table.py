@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_pair(
-    results: Path, scenario: str, rep: int, workflow: float, plain: float, **fields
+    results: Path, scenario: str, rep: int, workflow: float, plain: float, raw_fields=None, **fields
 ) -> None:
     study = results / "h200-1gpu" / "a-study"
     record = {
@@ -25,6 +25,7 @@ def write_pair(
         **fields,
     }
     raw = {"scenario": scenario, "tokens_per_s": plain, "peak_gpu_allocated_gib": 24.8483}
+    raw.update(raw_fields or {})
     (study / scenario / f"rep{rep}").mkdir(parents=True, exist_ok=True)
     (study / scenario / f"rep{rep}" / "metrics.json").write_text(json.dumps(record))
     (study / "device-logs" / "raw-deepspeed").mkdir(parents=True, exist_ok=True)
@@ -43,8 +44,9 @@ def test_pairs_are_judged_per_path_with_their_interval(tmp_path):
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
     ).stdout
-    assert "| a-study | ZeRO-3, no offload, repeat 0 | 9,000 | 10,000 | 0.900 | yes |" in out
-    assert "| a-study | ZeRO-3, no offload, repeat 1 | 11,000 | 10,000 | 1.100 | yes |" in out
+    run = "| a-study | ZeRO-3, no offload, repeat"
+    assert f"{run} 0 | 9,000 | 10,000 | 0.900 | yes | workflow |" in out
+    assert f"{run} 1 | 11,000 | 10,000 | 1.100 | yes | workflow |" in out
     # geometric mean of 0.9 and 1.1, t-interval with one degree of freedom
     assert "| ZeRO-3: optimizer none, parameters none, gas 1 | 2 | 0.995 | [0.278, 3.560] |" in out
 
@@ -61,3 +63,18 @@ def test_a_mode_is_its_own_path_beside_plain_optimizer_offload(tmp_path):
     assert "| ZeRO-3: optimizer cpu, parameters none, gas 1 | 1 | 1.000 | one pair |" in out
     super_path = "ZeRO-3: optimizer cpu, parameters none, SuperOffload, 0.8 of the optimizer on"
     assert f"| {super_path} the CPU, gas 1 | 1 | 1.000 | one pair |" in out
+
+
+def test_a_pair_says_which_loop_ran_first(tmp_path):
+    """A plain loop stamped with an earlier start than the workflow's run ran first; one stamped
+    later, or not stamped (run_study.sh's only order before the stamps), ran second."""
+    starts = {"started_at": "2026-12-04T20:15:16Z"}
+    write_pair(tmp_path, "a", 0, 1.0, 1.0, {"started_at": "2026-12-04T20:14:00Z"}, **starts)
+    write_pair(tmp_path, "b", 0, 1.0, 1.0, {"started_at": "2026-12-04T20:16:30Z"}, **starts)
+    write_pair(tmp_path, "c", 0, 1.0, 1.0, **starts)
+    script = ROOT / "benchmarks" / "fidelity_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    firsts = [line.rsplit("|", 2)[1].strip() for line in out.splitlines() if "repeat 0" in line]
+    assert firsts == ["plain loop", "workflow", "workflow"]

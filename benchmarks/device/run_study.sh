@@ -16,6 +16,11 @@
 #           PAIRED_SCENARIOS="a b": those scenarios only). Every study of STUDIES is run so. A
 #           plain loop whose JSON line is newer than its workflow record is not run again, so a
 #           call repeated after a deadline continues where the last one stopped.
+# PAIRED_ORDER=alternate: odd repeats run the plain loop first, then the workflow's run (even
+#           repeats, and the default, the workflow first), so that what the first of two loops
+#           leaves the machine (a disk's allocated blocks, a flush under way) does not always
+#           favour the same one; the plain loop's JSON line stamps its start, and
+#           benchmarks/fidelity_table.py says which ran first.
 # RAW_WARMUP, RAW_STEPS the plain loops' warm-up and measured steps (default 3 and 8);
 # RAW_LIMIT_S a plain loop's time limit (default 150 s; an NVMe loop of a 1B model needs more).
 # OPS       the DeepSpeed ops built ahead (default: cpu_adam fused_adam; "" for FSDP2 alone).
@@ -74,13 +79,18 @@ pack() {
   tar -czf "$OUT/extra.tar.gz" -C /tmp logs $(cd /tmp && ls -d raw 2>/dev/null)
 }
 
-raw_loop() { # raw_loop ENGINE RESULTS_DIR SCENARIO [REPEAT]: the plain loop, then workflow / raw tok/s
+raw_loop() { # raw_loop ENGINE RESULTS_DIR SCENARIO [REPEAT]: the plain loop, its JSON line in /tmp/raw
   local rep=${4:-0} out=/tmp/raw/$1/$3.rep${4:-0}.json
   mkdir -p "/tmp/raw/$1"
   OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 1 \
     --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) "benchmarks/raw_$1.py" \
     --spec "$2/configs/$3.run.json" --out "$out" --warmup "${RAW_WARMUP:-3}" \
-    --steps "${RAW_STEPS:-8}" >"${out%.json}.log" 2>&1 || return
+    --steps "${RAW_STEPS:-8}" >"${out%.json}.log" 2>&1
+}
+
+ratio_line() { # ratio_line ENGINE RESULTS_DIR SCENARIO [REPEAT]: workflow / plain tok/s of a pair
+  local rep=${4:-0} out=/tmp/raw/$1/$3.rep${4:-0}.json
+  [ -f "$out" ] && [ -f "$2/$3/rep$rep/metrics.json" ] || return 0
   python3 - "$out" "$2/$3/rep$rep/metrics.json" <<'PY'
 import json, sys
 raw, wf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -97,8 +107,22 @@ raw_done() { # raw_done RESULTS_DIR SCENARIO REPEAT: its plain loop ran after it
   return 1
 }
 
-raw_fsdp2() { raw_loop fsdp2 "$@"; }
-raw_deepspeed() { raw_loop deepspeed "$@"; }
+raw_fsdp2() { raw_loop fsdp2 "$@" && ratio_line fsdp2 "$@"; }
+raw_deepspeed() { raw_loop deepspeed "$@" && ratio_line deepspeed "$@"; }
+
+plain_loop() { # plain_loop RESULTS_DIR SCENARIO REPEAT: its plain loop, if RAW_* names it
+  local engine
+  for engine in fsdp2 deepspeed; do
+    local named=RAW_${engine^^}
+    [[ " ${!named:-} " == *" $2 "* ]] || continue
+    timed "raw $2 rep$3" "${RAW_LIMIT_S:-150}" raw_loop "$engine" "$@"
+    ratio_line "$engine" "$@"
+  done
+}
+
+plain_first() { # plain_first REPEAT: this repeat runs its plain loops before the workflow
+  [ "${PAIRED_ORDER:-}" = alternate ] && [ $(($1 % 2)) -eq 1 ]
+}
 
 paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 beside its plain loop
   local study=$1 res k s
@@ -107,12 +131,16 @@ paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 
   for k in ${PAIRED_REPEATS:-$(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').repeats)")}; do
     for s in $(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').scenarios)"); do
       [ -n "${PAIRED_SCENARIOS:-}" ] && [[ " $PAIRED_SCENARIOS " != *" $s "* ]] && continue
+      if plain_first "$k"; then
+        # a record already there had its plain loop before it (a call after a deadline)
+        [ -f "$res/$s/rep$k/metrics.json" ] || plain_loop "$res" "$s" "$k"
+        timed "$s rep$k" 300 snake "$study" "$res/$s/rep$k/metrics.json"
+        ratio_line fsdp2 "$res" "$s" "$k"
+        ratio_line deepspeed "$res" "$s" "$k"
+        continue
+      fi
       timed "$s rep$k" 300 snake "$study" "$res/$s/rep$k/metrics.json"
-      raw_done "$res" "$s" "$k" && continue
-      [[ " ${RAW_FSDP2:-} " == *" $s "* ]] &&
-        timed "raw $s rep$k" "${RAW_LIMIT_S:-150}" raw_fsdp2 "$res" "$s" "$k"
-      [[ " ${RAW_DEEPSPEED:-} " == *" $s "* ]] &&
-        timed "raw $s rep$k" "${RAW_LIMIT_S:-150}" raw_deepspeed "$res" "$s" "$k"
+      raw_done "$res" "$s" "$k" || plain_loop "$res" "$s" "$k"
     done
   done
   [ -z "${PAIRED_REPEATS:-}" ] && timed "collect and report $study" 300 snake "$study"
@@ -129,7 +157,8 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake versions build_ops table raw_loop raw_done raw_fsdp2 raw_deepspeed paired
+export -f elapsed say left snake versions build_ops table raw_loop raw_done raw_fsdp2 raw_deepspeed \
+  ratio_line plain_loop plain_first paired
 
 keep_outside
 requeue_cancelled
