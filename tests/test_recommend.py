@@ -222,8 +222,8 @@ def test_the_checkpoint_measures_the_best_of_each_mode_first():
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
     assert why["c1"] == "predicted not to fit: GPU 50 GiB > 40 GiB"
     assert why["a2"] == (
-        "not measured: predicted 800 tokens/s, rank 2: within the model's ±50 % step-time error "
-        "of the best predicted (900 tokens/s), but the budget, recommend.max_measured (3), was "
+        "not measured: predicted 800 tokens/s, rank 2: within the study's ±50 % step-time band "
+        "(recommend.step_time_band) of the best predicted (900 tokens/s), but the budget, recommend.max_measured (3), was "
         "spent on those ranked before it (the best of each engine and offload mode first)"
     )
 

@@ -176,6 +176,7 @@ def _choose(
     return chosen, {
         "round": rnd,
         "step_time_band": band,
+        "band_from_study": space_.get("step_time_band") is not None,
         "best": best and best["scenario"],
         "best_tokens_per_s": best_tps,
         "floor_tokens_per_s": floor,
@@ -254,7 +255,12 @@ def _band_words(row: dict, band: dict) -> str:
         return "the best predicted"
     if band["floor_tokens_per_s"] is None:
         return "no step-time error band: ranked by the prediction alone"
-    error = f"the model's {error_bands.text(band['step_time_band'])} step-time error"
+    width = error_bands.text(band["step_time_band"])
+    error = (
+        f"the study's {width} step-time band (recommend.step_time_band)"
+        if band.get("band_from_study")
+        else f"the model's {width} step-time error"
+    )
     best = f"the best predicted ({band['best_tokens_per_s']:,.0f} tokens/s)"
     if row.get("in_band"):
         return f"within {error} of {best}"
