@@ -222,16 +222,30 @@ def test_the_checkpoint_measures_the_best_of_each_mode_first():
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
     assert why["c1"] == "predicted not to fit: GPU 50 GiB > 40 GiB"
     assert why["a2"] == (
-        "not measured: predicted 800 tokens/s, rank 2: within the model's ±50 % step-time error "
-        "of the best predicted (900 tokens/s), but the budget, recommend.max_measured (3), was "
-        "spent on those ranked before it (the best of each engine and offload mode first)"
+        "not measured: predicted 800 tokens/s, rank 2: within the study's ±50 % step-time band "
+        "(recommend.step_time_band) of the best predicted (900 tokens/s), but the budget, "
+        "recommend.max_measured (3), was spent on those ranked before it (the best of each engine first, then of each offload "
+        "mode)"
     )
+
+
+def test_the_best_of_each_engine_is_measured_before_another_mode_of_one_engine():
+    """Three DeepSpeed modes predicted faster than FSDP2's one: with room for two, FSDP2's
+    best is measured beside DeepSpeed's, not DeepSpeed's second mode."""
+    groups = {"ds-a": "deepspeed:opt", "ds-b": "deepspeed:r0.8", "ds-c": "deepspeed:super"}
+    groups["fsdp-a"] = "fsdp2:policy"
+    speeds = {"ds-a": 1000, "ds-b": 990, "ds-c": 980, "fsdp-a": 900}
+    preds = {n: _prediction(n, tps, band=0.25) for n, tps in speeds.items()}
+    round0 = recommend.select(a_space(groups, max_measured=2), preds)
+    assert round0["measure"] == ["ds-a", "fsdp-a", "ref"]
+    rows = {r["scenario"]: r for r in round0["candidates"]}
+    assert rows["ds-b"]["in_band"] and rows["ds-b"]["round"] is None
 
 
 def test_every_candidate_within_the_band_is_measured_up_to_the_budget():
     """The band of the best predicted one's step time (here ±25 %: at least 1000 / 1.25 = 800
     tokens/s) decides which may be the fastest; max_measured how many of them are measured, the
-    best of each engine and offload path first."""
+    best of each engine first, then of each offload path."""
     groups = {
         "ds-a-mb4": "deepspeed:opt",
         "ds-a-mb8": "deepspeed:opt",
@@ -265,8 +279,8 @@ def test_every_candidate_within_the_band_is_measured_up_to_the_budget():
     )
     assert rows["ds-a-mb8"]["why"].endswith(
         "recommend.max_measured (3), was spent on those "
-        "ranked before it (the best of each engine and "
-        "offload mode first)"
+        "ranked before it (the best of each engine first, "
+        "then of each offload mode)"
     )
     assert rows["fsdp-none-mb4"]["why"] == (
         "measured in round 0 (predicted 850 tokens/s, rank 3: within the model's ±25 % "

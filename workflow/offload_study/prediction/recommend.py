@@ -161,7 +161,7 @@ def _choose(
 ) -> tuple[list[dict], dict]:
     """Round ``rnd``'s candidates from ``ranked`` (best first), ``measured`` having been measured
     before it: every one predicted within ``band`` of the best one's step time (all of them
-    without a band), the best of each group first, up to max_measured in all and top_n a round;
+    without a band), the best of each engine, then of each group first, up to max_measured in all and top_n a round;
     and what decided it (selected.json's ``bands``)."""
     left = space_["max_measured"] - measured
     limit = max(0, min(left, space_.get("top_n") or left))
@@ -176,6 +176,7 @@ def _choose(
     return chosen, {
         "round": rnd,
         "step_time_band": band,
+        "band_from_study": space_.get("step_time_band") is not None,
         "best": best and best["scenario"],
         "best_tokens_per_s": best_tps,
         "floor_tokens_per_s": floor,
@@ -189,12 +190,22 @@ def _choose(
 
 
 def _top(ranked: list[dict], n: int) -> list[dict]:
-    """The best of each group (engine x offload path x mode) first, then the next best: n of
-    ``ranked``."""
+    """n of ``ranked``: the best of each engine first (the question is which engine to run,
+    and the prediction is coarsest across engines), then the best of each group (engine x
+    offload path x mode), then the next best."""
     ranked = sorted(ranked, key=lambda r: r["rank"])
-    firsts = list({r["group"]: r for r in reversed(ranked)}.values())[::-1]  # best per group
-    firsts.sort(key=lambda r: r["rank"])
-    return (firsts + [r for r in ranked if r not in firsts])[:n]
+    engines_first = _best_of_each(ranked, "engine")
+    groups_first = [r for r in _best_of_each(ranked, "group") if r not in engines_first]
+    chosen = engines_first + groups_first
+    return (chosen + [r for r in ranked if r not in chosen])[:n]
+
+
+def _best_of_each(ranked: list[dict], key: str) -> list[dict]:
+    """The first row of each value of ``key`` in ``ranked`` (best first), in rank order."""
+    firsts: dict = {}
+    for row in ranked:
+        firsts.setdefault(row[key], row)
+    return list(firsts.values())
 
 
 def next_round(space_: dict, previous: dict, metrics: Sequence[str]) -> dict:
@@ -254,7 +265,12 @@ def _band_words(row: dict, band: dict) -> str:
         return "the best predicted"
     if band["floor_tokens_per_s"] is None:
         return "no step-time error band: ranked by the prediction alone"
-    error = f"the model's {error_bands.text(band['step_time_band'])} step-time error"
+    width = error_bands.text(band["step_time_band"])
+    error = (
+        f"the study's {width} step-time band (recommend.step_time_band)"
+        if band.get("band_from_study")
+        else f"the model's {width} step-time error"
+    )
     best = f"the best predicted ({band['best_tokens_per_s']:,.0f} tokens/s)"
     if row.get("in_band"):
         return f"within {error} of {best}"
@@ -291,7 +307,7 @@ def _selection_why(row: dict, band: dict) -> str:
         return (
             f"not measured: {said}, but the budget, recommend.{band['limited_by']} "
             f"({band['limit_value']}), was spent on those ranked before it (the best of "
-            "each engine and offload mode first)"
+            "each engine first, then of each offload mode)"
         )
     return f"not measured: {said}"
 

@@ -203,7 +203,7 @@ def selection_words(selection: dict, names: dict[str, str]) -> str | None:
     if first.get("floor_tokens_per_s") is None:
         why = (
             f"no step-time error band is known, so the best {first['chosen']} predicted "
-            f"were, the best of each engine and offload mode first"
+            f"were, the best of each engine first, then of each offload mode"
         )
     else:
         why = (
@@ -218,7 +218,7 @@ def selection_words(selection: dict, names: dict[str, str]) -> str | None:
             why += (
                 f"; the budget (recommend.{first['limited_by']}: {first['limit_value']}) "
                 f"let the best predicted {first['chosen']} of them be measured, the best of "
-                "each engine and offload mode first"
+                "each engine first, then of each offload mode"
             )
     rounds = len([b for b in bands if b])
     again = f"; {rounds - 1} more round(s) followed, none having run ok" if rounds > 1 else ""
