@@ -75,7 +75,10 @@ def reading(tmp_path_factory) -> tuple[dict[Path, dict], list[dict]]:
 
 
 def records(page: Path) -> Path:
-    found = headlines.records_of(page.parent.parent.name, page.parent.name, REPO)
+    # the committed records a committed page was rendered from, whatever results/ holds here
+    found = headlines.records_of(
+        page.parent.parent.name, page.parent.name, REPO, published_only=True
+    )
     assert found is not None, f"no committed records for {page}"
     return found
 

@@ -73,11 +73,14 @@ def rendered(page: Path) -> str | None:
     return found.group(1) if found else None
 
 
-def records_of(cluster: str, study: str, root: Path = Path(".")) -> Path | None:
-    """The records folder of a study on a cluster: results/<cluster>/<study>, else the copy
-    committed under docs/results/; None when neither is found."""
+def records_of(
+    cluster: str, study: str, root: Path = Path("."), published_only: bool = False
+) -> Path | None:
+    """The records folder of a study on a cluster: results/<cluster>/<study> (unless
+    ``published_only``), else the copy committed under docs/results/; None when neither is
+    found."""
     own = root / layout.study_dir(cluster, study)
-    if (own / layout.PLAN_JSON).is_file():
+    if not published_only and (own / layout.PLAN_JSON).is_file():
         return own
     found = []
     for plan_path in (root / PUBLISHED_RECORDS).glob(f"**/{layout.PLAN_JSON}"):
