@@ -161,8 +161,8 @@ def _choose(
 ) -> tuple[list[dict], dict]:
     """Round ``rnd``'s candidates from ``ranked`` (best first), ``measured`` having been measured
     before it: every one predicted within ``band`` of the best one's step time (all of them
-    without a band), the best of each engine, then of each group first, up to max_measured in all and top_n a round;
-    and what decided it (selected.json's ``bands``)."""
+    without a band), the best of each engine, then of each group first, up to max_measured in
+    all and top_n a round; and what decided it (selected.json's ``bands``)."""
     left = space_["max_measured"] - measured
     limit = max(0, min(left, space_.get("top_n") or left))
     best = ranked[0] if ranked else None
