@@ -4,13 +4,13 @@
 
 Reads every pair committed under the results folder: a plain loop's JSON line
 (``<study>/device-logs/raw-<engine>/<scenario>.rep<k>.json``, written by
-``benchmarks/device/run_study.sh`` with PAIRED=1 right after the workflow's run of that repeat
-on the same machine) beside the workflow's record (``<study>/<scenario>/rep<k>/metrics.json``).
-Prints one row per pair (with which of its two loops ran first: run_study.sh ran the workflow
-first until PAIRED_ORDER=alternate; a plain loop stamped with its start says so), then per path
-(engine, offloads, accumulation steps) the geometric mean of workflow / plain tokens/s with its 95 % t-interval over the pairs (on log ratios), and
-whether the two loops' GPU memory matched to the MiB. Pairs set aside under ``superseded/`` are
-not read.
+``benchmarks/device/run_study.sh`` with PAIRED=1 beside the workflow's run of that repeat on the
+same machine, minutes apart) and the workflow's record (``<study>/<scenario>/rep<k>/metrics.json``).
+Prints one row per pair, with which of its two loops ran first (run_study.sh ran the workflow
+first until PAIRED_ORDER=alternate; a plain loop stamped with its start says so); then per path
+(engine, offloads, accumulation steps) the geometric mean of workflow / plain tokens/s with its
+95 % t-interval over the pairs (on log ratios), and whether the two loops' GPU memory matched to
+the MiB. Pairs set aside under ``superseded/`` are not read.
 """
 
 from __future__ import annotations
