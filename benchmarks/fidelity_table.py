@@ -24,6 +24,7 @@ from pathlib import Path
 from offload_study import engines
 
 MIB_IN_GIB = 1024
+SAME_MIB_WORDS = {True: "yes", False: "no", None: "no GPU"}
 #: effective-mode keys of metrics.json that name a mode of their own
 MODE_NAMES = (("super_offload", "SuperOffload"), ("zenflow", "ZenFlow"))
 # Student's t, 97.5th percentile, by degrees of freedom (a t-interval over few pairs); past 10, 2.2.
@@ -55,7 +56,10 @@ def pair_row(raw: dict, record: dict) -> dict:
         "workflow": record["tokens_per_s"],
         "plain": raw["tokens_per_s"],
         "ratio": record["tokens_per_s"] / raw["tokens_per_s"],
-        "same_mib": None not in allocated_gib
+        # None: neither loop had a GPU (a CPU machine's pairs)
+        "same_mib": None
+        if allocated_gib == (None, None)
+        else None not in allocated_gib
         and round(allocated_gib[0] * MIB_IN_GIB) == round(allocated_gib[1] * MIB_IN_GIB),
         "first": first_loop(raw, record),
     }
@@ -105,7 +109,7 @@ def main(argv: list[str]) -> int:
     for r in rows:
         print(
             f"| {r['study']} | {r['run']} | {r['workflow']:,.0f} | {r['plain']:,.0f} "
-            f"| {r['ratio']:.3f} | {'yes' if r['same_mib'] else 'no'} | {r['first']} |"
+            f"| {r['ratio']:.3f} | {SAME_MIB_WORDS[r['same_mib']]} | {r['first']} |"
         )
     print("\n| path | pairs | workflow / plain (geometric mean) | 95 % CI |")
     print("|---|---|---|---|")

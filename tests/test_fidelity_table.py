@@ -78,3 +78,13 @@ def test_a_pair_says_which_loop_ran_first(tmp_path):
     ).stdout
     firsts = [line.rsplit("|", 2)[1].strip() for line in out.splitlines() if "repeat 0" in line]
     assert firsts == ["plain loop", "workflow", "workflow"]
+
+
+def test_a_cpu_pair_has_no_gpu_memory_to_compare(tmp_path):
+    none = {"peak_gpu_allocated_gib": None}
+    write_pair(tmp_path, "cpu", 0, 1.0, 1.0, none, **none)
+    script = ROOT / "benchmarks" / "fidelity_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "| 1.000 | no GPU | workflow |" in out
