@@ -107,8 +107,7 @@ raw_done() { # raw_done RESULTS_DIR SCENARIO REPEAT: its plain loop ran after it
   return 1
 }
 
-raw_fsdp2() { raw_loop fsdp2 "$@" && ratio_line fsdp2 "$@"; }
-raw_deepspeed() { raw_loop deepspeed "$@" && ratio_line deepspeed "$@"; }
+raw_fsdp2() { raw_loop fsdp2 "$@" && ratio_line fsdp2 "$@"; }  # outside PAIRED: after the studies
 
 plain_loop() { # plain_loop RESULTS_DIR SCENARIO REPEAT: its plain loop, if RAW_* names it
   local engine
@@ -157,8 +156,8 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake versions build_ops table raw_loop raw_done raw_fsdp2 raw_deepspeed \
-  ratio_line plain_loop plain_first paired
+export -f elapsed say left snake versions build_ops table raw_loop raw_done raw_fsdp2 ratio_line \
+  plain_loop plain_first paired
 
 keep_outside
 requeue_cancelled
