@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from conftest import make_spec
 from runs import RUNNER_GRACE_S, load_record, make_run, run_runner, runner_argv
@@ -169,46 +168,43 @@ WORKER = (
     "print('ready', flush=True); sys.stdin.read()"
 )
 
-
-def vm_rss_bytes(pid: int) -> int:
-    """The kernel's count of a process's resident memory (/proc/<pid>/status), read apart from
-    the sampler."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
+# The rank: a fresh process, so that its tree holds the worker alone (a pytest process can hold
+# children an earlier test left exiting). It prints the sampler's record, both peaks, and the
+# kernel's count of the worker's resident memory (/proc/<pid>/status, read apart from the sampler).
+RANK = f"""
+import json, subprocess, sys, time
+from pathlib import Path
+from offload_study.training import probes
+sampler = probes.HostMemorySampler(interval_s=0.05, unique=sys.argv[1] == "unique").start()
+worker = subprocess.Popen([sys.executable, "-c", {WORKER!r}], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+assert worker.stdout.readline().strip() == "ready"
+time.sleep(0.2)  # a few samples while the worker holds its memory
+status = Path(f"/proc/{{worker.pid}}/status").read_text().splitlines()
+worker_rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+recorded = sampler.stop()
+worker.stdin.close()
+worker.wait(timeout=30)
+print(json.dumps(dict(recorded, measure=sampler.measure, own_peak=sampler.own_peak,
+                      tree_peak=sampler.tree_peak, worker_rss=worker_rss)))
+"""
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's /proc")
 @pytest.mark.parametrize("unique", [True, False], ids=["rss+uss", "rss"])
 def test_the_host_memory_sampler_counts_the_ranks_worker_process(unique):
-    """The rank (this process) starts a worker holding 200 MiB, as SuperOffload's optimizer
-    worker holds the Adam moments: the tree's peak exceeds the rank's own by about that."""
-    sampler = probes.HostMemorySampler(interval_s=0.05, unique=unique).start()
-    worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert worker.stdout.readline().strip() == "ready"
-        time.sleep(0.2)  # a few samples while the worker holds its memory
-        worker_rss = vm_rss_bytes(worker.pid)
-        recorded = sampler.stop()
-        # a process an earlier test in this pytest process left running is in the tree too
-        others = sum(
-            sampler.child_size(c.pid)
-            for c in psutil.Process().children(recursive=True)
-            if c.pid != worker.pid
-        )
-    finally:
-        worker.stdin.close()
-        worker.wait(timeout=30)
-    assert sampler.measure == ("rss+uss" if unique else "rss")
-    assert recorded["host_tree_measure"] == sampler.measure + contracts.TREE_FLOORED
-    assert recorded["host_peak_tree_bytes"] == sampler.tree_peak
-    worker_part = sampler.tree_peak - sampler.own_peak
+    """The rank starts a worker holding 200 MiB, as SuperOffload's optimizer worker holds the
+    Adam moments: the tree's peak exceeds the rank's own by about that."""
+    argv = [sys.executable, "-c", RANK, "unique" if unique else "rss"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(done.stdout)
+    assert got["measure"] == ("rss+uss" if unique else "rss")
+    assert got["host_tree_measure"] == got["measure"] + contracts.TREE_FLOORED
+    assert got["host_peak_tree_bytes"] == got["tree_peak"]
+    worker_part = got["tree_peak"] - got["own_peak"]
     # the 200 MiB, and at most what /proc says the worker holds (USS <= RSS) and some slack
-    # for this process's own memory moving between samples
-    assert WORKER_BYTES <= worker_part <= worker_rss + others + 8 * 2**20
+    # for the rank's own memory moving between samples
+    assert WORKER_BYTES <= worker_part <= got["worker_rss"] + 8 * 2**20
 
 
 def test_memory_own_and_tree_per_rank_and_per_node():
