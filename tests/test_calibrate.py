@@ -109,6 +109,24 @@ def test_the_steps_host_passes_are_measured_over_the_sub_groups():
         assert rate["params"] == 300_000 and isinstance(rate["settled"], bool)
 
 
+def test_superoffloads_step_is_measured_through_deepspeeds_own_worker():
+    """calibrate.superoffload_step_at on this CPU: DeepSpeed's SuperOffload worker (a spawned
+    process) steps the sub-groups one round trip at a time; the rate of the parameters and the
+    cost of a round trip come back apart, and this process's cores are given back."""
+    affinity = os.sched_getaffinity(0)
+    groups = calibrate.partition_layout(400_000, sub_group=200_000)
+    before = [m.detach().clone() for m in groups]
+    got = calibrate.superoffload_step_at(400_000, "cpu", groups)
+    assert os.sched_getaffinity(0) == affinity
+    assert set(got) == {"superoffload_step_params_per_s", "superoffload_sub_group_s"}
+    rate, round_trip = got["superoffload_step_params_per_s"], got["superoffload_sub_group_s"]
+    assert 1e5 < rate["low"] <= rate["median"] <= rate["high"] < 1e12
+    assert rate["sub_groups"] == 2 and rate["samples"] == calibrate.REPEATS
+    assert 1e-5 < round_trip["low"] <= round_trip["median"] <= round_trip["high"] < 1.0
+    # the worker's Adam steps came back into the masters
+    assert all(not m.detach().equal(b) for m, b in zip(groups, before, strict=True))
+
+
 def test_disk_probe_writes_reads_and_removes_its_files(tmp_path):
     disk = calibrate.disk_gb_s(str(tmp_path), 4 * 2**20)
     assert disk["disk_bytes"] == calibrate.DISK_FILES * 4 * 2**20

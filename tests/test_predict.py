@@ -477,6 +477,38 @@ def test_superoffload_and_zenflow_cpu_adam_by_hand():
     assert ds_model.host_optimizer_seconds(None, over, 1.0, 0.25, 0.3) == pytest.approx(0.2)
 
 
+def test_superoffload_step_from_calibrates_probe_by_hand():
+    """With calibrate's SuperOffload probe: each sub-group's round trip plus its parameters at
+    the probe's rate, for each rank of the node (their workers share the cores); a worker on
+    another share of the cores than the probe's scales the rate; the note says which."""
+    spec = gpu_spec({"offload_optimizer": "cpu", "super_offload": True, "gpus_per_node": 2})
+    shape, k = shared.model_shape(spec), ds_model.knobs(ds(spec))
+    assert k.clipping  # our configs clip: every sub-group steps at the step
+    cal = dataclasses.replace(
+        CAL, superoffload_step_params_per_s=1e8, superoffload_sub_group_s=2e-3
+    )
+    groups = ds_model.optimizer_split(spec, shape, k).host
+    assert sum(groups) == math.ceil(P / 2)
+    expected = 2 * (sum(groups) / 1e8 + len(groups) * 2e-3)
+    assert ds_model.optimizer_seconds(spec, shape, cal, k) == pytest.approx(expected)
+    # DeepSpeed's step timer holds it and the masters' upload to the GPU
+    upload = ds_model.master_upload_seconds(sum(groups), cal)
+    timer = ds_model.optimizer_step_seconds(spec, ds(spec), cal)
+    assert timer == pytest.approx(expected + upload)
+    assert ds_model.optimizer_step_seconds(spec, ds(spec), CAL) is None  # not without the probe
+    half = dataclasses.replace(k, cpuadam_cores_perc=0.4)  # half the probe's share: twice as long
+    host_s, last_s = ds_model.superoffload_seconds(spec, cal, half, groups)
+    assert host_s == pytest.approx(2 * (2 * sum(groups) / 1e8 + len(groups) * 2e-3))
+    assert last_s == pytest.approx(2 * (2 * max(groups) / 1e8 + 2e-3))
+    # a calibration without the probe: CPU Adam and the unscale, scaled by the worker's share
+    per_param = ds_model.host_step_seconds_per_param(spec, CAL)
+    unprobed_s = 2 * sum(groups) * per_param / 0.8
+    assert ds_model.optimizer_seconds(spec, shape, CAL, k) == pytest.approx(unprobed_s)
+    probed, unprobed = (predict.predict(spec, ds(spec), c).note for c in (cal, CAL))
+    assert "round trips measured through DeepSpeed's worker by calibrate" in probed
+    assert "round trips not modelled (the calibration predates" in unprobed
+
+
 def test_zenflow_memory_and_its_auto_interval_is_a_stated_bound():
     spec = gpu_spec(
         {"offload_optimizer": "cpu", "zenflow": {"topk_ratio": 0.2, "overlap_step": True}}

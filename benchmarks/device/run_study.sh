@@ -24,7 +24,7 @@
 # RAW_WARMUP, RAW_STEPS the plain loops' warm-up and measured steps (default 3 and 8);
 # RAW_LIMIT_S a plain loop's time limit (default 150 s; an NVMe loop of a 1B model needs more).
 # OPS       the DeepSpeed ops built ahead (default: cpu_adam fused_adam; "" for FSDP2 alone).
-# CALIBRATE_AT CLUSTER:STUDY_YAML: after the studies, measure CLUSTER's calibration at the sizes
+# CALIBRATE_AT "CLUSTER:STUDY_YAML ...": after the studies, measure CLUSTER's calibration at the sizes
 #           and shapes of STUDY's runs (calibrate --study) into results/CLUSTER/calibration.at-<study>.json,
 #           beside (not instead of) the calibration the plans used; it comes back with the records.
 # CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.prediction.calibrate,
@@ -188,10 +188,10 @@ done
 for s in ${RAW_FSDP2:-}; do
   timed "raw_fsdp2 $s" 120 raw_fsdp2 "$(results_dir "${first%%:*}")" "$s"
 done
-if [ -n "${CALIBRATE_AT:-}" ]; then
-  cluster=${CALIBRATE_AT%%:*} study=${CALIBRATE_AT#*:}
+for at in ${CALIBRATE_AT:-}; do
+  cluster=${at%%:*} study=${at#*:}
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   out="results/$cluster/calibration.at-$(basename "${study%.yaml}").json"
-  timed "calibrate at $study" 240 python3 -m offload_study.prediction.calibrate --cluster "$cluster" \
+  timed "calibrate at $study" 300 python3 -m offload_study.prediction.calibrate --cluster "$cluster" \
     --cores $((CORES / (gpus > 0 ? gpus : 1))) --study "$study" --out "$out" && cat "$out"
-fi
+done

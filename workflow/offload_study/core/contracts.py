@@ -708,6 +708,12 @@ class Calibration:
     grad_unscale_params_per_s: float | None = None
     master_copy_params_per_s: float | None = None
     master_upload_params_per_s: float | None = None
+    # SuperOffload's synchronous step through DeepSpeed's own CPU Adam worker, the cores split
+    # as at its default share (calibrate.superoffload_step_at): parameters/s beyond the cost of
+    # each sub-group's round trip, and that cost, seconds (None: a file from before the probe;
+    # the prediction then scales CPU Adam's rate by the worker's share and says so)
+    superoffload_step_params_per_s: float | None = None
+    superoffload_sub_group_s: float | None = None
     # a training rank's host memory beside its model, GiB: when deepspeed.initialize returns
     # and after its first step (calibrate.runtime_probe; None: a file from before it, or the
     # probe failed: the prediction then takes predict.FITS's, measured on an H200)

@@ -52,6 +52,7 @@ from pathlib import Path
 from offload_study.core import units
 from offload_study.core.contracts import Calibration, write_calibration
 from offload_study.core.study import CLUSTER_DIR, load_cluster
+from offload_study.engines.deepspeed.model import SUPEROFFLOAD_CORES_PERC
 
 #: Every working set (matmul operands, Adam's four fp32 arrays, copy buffers) is at least this
 #: many times the last-level cache, so that the rate is the one of memory, not of the cache.
@@ -384,6 +385,78 @@ def step_passes_at(
     return out
 
 
+#: Parameters of the one sub-group whose round trip through the worker is the cost per
+#: sub-group (small enough that its copies and Adam take microseconds).
+SUPEROFFLOAD_TINY_GROUP = 4096
+#: Seconds the rank waits for one sub-group's result before the probe gives up.
+SUPEROFFLOAD_WAIT_S = 120.0
+
+
+def _superoffload_sync_step(worker, groups: list, result_key: str, first_id: int = 0) -> None:
+    """SuperOffload's step with ``gradient_clipping`` set (superoffload_stage3
+    ``_step_with_clipping``), each sub-group in turn: the rank unscales its fp32 gradient, puts
+    master and gradient on the worker's queue, polls for the result every millisecond as
+    ``_wait_for_single_async_result`` does, and copies the updated master into its own. The
+    worker keeps Adam's moments per sub-group id: sub-groups of other sizes take other ids."""
+    for index, master in enumerate(groups, start=first_id):
+        master.grad.mul_(1.0)
+        worker.async_step(0, index, master.data, master.grad.data, lr=1e-4)
+        waited = time.monotonic()
+        while (result := worker.get_result()) is None:
+            process = worker.cpuadam_process
+            if not process.is_alive() or time.monotonic() - waited > SUPEROFFLOAD_WAIT_S:
+                raise RuntimeError(
+                    f"SuperOffload's CPU Adam worker sent no result in {SUPEROFFLOAD_WAIT_S:.0f} s"
+                    if process.is_alive()
+                    else f"SuperOffload's CPU Adam worker died (exit code {process.exitcode})"
+                )
+            time.sleep(0.001)
+        master.data.copy_(result[result_key], non_blocking=True)
+
+
+def superoffload_step_at(n_params: int, accelerator: str, groups: list | None = None) -> dict:
+    """What SuperOffload's synchronous step costs on the host, through DeepSpeed's own worker
+    (``SuperOffloadCPUOptimizer``: a spawned process running CPU Adam, fed tensors in shared
+    memory over a queue, bound to DeepSpeed's default share of the cores; this process, the
+    rank, is bound to the rest while it runs). Measured over ``groups`` (:func:`partition_layout`
+    of ``n_params``, pinned on a GPU as the run holds them) and as the round trip of one tiny
+    sub-group: ``superoffload_sub_group_s`` is the cost per sub-group (queue, polling),
+    ``superoffload_step_params_per_s`` the rate of the rest (the unscale, the tensors handed
+    over in shared memory, the worker's gradient copy and CPU Adam, the copy back)."""
+    from deepspeed.runtime.superoffload.superoffload_utils import (
+        ResultKeys,
+        SuperOffloadCPUOptimizer,
+    )
+
+    groups = groups or partition_layout(n_params, pinned=accelerator == "cuda")
+    tiny = partition_layout(SUPEROFFLOAD_TINY_GROUP)
+    adam = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False}
+    affinity = os.sched_getaffinity(0)
+    worker = SuperOffloadCPUOptimizer(
+        adam,
+        cpuadam_cores_perc=SUPEROFFLOAD_CORES_PERC,
+        max_grad_numel=max(m.numel() for m in groups),
+        pin_memory=accelerator == "cuda",
+    )
+    try:
+        key = ResultKeys.UPDATED_PARAM
+        per_group = measure(lambda: _superoffload_sync_step(worker, tiny, key, len(groups)))
+        step = measure(lambda: _superoffload_sync_step(worker, groups, key))
+    finally:
+        worker.close()
+        os.sched_setaffinity(0, affinity)  # the worker bound this process to the rank's cores
+    # what the step takes beyond its sub-groups' round trips (at least a hundredth of it)
+    beyond = [
+        max(s - len(groups) * per_group.median, s / 100)
+        for s in (step.median, step.fastest, step.slowest)
+    ]
+    rate = Timing(*beyond, step.samples, step.calls_per_sample).rate(n_params)
+    return {
+        "superoffload_step_params_per_s": {**rate, "sub_groups": len(groups)},
+        "superoffload_sub_group_s": per_group.summary(),
+    }
+
+
 def copy_gb_s(nbytes: int) -> dict[str, dict]:
     """Host<->device copies: pinned both ways, and host->device from unpinned memory."""
     import torch
@@ -608,6 +681,9 @@ def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
     groups = partition_layout(adam, workload.sub_group_params, pinned=accelerator == "cuda")
     spread["cpu_adam_params_per_s"] = adam_rate("DeepSpeedCPUAdam", adam, cores, True, groups)
     spread.update(step_passes_at(adam, cores, accelerator, groups=groups))
+    if accelerator == "cuda":  # DeepSpeed refuses SuperOffload elsewhere; last: it moves the
+        # groups into shared memory
+        spread.update(superoffload_step_at(adam, accelerator, groups))
     del groups
     if accelerator == "cuda":
         pageable = min(4 * workload.adam_params, 2 * 2**30)
@@ -927,6 +1003,7 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
         }
         if accelerator == "cuda":
             spread.update(copy_gb_s(size["copy"]))
+            spread.update(superoffload_step_at(size["adam"], accelerator))
     rates = {key: summary["median"] for key, summary in spread.items()}
     probe_errors = {}
     if accelerator == "cpu":  # the ranks of a CPU run talk over gloo; hooks run on its cores

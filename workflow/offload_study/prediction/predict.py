@@ -222,7 +222,7 @@ def predict(
         gpu_hours=_rounded(repeats * spec.world_size * job_s / 3600, 4) if step else None,
         feasible=True,
         reason=None,
-        note=model.note(spec, config),
+        note=model.note(spec, config, cal),
     )
     reason = refusal(spec, row)
     return dataclasses.replace(row, feasible=reason is None, reason=reason)

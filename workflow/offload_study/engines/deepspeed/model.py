@@ -62,8 +62,10 @@ compute time / (compute time + transfer time).
 
 **Newer modes** (offload_study.planning.modes), from DeepSpeed 0.19.8's source: partial offload
 (``offload_optimizer.ratio``) keeps whole sub-groups on the GPU (:func:`optimizer_split`);
-SuperOffload and ZenFlow change where and when CPU Adam runs (:func:`host_optimizer_seconds`)
-and ZenFlow adds its selected columns and double buffers; what the model cannot know is said
+SuperOffload and ZenFlow change where and when CPU Adam runs (:func:`host_optimizer_seconds`;
+SuperOffload's host step is calibrate's measurement through DeepSpeed's own worker where the
+calibration has it, :func:`superoffload_seconds`) and ZenFlow adds its selected columns and
+double buffers; what the model cannot know is said
 in plan.csv's ``note`` (:func:`mode_note`).
 
 **Feasibility** (:func:`refusal`): a run is refused only when a prediction passes its budget by
@@ -173,6 +175,9 @@ FP16_CHECK_PER_ADAM = 0.24
 #: an H200 lease's 16 cores (2026-12-02, docs/results/h200-1gpu/step-phases-2026-12-02/): Adam
 #: 4.53e9/s, the gradients' unscale 1.67e10/s, the master's copy into the bf16 partition 1.30e10/s.
 STEP_PASS_PER_ADAM = {"grad_unscale_params_per_s": 3.70, "master_copy_params_per_s": 2.87}
+#: SuperOffload's share of the cores for its CPU Adam worker, DeepSpeed 0.19.8's default
+#: (offload_optimizer.cpuadam_cores_perc; calibrate's SuperOffload probe splits them so)
+SUPEROFFLOAD_CORES_PERC = 0.8
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ class Knobs:
     # the newer modes (offload_study.planning.modes), as the offload_optimizer block and zenflow set them
     ratio: float = 1.0  # offload_optimizer.ratio: the share of sub-groups on the CPU
     super_offload: bool = False
-    cpuadam_cores_perc: float = 0.8  # SuperOffload's CPU Adam worker: its share of the cores
+    cpuadam_cores_perc: float = SUPEROFFLOAD_CORES_PERC  # SuperOffload's worker: its share
     zenflow: dict | None = None  # zero_optimization.zenflow (None: off)
     clipping: float = 0.0  # gradient_clipping (SuperOffload steps synchronously when set)
 
@@ -220,7 +225,7 @@ def knobs(ds_config: dict) -> Knobs:
         pin_memory=bool(pinned),
         ratio=float(optimizer.get("ratio", 1.0)),
         super_offload=bool(optimizer.get("super_offload", False)),
-        cpuadam_cores_perc=float(optimizer.get("cpuadam_cores_perc", 0.8)),
+        cpuadam_cores_perc=float(optimizer.get("cpuadam_cores_perc", SUPEROFFLOAD_CORES_PERC)),
         zenflow=dict(zero["zenflow"]) if zero.get("zenflow") is not None else None,
         clipping=float(ds_config.get("gradient_clipping") or 0.0),
     )
@@ -611,13 +616,42 @@ def optimizer_seconds(
     check_s = overflow_check_seconds(spec, shape, cal)
     if device_rate is None:
         return check_s + partition(spec, shape) * spec.gpus_per_node / cal.cpu_adam_params_per_s
-    per_param_s = host_step_seconds_per_param(spec, cal)
-    host_s = split.host_params * spec.gpus_per_node * per_param_s
     device_s = split.device_params / device_rate
     if k.zenflow is not None:  # the GPU also steps the top-k columns of every parameter
         device_s += zenflow_topk(k) * partition(spec, shape) / device_rate
+    if k.super_offload and cal.superoffload_step_params_per_s:
+        host_s, last_s = superoffload_seconds(spec, cal, k, split.host)
+        return check_s + device_s + superoffload_exposed(k, host_s, last_s, compute_s)
+    per_param_s = host_step_seconds_per_param(spec, cal)
+    host_s = split.host_params * spec.gpus_per_node * per_param_s
     largest = max(split.host, default=0) * spec.gpus_per_node * per_param_s
     return check_s + device_s + host_optimizer_seconds(spec, k, host_s, largest, compute_s)
+
+
+def superoffload_seconds(
+    spec: RunSpec, cal: Calibration, k: Knobs, host_groups: tuple[int, ...]
+) -> tuple[float, float]:
+    """SuperOffload's host step over the offloaded sub-groups, all of them and the last one,
+    from calibrate's probe through DeepSpeed's own worker (``superoffload_step_params_per_s``):
+    each sub-group's round trip plus its parameters at the probe's rate, which a worker given
+    another share of the cores than the probe's (:data:`SUPEROFFLOAD_CORES_PERC`) scales in
+    proportion; the node's ranks each feed a worker on the same cores."""
+    per_param = SUPEROFFLOAD_CORES_PERC / k.cpuadam_cores_perc / cal.superoffload_step_params_per_s
+    if spec.offload_param != "none":  # the master's copy into the bf16 partition on the host
+        per_param += 1 / step_pass_rate(cal, "master_copy_params_per_s")
+    round_trip = cal.superoffload_sub_group_s or 0.0
+    ranks = spec.gpus_per_node
+    host_s = ranks * (sum(host_groups) * per_param + len(host_groups) * round_trip)
+    last_s = ranks * (max(host_groups, default=0) * per_param + round_trip)
+    return host_s, last_s
+
+
+def superoffload_exposed(k: Knobs, host_s: float, last_s: float, compute_s: float) -> float:
+    """What of SuperOffload's host step shows: with ``gradient_clipping`` (our dsconfig sets
+    1.0) every sub-group waits for the global norm and steps at the step (superoffload_stage3
+    ``_step_with_clipping``); without, each starts when the backward completes its gradients,
+    so all but the last overlap the backward (2/3 of the compute)."""
+    return host_s if k.clipping else max(last_s, host_s - 2 / 3 * compute_s)
 
 
 def step_pass_rate(cal: Calibration, name: str) -> float:
@@ -650,10 +684,12 @@ def master_upload_seconds(offloaded: int, cal: Calibration) -> float:
 def optimizer_step_seconds(spec: RunSpec, ds_config: dict, cal: Calibration) -> float | None:
     """What DeepSpeed's step timer holds on a GPU rank with CPU optimizer offload, predicted
     from the calibration alone (no fitted constant): the optimizer and, without parameter
-    offload, the fp32 master's upload (ZenFlow and SuperOffload, whose CPU step overlaps the
-    micro-steps, and other runs: None)."""
+    offload, the fp32 master's upload. SuperOffload counts where it steps at the step
+    (``gradient_clipping``) and the calibration has calibrate's probe of it; ZenFlow, whose CPU
+    step overlaps the micro-steps, and other runs: None."""
     shape, k = model_shape(spec), knobs(ds_config)
-    plain = k.zenflow is None and not k.super_offload
+    probed = bool(k.clipping and cal.superoffload_step_params_per_s)
+    plain = k.zenflow is None and (not k.super_offload or probed)
     if not (shape and plain and spec.accelerator == "cuda" and spec.offload_optimizer == "cpu"):
         return None
     seconds = optimizer_seconds(spec, shape, cal, k)
@@ -690,10 +726,9 @@ def host_optimizer_seconds(
     - ZenFlow: once per ``update_interval`` steps; with ``overlap_step`` in a worker process on
       the cores pytorch does not keep (1 - ``pt_reserved_cores_perc``), behind the next
       interval's micro-steps: only what outlasts them shows.
-    - SuperOffload: a worker on ``cpuadam_cores_perc`` of the cores; with ``gradient_clipping``
-      (our dsconfig sets 1.0) every sub-group waits for the global norm and steps at the step
-      (superoffload_stage3 ``_step_with_clipping``); without, each starts when the backward
-      completes its gradients, so all but the last overlap the backward (2/3 of the compute).
+    - SuperOffload, with a calibration from before calibrate's probe of it
+      (:func:`superoffload_seconds` has one): the same passes in a worker on
+      ``cpuadam_cores_perc`` of the cores, shown as :func:`superoffload_exposed` says.
     Core shares scale the rate in proportion (CPU Adam was calibrated on all the cores).
     """
     if k.zenflow is not None:
@@ -703,13 +738,13 @@ def host_optimizer_seconds(
         kept = k.zenflow.get("pt_reserved_cores_perc", ZENFLOW_DEFAULTS["pt_reserved_cores_perc"])
         worker_s = host_s / max(1 - kept, 1e-3)
         return max(0.0, worker_s - interval * compute_s) / interval
-    if k.super_offload:
+    if k.super_offload:  # a calibration from before calibrate's SuperOffload probe
         worker_s, last_s = host_s / k.cpuadam_cores_perc, largest_s / k.cpuadam_cores_perc
-        return worker_s if k.clipping else max(last_s, worker_s - 2 / 3 * compute_s)
+        return superoffload_exposed(k, worker_s, last_s, compute_s)
     return host_s
 
 
-def mode_note(spec: RunSpec, shape: ModelShape, k: Knobs) -> str | None:
+def mode_note(spec: RunSpec, shape: ModelShape, k: Knobs, probed: bool = False) -> str | None:
     """What the prediction of a newer mode assumes or leaves out (plan.csv's ``note``)."""
     notes = []
     if spec.offload_optimizer == "cpu" and k.ratio < 1:
@@ -726,9 +761,16 @@ def mode_note(spec: RunSpec, shape: ModelShape, k: Knobs) -> str | None:
             if k.clipping
             else "overlapping the backward"
         )
+        ipc = (
+            "its round trips measured through DeepSpeed's worker by calibrate"
+            if probed
+            else "the worker's round trips not modelled (the calibration predates "
+            "calibrate's SuperOffload probe)"
+        )
         notes.append(
             f"SuperOffload: CPU Adam in a worker on {k.cpuadam_cores_perc:.0%} of the cores, "
-            f"{when}; the worker's IPC is not modelled"
+            f"{when}, {ipc}; the rank's slower backward on the cores the worker leaves it is "
+            "not modelled"
         )
     if k.zenflow is not None:
         auto = not isinstance(k.zenflow.get("update_interval", "auto"), int)
@@ -848,10 +890,11 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
     return dataclasses.replace(times, optimizer_s=optimizer_s)
 
 
-def note(spec: RunSpec, ds_config: dict) -> str | None:
+def note(spec: RunSpec, ds_config: dict, cal: Calibration | None = None) -> str | None:
     """What the prediction of the run's mode assumes or leaves out (plan.csv's ``note``)."""
     shape = model_shape(spec)
-    return mode_note(spec, shape, knobs(ds_config)) if shape else None
+    probed = bool(cal and cal.superoffload_step_params_per_s)
+    return mode_note(spec, shape, knobs(ds_config), probed) if shape else None
 
 
 def calibration_layout(spec: RunSpec, ds_config: dict) -> CalibrationLayout | None:

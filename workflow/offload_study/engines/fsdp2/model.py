@@ -204,7 +204,7 @@ def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
     )
 
 
-def note(spec: RunSpec, config: dict) -> str | None:
+def note(spec: RunSpec, config: dict, cal: Calibration | None = None) -> str | None:
     return None
 
 
