@@ -30,10 +30,14 @@ def pytest_configure(config):
     """The test interpreter's bin folder first on PATH, as `make test` has it, so that every
     process the tests start finds the ninja that built the ops ahead. The venv's ninja (1.13)
     and Debian's (1.11) keep incompatible build logs: each switch between them rebuilds every
-    op DeepSpeed loads (~1 min each, async_io ~3 min, on 2 cores)."""
+    op DeepSpeed loads (~1 min each, async_io ~3 min, on 2 cores). And the ops' build folder
+    the Makefile gives them, the venv's, unless the caller set one: a pytest run outside `make
+    test` would build them again in ~/.cache, and a run that builds one counts the compiler
+    (3.8 GiB) in its rank's process tree."""
     bin_dir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
     config.stash[LEDGER] = ResultsLedger()
     config.pluginmanager.register(LedgerTotals(config.stash[LEDGER]), "results-ledger-totals")
 
