@@ -12,6 +12,8 @@ Measures, on the machine it runs on (a compute node of the cluster), each in bou
   (cuda only),
 - disk read and write GB/s at the cluster's ``nvme_path`` (O_DIRECT where the file system allows
   it, so the page cache does not stand in for the disk; a few small files),
+- on a GPU cluster, SuperOffload's synchronous step through DeepSpeed's own CPU Adam worker
+  (:func:`superoffload_step_at`; DeepSpeed refuses SuperOffload without CUDA),
 - on a CPU cluster, what a tiny model's step time is made of beyond its FLOPs: the host seconds
   of one Llama decoder layer under ZeRO-3 (eager ops, autograd and ZeRO-3's hooks; a real
   DeepSpeed engine on a Llama of 1 and of 3 layers, hidden size 64) per forward and backward,
