@@ -405,12 +405,12 @@ def _superoffload_sync_step(worker, groups: list, result_key: str, first_id: int
         worker.async_step(0, index, master.data, master.grad.data, lr=1e-4)
         waited = time.monotonic()
         while (result := worker.get_result()) is None:
-            process = worker.cpuadam_process
-            if not process.is_alive() or time.monotonic() - waited > SUPEROFFLOAD_WAIT_S:
+            if not worker.cpuadam_process.is_alive():
+                code = worker.cpuadam_process.exitcode
+                raise RuntimeError(f"SuperOffload's CPU Adam worker died (exit code {code})")
+            if time.monotonic() - waited > SUPEROFFLOAD_WAIT_S:
                 raise RuntimeError(
                     f"SuperOffload's CPU Adam worker sent no result in {SUPEROFFLOAD_WAIT_S:.0f} s"
-                    if process.is_alive()
-                    else f"SuperOffload's CPU Adam worker died (exit code {process.exitcode})"
                 )
             time.sleep(0.001)
         master.data.copy_(result[result_key], non_blocking=True)
