@@ -19,6 +19,11 @@ predicted speeds use the same fold's constants, never the shipped ones. What is 
 the same in every fold and printed as such (FIXED_BY_DESIGN): the reserved causes and the
 step's parts, the calibrations, DeepSpeed's measured runtime, the device optimizer rate.
 
+A record the study no longer plans (a recommend candidate of an older search) is predicted
+from the run spec it ran with (its configs/<scenario>.run.json). A host figure measured before
+the workflow summed a rank's process tree is not judged where the run kept memory in another
+process (:data:`HOST_NOT_COMPARABLE`).
+
 Per engine, per offload path (in words) and overall against the targets: step time within 10 %
 on >= 80 % of the ok records; GPU memory allocated within 3 % on >= 95 %; torch's reserved peak
 (without the CUDA context) within 8 % on >= 90 %; host memory per node within 10 % on >= 95 %;
@@ -40,7 +45,12 @@ from pathlib import Path
 from offload_study import engines  # noqa: E402
 from offload_study.analysis import collect
 from offload_study.core import units
-from offload_study.core.contracts import read_calibration, read_json, write_calibration
+from offload_study.core.contracts import (
+    read_calibration,
+    read_json,
+    read_run_spec,
+    write_calibration,
+)
 from offload_study.engines.deepspeed import model as ds_model  # noqa: E402
 from offload_study.engines.fsdp2 import model as fsdp2_model  # noqa: E402
 from offload_study.planning.plan import Plan
@@ -145,6 +155,13 @@ LEASE_CALIBRATIONS = {
         ),
     },
 }
+#: records whose host figure cannot be judged, and why: measured before the workflow summed a
+#: rank's process tree, so it holds the rank alone, while the run kept memory in another process
+HOST_NOT_COMPARABLE = {
+    "recommend-h200-1gpu-16g/rec-super__mb-8__rbs-5e8": (
+        "the rank's own RSS, without SuperOffload's optimizer worker (it holds the Adam moments)"
+    ),
+}
 #: (record folder, plain DeepSpeed loops of its configs on a later lease: raw_deepspeed.py
 #: --phase-times outputs, that lease's calibration): benchmarks/device/run_step_phases.sh
 RAW_LOOPS = [
@@ -178,13 +195,27 @@ def record_rows(
     rows = []
     for metrics in sorted(record_dir.glob("*/rep*/metrics.json")):
         m = collect.read_record(metrics)
-        spec = plan.by_name.get(m["scenario"])
+        spec = plan.by_name.get(m["scenario"]) or _run_spec_of(record_dir, m["scenario"])
         if spec is None or any(getattr(spec, k) != m[k] for k in SAME):
             print(f"skipped {metrics}: the study no longer plans this setup", file=sys.stderr)
             continue
         ds_config = read_json(record_dir / "configs" / f"{m['scenario']}.json")
         rows.append(_row(record_dir, m, spec, ds_config, cal, read_json(metrics)))
     return rows
+
+
+def _run_spec_of(record_dir: Path, scenario: str):
+    """The run spec a record ran with (configs/<scenario>.run.json) where the study no longer
+    plans its name (a recommend candidate of an older search), else None."""
+    path = record_dir / "configs" / f"{scenario}.run.json"
+    return read_run_spec(path) if path.exists() else None
+
+
+def _host_measured(record_dir: Path, m: dict) -> float | None:
+    """The record's host GiB per node, None where :data:`HOST_NOT_COMPARABLE` says why not."""
+    if f"{record_dir.name}/{m['scenario']}" in HOST_NOT_COMPARABLE:
+        return None
+    return collect.host_memory_gib(m)
 
 
 def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
@@ -209,7 +240,7 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "offload": f"{spec.offload_optimizer}/{spec.offload_param}",
         "gpu": (memory.gpu_gib if cuda else None, m["peak_gpu_allocated_gib"]),
         "ds_gpu": (ds[0] if cuda and ds else None, m["peak_gpu_allocated_gib"]),  # fsdp2: none
-        "host": (memory.host_gib, collect.host_memory_gib(m)),
+        "host": (memory.host_gib, _host_measured(record_dir, m)),
         "step": (times.total if times else None, m["step_time_s"]),
         "speed": (
             m["global_batch"] * m["seq_len"] / times.total if times else None,
@@ -364,7 +395,7 @@ def _runtime_fit(rows: list[dict]) -> dict[str, float | None]:
     fsdp2 = [
         (units.gib_to_bytes(r["host"][1]), r["host_base"], r["ranks"])
         for r in rows
-        if r["engine"] == "fsdp2"
+        if r["engine"] == "fsdp2" and r["host"][1] is not None
     ]
     measured = units.gib_to_bytes(ds_model.FITS["cuda"].runtime_gib)
     return {"deepspeed": None, "fsdp2": accuracy.fit_runtime(fsdp2) if fsdp2 else measured}
@@ -373,7 +404,7 @@ def _runtime_fit(rows: list[dict]) -> dict[str, float | None]:
 def _host_error(row: dict, runtimes: dict[str, float | None]) -> float | None:
     """The host error with a fitted runtime, or as predicted where the runtime is measured."""
     runtime = runtimes[row["engine"]]
-    if runtime is None:
+    if runtime is None or row["host"][1] is None:
         return accuracy.rel_error(*row["host"])
     measured = units.gib_to_bytes(row["host"][1])
     return accuracy.rel_error(row["host_base"] + runtime * row["ranks"], measured)
@@ -777,6 +808,8 @@ def print_summaries(rows: list[dict]) -> None:
                     f"({right / total:.0%})"
                 )
         if kind == "GPU" and of_kind:
+            for record, why in HOST_NOT_COMPARABLE.items():
+                print(f"host not judged on {record}: {why}")
             print("\n".join(noise_floor_lines(of_kind)))
             print(step_timer_line(of_kind))
     if any(r["kind"] == "GPU" for r in rows):

@@ -221,6 +221,25 @@ def test_accuracy_report_over_the_committed_gpu_records(tmp_path):
     assert bands["records"] > 50 and bands["measured_by"].startswith("python benchmarks/")
 
 
+def test_a_record_the_study_no_longer_plans_is_predicted_from_the_spec_it_ran_with():
+    """Candidates of an older recommend search keep their run specs (configs/<name>.run.json):
+    they are judged from those, at the setup they ran; a host figure of the rank alone, where
+    the run kept memory in a worker process, is not judged."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prediction_accuracy as pa
+
+    folder = "docs/results/h200-1gpu/recommend-h200-1gpu-16g"
+    rows = pa.record_rows(
+        ROOT / folder, ROOT / pa.GPU_RECORDS[folder], pa._shipped(ROOT / pa.GPU_RECORDS[folder])
+    )
+    by_config = {r["config"]: r for r in rows}
+    super_offload = by_config["rec-super__mb-8__rbs-5e8"]
+    assert super_offload["setup"].split("/")[2:4] == ["8", "4"]  # micro-batch 8, accumulation 4
+    assert super_offload["host"][0] > 30 and super_offload["host"][1] is None
+    plain = by_config["rec-opt__mb-8__rbs-5e8"]
+    assert plain["host"][1] == pytest.approx(27.80, abs=0.01) and plain["step"][0] > 0
+
+
 #: What the CPU path meets on the CI machine (2 shared cores), as measured (docs/benchmarks.md,
 #: "prediction accuracy"): in two test runs the cross_cluster records (3 steps of a tiny Llama)
 #: had worst step errors +80/+90 % (cpu-a, 2 cores) and +154/+170 % (cpu-b, 1 core, this
