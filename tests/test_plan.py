@@ -116,6 +116,22 @@ def test_defaults_are_filled(study):
     assert loaded["optimizer"] == {"type": "AdamW", "lr": 1e-4, "weight_decay": 0.0}
 
 
+def test_the_plan_names_the_file_its_study_came_from_for_the_pages(study, tmp_path, monkeypatch):
+    """plan.json's study_file (a study named unlike its file, outside config/studies/) is what
+    a page's command to run the study again gives; a study given as data has none."""
+    from offload_study.analysis.report import origin
+
+    monkeypatch.chdir(tmp_path)  # the workflow's working directory: no config/studies/ here
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**study, "study": "which-engine"}))
+    summary = Plan(str(path), cluster_dir=REPO_ROOT / "config/clusters").summary()
+    assert summary["study_file"] == str(path)
+    command = origin.rerun_command("which-engine", "local-cpu", "recommend", summary["study_file"])
+    assert f"study_file={path}" in command and command.startswith("snakemake --cores all")
+    assert Plan(study, cluster_dir=REPO_ROOT / "config/clusters").summary()["study_file"] is None
+    assert "'study_file=<your study file>'" in origin.rerun_command("which-engine", "local-cpu")
+
+
 def test_global_batch_constant_across_scenarios():
     plan = Plan(shipped("config/studies/seed.yaml"))
     by = plan.by_name

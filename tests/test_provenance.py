@@ -43,7 +43,14 @@ def new_repo(path: Path) -> str:
 def test_a_checkout_names_its_head_and_whether_it_is_dirty(tmp_path):
     head = new_repo(tmp_path / "repo")
     assert provenance.git_commit(tmp_path / "repo") == (head, False)
+    for folder in provenance.NOT_CODE:  # a user's own study, cluster, pages: not code
+        (tmp_path / "repo" / folder).mkdir()
+        (tmp_path / "repo" / folder / "mine.yaml").write_text("study: mine\n")
+    assert provenance.git_commit(tmp_path / "repo") == (head, False)
     (tmp_path / "repo" / "f").write_text("y\n")
+    assert provenance.git_commit(tmp_path / "repo") == (head, True)
+    (tmp_path / "repo" / "f").write_text("x\n")
+    (tmp_path / "repo" / "plugin.py").write_text("print()\n")  # new code counts
     assert provenance.git_commit(tmp_path / "repo") == (head, True)
 
 

@@ -651,6 +651,20 @@ def test_only_an_implausible_flag_disqualifies_a_measured_candidate(flags, reaso
     assert recommend._row_state(row, budget=16) == reason
 
 
+@pytest.mark.parametrize(
+    ("cap", "reason"),
+    [
+        (None, "not held to the GPU-memory budget: it ran without a cap (a reference)"),
+        (40, "not held to the GPU-memory budget: capped at 40 GiB (a reference)"),
+        (16, None),
+    ],
+)
+def test_a_reference_beyond_the_budget_says_whether_it_ran_capped(cap, reason):
+    """An uncapped reference is not said to be above the budget: its memory was not held to it."""
+    row = pd.Series({"tokens_per_s": 1000.0, "gpu_mem_gb": cap, "flags": ""})
+    assert recommend._row_state(row, budget=16) == reason
+
+
 def winner_study(root: Path, peak_gpu_gib: float) -> Path:
     """A study folder whose winner rec-opt__mb-4 ran twice (records by builders.make_record),
     with its DeepSpeed config and plan beside them, as decide leaves them."""

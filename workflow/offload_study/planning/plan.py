@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 from pathlib import Path
 
 from offload_study import engines
@@ -258,6 +259,11 @@ class Plan:
         self, config: dict | str | Path, cluster_dir: str | Path | None = None, source=None
     ):
         study = load_study(config, source=source)
+        #: the study's file, where it was read from one (the pages' command to run it again)
+        self.study_file = next(
+            (str(f) for f in (source, config) if isinstance(f, (str, Path)) and os.path.isfile(f)),
+            None,
+        )
         kwargs = {"cluster_dir": cluster_dir} if cluster_dir else {}
         self.cluster = load_cluster(study["cluster"], **kwargs)
         # a study with a recommend block: its candidate grid (what can run on the cluster)
@@ -324,6 +330,7 @@ class Plan:
             "study": self.study["study"],
             "cluster": self.cluster["name"],
             "cluster_description": self.cluster.get("description", ""),
+            "study_file": self.study_file,
             "description": self.study.get("description", ""),
             "purpose": self.study.get("purpose", "result"),
             "baseline": self.baseline,

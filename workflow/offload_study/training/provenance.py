@@ -134,15 +134,23 @@ def exported_commit(source_commit: Path = SOURCE_COMMIT) -> str | None:
     return text if len(text) == 40 and all(c in "0123456789abcdef" for c in text) else None
 
 
+#: What a checkout holds besides the code that runs: a user's studies, clusters and
+#: calibrations, the pages the studies render, the docs. Changed or new files there leave the
+#: code a run ran as its commit holds it (the run's own inputs are in its run spec).
+NOT_CODE = ("config", "reports", "docs")
+
+
 def git_commit(path: Path, source_commit: Path = SOURCE_COMMIT) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the source tree at ``path``. Only a repository whose top level is
+    """(commit, dirty) of the source tree at ``path``, dirty when its code differs from the
+    commit (:data:`NOT_CODE` aside). Only a repository whose top level is
     ``path`` counts: a tree exported by ``git archive`` into another repository's folder (a copy
     sent to a cluster or a device) would otherwise report that repository's HEAD. Such a tree
     names its commit in :data:`SOURCE_COMMIT` (whether it was edited since: unknown, None)."""
     top = _git(path, "rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() != Path(path).resolve():
         return exported_commit(source_commit), None
-    head, status = _git(path, "rev-parse", "HEAD"), _git(path, "status", "--porcelain")
+    code = [".", *(f":(exclude){folder}" for folder in NOT_CODE)]
+    head, status = _git(path, "rev-parse", "HEAD"), _git(path, "status", "--porcelain", "--", *code)
     return head, (bool(status) if status is not None else None)
 
 

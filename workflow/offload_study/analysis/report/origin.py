@@ -147,11 +147,15 @@ def dirty(runs: pd.DataFrame) -> str | None:
     )
 
 
-def rerun_command(study: str, cluster: str, target: str | None = None) -> str:
-    """The command that runs the study again on its cluster (Snakemake, study file by
-    convention under config/studies/)."""
-    path = STUDY_FILES / f"{study}.yaml"
-    study_file = str(path) if path.is_file() else "<the study's YAML file>"
+def rerun_command(
+    study: str, cluster: str, target: str | None = None, study_file: str | None = None
+) -> str:
+    """The command that runs the study again on its cluster (Snakemake): with the file the plan
+    read the study from (plan.json ``study_file``), else the one named after the study under
+    config/studies/ by convention."""
+    named = STUDY_FILES / f"{study}.yaml"
+    if not (study_file and Path(study_file).is_file()):
+        study_file = str(named) if named.is_file() else "<your study file>"
     return shlex.join(
         [
             "snakemake",
