@@ -665,6 +665,27 @@ def test_a_reference_beyond_the_budget_says_whether_it_ran_capped(cap, reason):
     assert recommend._row_state(row, budget=16) == reason
 
 
+@pytest.mark.parametrize(
+    ("why", "page"),
+    [
+        (
+            "not held to the GPU-memory budget: it ran without a cap (a reference): 2,238 "
+            "tokens/s = 38.2% of the winner (95% CI 34.1%–53.2%), slower",
+            "not held to the GPU-memory budget: it ran without a cap (a reference): 2,238 "
+            "tokens/s, 38% [34%–53%] of the winner (slower)",
+        ),
+        (
+            "slower: 4,031 tokens/s = 86.9% of the winner (95% CI 66.4%–94.1%)",
+            "slower: 4,031 tokens/s, 87% [66%–94%] of the winner (slower)",
+        ),
+    ],
+)
+def test_the_page_words_a_ratio_to_the_winner_and_its_verdict_once(why, page):
+    from offload_study.analysis.report.recommend import why_words
+
+    assert why_words(why) == page
+
+
 def winner_study(root: Path, peak_gpu_gib: float) -> Path:
     """A study folder whose winner rec-opt__mb-4 ran twice (records by builders.make_record),
     with its DeepSpeed config and plan beside them, as decide leaves them."""

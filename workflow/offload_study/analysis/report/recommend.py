@@ -85,12 +85,13 @@ _PAGE = """<!DOCTYPE html>
 </main></body></html>
 """
 
-#: recommend.decide's words for a ratio to the winner ("(95% CI 92.5%–107.9%, within noise)"):
-#: read back so that a page words it by the current rule (core.verdict.speed), the one the
-#: report page uses, whatever rule wrote the recommendation.
+#: recommend.decide's words for a ratio to the winner ("(95% CI 92.5%–107.9%, within noise)",
+#: or a verdict after it, ending the reason: "(95% CI 34.1%–53.2%), slower"): read back so that
+#: a page words it by the current rule (core.verdict.speed), the one the report page uses,
+#: whatever rule wrote the recommendation.
 _WHY_RATIO = re.compile(
     r"([\d,]+) tokens/s = ([\d.]+)% of the winner \(95% CI ([\d.]+)%–([\d.]+)%"
-    r"(?:, [^)]*)?\)"
+    r"(?:, [^)]*)?\)(?:, [a-z][a-z ]*$)?"
 )
 _WHY_NO_RECORD = re.compile(r"outcome missing: metrics\.json not found: \S+")
 _WHY_OUTCOME = re.compile(r"outcome (\w+)(?=[:,]|$)")
