@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+import memory_trace  # beside this script
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,32 +96,6 @@ def time_phases(optimizer, sync, totals: dict[str, float]) -> None:
             setattr(optimizer, name, timed(name, method))
 
 
-def allocator_stats(torch, device: int) -> dict:
-    """What torch's caching allocator says of its reserved memory beyond the allocated: the
-    peak of free pieces of split blocks (fragmentation), segments, retries after a failed
-    cudaMalloc (a cache flush), and OOMs."""
-    s = torch.cuda.memory_stats(device)
-    return {
-        "inactive_split_peak_gib": s.get("inactive_split_bytes.all.peak", 0) / 2**30,
-        "segments_peak": s.get("segment.all.peak"),
-        "large_pool_reserved_peak_gib": s.get("reserved_bytes.large_pool.peak", 0) / 2**30,
-        "small_pool_reserved_peak_gib": s.get("reserved_bytes.small_pool.peak", 0) / 2**30,
-        "num_alloc_retries": s.get("num_alloc_retries"),
-        "num_ooms": s.get("num_ooms"),
-    }
-
-
-#: the phase markers' sizes in a memory trace: small-pool blocks no DeepSpeed run asks for
-MARK_BYTES = {
-    "forward": 777 * 512 + 1,
-    "backward": 779 * 512 + 1,
-    "step": 781 * 512 + 1,
-    "end": 783 * 512 + 1,
-}
-#: a trace holds the size asked for or the size rounded to 512 B (torch versions differ)
-PHASE_OF_MARK = {s: phase for phase, n in MARK_BYTES.items() for s in (n, n + 511)}
-
-
 def host_memory_gib() -> dict:
     """This process's resident host memory now and at its peak so far (/proc: VmRSS, VmHWM)."""
     fields = {}
@@ -128,20 +104,6 @@ def host_memory_gib() -> dict:
         if key in ("VmRSS", "VmHWM"):
             fields[key] = round(int(value.split()[0]) * 1024 / 2**30, 3)
     return {"rss": fields.get("VmRSS"), "peak": fields.get("VmHWM")}
-
-
-def write_memory_trace(snapshot: dict, device: int, path: Path) -> None:
-    """One JSON line per allocator event of ``device`` (torch.cuda.memory._snapshot()'s
-    device_traces): action (alloc, free_requested, free_completed, segment_alloc, segment_free,
-    oom, ...), address, size in bytes, stream; a marker's block (MARK_BYTES) becomes its phase."""
-    import gzip
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as out:
-        for e in snapshot["device_traces"][device]:
-            row = {k: e.get(k) for k in ("action", "addr", "size", "stream")}
-            phase = PHASE_OF_MARK.get(row["size"])
-            out.write(json.dumps({**row, "phase": phase} if phase else row) + "\n")
 
 
 def nvme_rewrite(ds_config: dict, nvme_dir: str) -> bool:
@@ -204,9 +166,7 @@ def main(argv=None) -> int:
             torch.cuda.set_per_process_memory_fraction(want * 1e9 / props.total_memory, local_rank)
             cap_gib = want * 1e9 / 2**30
     if is_cuda and args.memory_trace:
-        # no stacks: Python frames taken in the backward's recomputation crash torch 2.11
-        # (SystemError in LinearFunctionForZeroStage3.apply); phases are marked instead
-        torch.cuda.memory._record_memory_history(context=None, max_entries=5_000_000)
+        memory_trace.start(torch)
     deepspeed.init_distributed()
     if nvme_dir and local_rank == 0:
         os.makedirs(nvme_dir, exist_ok=True)
@@ -246,7 +206,7 @@ def main(argv=None) -> int:
     def mark(phase: str) -> None:
         """A phase marker in the memory trace: a block of MARK_BYTES[phase], made and freed."""
         if is_cuda and args.memory_trace:
-            torch.empty(MARK_BYTES[phase], dtype=torch.uint8, device=device)
+            memory_trace.mark(torch, device, phase)
 
     phases: dict[str, float] = {}
     phase_steps: list[dict[str, float]] = []
@@ -330,7 +290,7 @@ def main(argv=None) -> int:
             torch.cuda.max_memory_reserved(local_rank) / 2**30 if is_cuda else None
         ),
         # the caching allocator's own account of its slack (torch.cuda.memory_stats)
-        "allocator": allocator_stats(torch, local_rank) if is_cuda else None,
+        "allocator": memory_trace.allocator_stats(torch, local_rank) if is_cuda else None,
         "host_memory_gib_by_stage": {**host_by_stage, "end": host_memory_gib()},
         "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -342,7 +302,7 @@ def main(argv=None) -> int:
         "phase_s_median": phase_medians(phase_steps[warmup:]) if args.phase_times else None,
     }
     if is_cuda and args.memory_trace and rank == 0:
-        write_memory_trace(torch.cuda.memory._snapshot(), local_rank, Path(args.memory_trace))
+        memory_trace.write(torch.cuda.memory._snapshot(), local_rank, Path(args.memory_trace))
     if rank == 0:
         line = json.dumps(result)
         print(line, flush=True)

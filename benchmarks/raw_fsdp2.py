@@ -17,6 +17,9 @@ the same seeded synthetic tokens (``torch.Generator`` seeded ``seed * 1000 + ran
 device synchronize before and after each. tokens/s = global_batch x seq_len / median measured
 step time (as in metrics.json). Rank 0 prints one JSON line and writes it to --out.
 
+``--memory-trace`` records torch's allocator events as ``raw_deepspeed.py --memory-trace`` does
+(benchmarks/memory_trace.py), for benchmarks/allocator_replay.py.
+
 An adaptive spec has no step counts: --warmup and --steps (default 3 and 8) then give them.
 On a CPU machine the mesh is "cpu" over gloo (bf16 compute on a CPU is slow but works).
 """
@@ -31,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+import memory_trace  # beside this script
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": None}
 
 
@@ -40,6 +45,13 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="JSON result file (rank 0)")
     p.add_argument("--steps", type=int, default=None, help="measured steps (default: spec, else 8)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: spec, else 3)")
+    p.add_argument(
+        "--memory-trace",
+        default=None,
+        metavar="FILE.jsonl.gz",
+        help="record torch's allocator events from before the model is built to the end, the "
+        "loop's phases marked, and write them (offload_study.prediction.allocator reads them)",
+    )
     return p.parse_args(argv)
 
 
@@ -98,6 +110,9 @@ def main(argv=None) -> int:
     device = torch.device("cuda", local_rank) if is_cuda else torch.device("cpu")
     if is_cuda:
         torch.cuda.set_device(local_rank)
+    tracing = is_cuda and args.memory_trace
+    if tracing:
+        memory_trace.start(torch)
     dist.init_process_group("nccl" if is_cuda else "gloo")
     mesh = init_device_mesh(device.type, (world,))
     model, n_params, offload = build(spec, mesh, torch)
@@ -120,6 +135,10 @@ def main(argv=None) -> int:
         if is_cuda:
             torch.cuda.synchronize(device)
 
+    def mark(phase: str) -> None:  # the trace's phases (memory_trace.MARK_BYTES)
+        if tracing:
+            memory_trace.mark(torch, device, phase)
+
     mb, seq, gas = (
         int(spec["micro_batch"]),
         int(spec["seq_len"]),
@@ -140,16 +159,20 @@ def main(argv=None) -> int:
         step_losses = []
         for _ in range(gas):
             ids = torch.randint(0, vocab, (mb, seq), generator=gen).to(device)
+            mark("forward")
             loss = model(input_ids=ids, labels=ids).loss
             scaled = loss / gas
+            mark("backward")
             (scaler.scale(scaled) if scaler else scaled).backward()
             step_losses.append(loss.detach().float())
+        mark("step")
         if scaler:
             scaler.step(optimizer)
             scaler.update()
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        mark("end")
         sync()
         times.append(time.perf_counter() - t0)
         losses.append(float(torch.stack(step_losses).mean().item()))
@@ -193,10 +216,15 @@ def main(argv=None) -> int:
         "device_name": torch.cuda.get_device_name(device) if is_cuda else None,
         "peak_gpu_allocated_gib": peak_allocated,
         "peak_gpu_reserved_gib": peak_reserved,
+        # the caching allocator's own account of its slack (torch.cuda.memory_stats)
+        "allocator": memory_trace.allocator_stats(torch, local_rank) if is_cuda else None,
+        "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_version": torch.__version__,
         "spec": str(args.spec),
     }
+    if tracing and rank == 0:
+        memory_trace.write(torch.cuda.memory._snapshot(), local_rank, Path(args.memory_trace))
     if rank == 0:
         line = json.dumps(result)
         print(line, flush=True)

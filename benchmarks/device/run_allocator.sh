@@ -2,7 +2,7 @@
 # Where torch's reserved GPU memory goes beyond the allocated peak (for the reserved-memory
 # prediction), on the nvidia-h200 machine:
 #   run(command="bash benchmarks/device/run_allocator.sh", carry=[".whl"])       ~8 min
-# The plain DeepSpeed loop (benchmarks/raw_deepspeed.py) on committed run specs, each under torch's
+# The plain loop of each spec's engine (benchmarks/raw_deepspeed.py, raw_fsdp2.py) on committed run specs, each under torch's
 # default caching allocator and under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, in
 # alternation (one process per run: the allocator is configured when CUDA starts). Each result
 # line holds the allocated and reserved peaks and the allocator's own account of its slack
@@ -10,8 +10,12 @@
 # one's DeepSpeed config is the .json beside it); STEPS / WARMUP the loop's length; CONFS the
 # allocator settings (space-separated, "default" for none); OPS the DeepSpeed ops built first
 # (default "cpu_adam fused_adam"; add async_io for an NVMe spec); TRACE=1 also records every allocator
-# event of each run (raw_deepspeed.py --memory-trace, in allocator.tar.gz), e.g.
-#   run(command="TRACE=1 CONFS=default STEPS=2 WARMUP=1 bash benchmarks/device/run_allocator.sh", ...)
+# event of each run (--memory-trace, in allocator.tar.gz), e.g. FSDP2's torchao optimizer
+# offload at accumulation 4 (its reserved slack shrinks against accumulation 1: docs/benchmarks.md)
+#   run(command="TRACE=1 CONFS=default STEPS=2 WARMUP=1 \
+#     SPECS='$R/engines-h200-cpu-optimizer/configs/fsdp2-cpu-optimizer-gas4.run.json \
+#     $R/engines-h200-cpu-optimizer/configs/fsdp2-cpu-optimizer.run.json' \
+#     bash benchmarks/device/run_allocator.sh", carry=[".whl"])   (R=docs/results/h200-1gpu)
 set -uo pipefail
 NAME=run_allocator
 # shellcheck source=benchmarks/device/lib.sh
@@ -26,15 +30,17 @@ WARMUP=${WARMUP:-2}
 read -r -a CONFS <<<"${CONFS:-default expandable_segments:True}"
 TRACE=${TRACE:-0}
 
-one() { # one SPEC CONF OUT
-  local trace=()
+one() { # one SPEC CONF OUT: the plain loop of the spec's engine
+  local trace=() loop=(benchmarks/raw_deepspeed.py --ds-config "${1%.run.json}.json")
   [ "$TRACE" = 1 ] && trace=(--memory-trace "${3%.json}.trace.jsonl.gz")
+  python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["engine"] != "fsdp2")' "$1" &&
+    loop=(benchmarks/raw_fsdp2.py)
   local conf=$2
   [ "$conf" = default ] && conf=
   env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} OMP_NUM_THREADS=$CORES python3 -m torch.distributed.run \
     --nnodes 1 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) \
-    benchmarks/raw_deepspeed.py --spec "$1" --ds-config "${1%.run.json}.json" \
-    --steps "$STEPS" --warmup "$WARMUP" --out "$3" "${trace[@]}" >"${3%.json}.log" 2>&1
+    "${loop[@]}" --spec "$1" --steps "$STEPS" --warmup "$WARMUP" --out "$3" "${trace[@]}" \
+    >"${3%.json}.log" 2>&1
 }
 export -f one versions build_ops
 export STEPS WARMUP TRACE

@@ -14,8 +14,9 @@ a sequence of events and reports the reserved peak and what was cached at that m
   or more than 1 MiB (large pool);
 - a freed block merges with its free neighbours in the same segment.
 
-:func:`read_trace` reads the events ``benchmarks/raw_deepspeed.py --memory-trace`` writes
-(torch.cuda.memory._snapshot()'s device traces); :func:`replay` runs them. Pure Python, no GPU.
+:func:`read_trace` reads the events that ``--memory-trace`` of benchmarks/raw_deepspeed.py or
+raw_fsdp2.py writes (torch.cuda.memory._snapshot()'s device traces); :func:`replay` runs them.
+Pure Python, no GPU.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def replay(events: Iterable[Event]) -> Replay:
 
 def read_trace(path: Path) -> Iterator[Event]:
     """The allocations and frees of a recorded trace (one JSON object per line, gzipped), each
-    tagged with the phase its run was in (the markers raw_deepspeed.py leaves)."""
+    tagged with the phase its run was in (the markers benchmarks/memory_trace.py leaves)."""
     phase, micro_step = "init", 0
     with gzip.open(path, "rt") as lines:
         for line in lines:
