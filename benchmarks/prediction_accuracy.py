@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass, replace
@@ -201,6 +202,7 @@ def record_rows(
             continue
         ds_config = read_json(record_dir / "configs" / f"{m['scenario']}.json")
         rows.append(_row(record_dir, m, spec, ds_config, cal, read_json(metrics)))
+        rows[-1]["machine"] = _machine(metrics)
     return rows
 
 
@@ -209,6 +211,12 @@ def _run_spec_of(record_dir: Path, scenario: str):
     plans its name (a recommend candidate of an older search), else None."""
     path = record_dir / "configs" / f"{scenario}.run.json"
     return read_run_spec(path) if path.exists() else None
+
+
+def _machine(metrics: Path) -> str | None:
+    """The machine a record ran on, as one boot of it (provenance.json ``boot_id``)."""
+    provenance = metrics.parent / "provenance.json"
+    return read_json(provenance).get("boot_id") if provenance.is_file() else None
 
 
 def _host_measured(record_dir: Path, m: dict) -> float | None:
@@ -311,6 +319,33 @@ def _setup(spec, ds_config: dict) -> str:
     same = [spec.engine, spec.model_params, *(getattr(spec, k) for k in SAME)]
     digest = hashlib.sha256(json.dumps(ds_config, sort_keys=True).encode()).hexdigest()[:8]
     return "/".join(map(str, same)) + f"/ds-{digest}"
+
+
+def machine_lines(rows: list[dict], least: int = 3) -> list[str]:
+    """How much of the step-time error is the machine's: measured / predicted (model left out)
+    of the ok GPU records, by the machine they ran on (machines with ``least`` records or more);
+    and, for scale only, how many would be within the target if each machine's median were
+    known (in sample: no prediction can know it)."""
+    ratios: dict[str, list[float]] = {}
+    for r in rows:
+        if r["kind"] == "GPU" and r.get("step_error") is not None and r.get("machine"):
+            ratios.setdefault(r["machine"], []).append(1 / (1 + r["step_error"]))
+    kept = {m: v for m, v in ratios.items() if len(v) >= least}
+    if not kept:
+        return []
+    medians = sorted(statistics.median(v) for v in kept.values())
+    records = [x for v in kept.values() for x in v]
+    plain = sum(abs(1 / x - 1) <= TARGETS["step"] for x in records)
+    scaled = sum(
+        abs(statistics.median(v) / x - 1) <= TARGETS["step"] for v in kept.values() for x in v
+    )
+    return [
+        f"GPU step time by machine (provenance boot_id; {len(kept)} machines with >= {least} ok "
+        f"records, {len(records)} records): measured / predicted (model left out), median per "
+        f"machine {medians[0]:.2f} to {medians[-1]:.2f}; within {TARGETS['step']:.0%}: "
+        f"{plain}/{len(records)} as predicted, {scaled}/{len(records)} if each machine's median "
+        "were known (in sample, for scale only)"
+    ]
 
 
 def noise_floor_lines(rows: list[dict]) -> list[str]:
@@ -810,7 +845,7 @@ def print_summaries(rows: list[dict]) -> None:
         if kind == "GPU" and of_kind:
             for record, why in HOST_NOT_COMPARABLE.items():
                 print(f"host not judged on {record}: {why}")
-            print("\n".join(noise_floor_lines(of_kind)))
+            print("\n".join(noise_floor_lines(of_kind) + machine_lines(of_kind)))
             print(step_timer_line(of_kind))
     if any(r["kind"] == "GPU" for r in rows):
         print("\n".join(all_records_fit_lines(rows)))

@@ -213,6 +213,8 @@ def test_accuracy_report_over_the_committed_gpu_records(tmp_path):
     for name in ("step time", "GPU allocated", "GPU reserved", "host per node", "clear pairs"):
         line = next(line for line in targets if line.startswith(f"GPU model left out, {name}:"))
         assert re.search(r"\(\d+%, target >= \d+%\) -> (met|MISSED)", line), line
+    machines = next(line for line in lines if line.startswith("GPU step time by machine"))
+    assert re.search(r"(\d+)/(\d+) as predicted, (\d+)/\2 if each machine's median", machines)
     pairs = next(line for line in targets if "clear pairs" in line)
     right, total = (int(x) for x in pairs.split(": ")[1].split(" ")[0].split("/"))
     assert right / total >= 0.9
