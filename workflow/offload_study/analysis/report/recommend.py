@@ -346,7 +346,9 @@ def write_page(recommendation: dict, out: str | Path, study_dir: str | Path | No
         .render(
             recommend=worded(recommendation, plan),
             page=page_view(recommendation, study_dir),
-            rerun=origin.rerun_command(study, cluster, "recommend", plan.get("study_file")),
+            rerun=origin.rerun_command(
+                study, cluster, "recommend", study_file=plan.get("study_file")
+            ),
             rerender=rerender if study_dir else None,
             legend_href=LEGEND_HREF,
             generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

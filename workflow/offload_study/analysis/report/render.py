@@ -147,7 +147,9 @@ def render(
         any_skipped=any(views.isnum(v["skipped_steps_measured"]) for v in scenarios),
         provenance=origin.provenance(runs, labels),
         dirty=origin.dirty(runs),
-        rerun=origin.rerun_command(plan.get("study") or "?", cluster, None, plan.get("study_file")),
+        rerun=origin.rerun_command(
+            plan.get("study") or "?", cluster, study_file=plan.get("study_file")
+        ),
         rerender=rerender,
         configs=configs,
         legend_href=LEGEND_HREF,
