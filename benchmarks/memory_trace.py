@@ -1,6 +1,7 @@
-"""torch's CUDA allocator in a plain training loop: its own account of its slack, and its events (raw_deepspeed.py and raw_fsdp2.py with
-``--memory-trace``), as offload_study.prediction.allocator reads them: one JSON line per event,
-gzipped, the loop's phases marked by blocks of sizes no training run asks for."""
+"""torch's CUDA allocator in a plain training loop (raw_deepspeed.py, raw_fsdp2.py): its own
+account of its slack, and with ``--memory-trace`` its events as offload_study.prediction.allocator
+reads them: one JSON line per event, gzipped, the loop's phases marked by blocks of sizes no
+training run asks for."""
 
 from __future__ import annotations
 
