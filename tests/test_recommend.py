@@ -648,7 +648,7 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
 )
 def test_only_an_implausible_flag_disqualifies_a_measured_candidate(flags, reason):
     row = pd.Series({"tokens_per_s": 1000.0, "gpu_mem_gb": 16, "flags": flags})
-    assert recommend._row_state(row, budget=16) == reason
+    assert recommend.row_state(row, budget=16) == reason
 
 
 @pytest.mark.parametrize(
@@ -662,7 +662,7 @@ def test_only_an_implausible_flag_disqualifies_a_measured_candidate(flags, reaso
 def test_a_reference_beyond_the_budget_says_whether_it_ran_capped(cap, reason):
     """An uncapped reference is not said to be above the budget: its memory was not held to it."""
     row = pd.Series({"tokens_per_s": 1000.0, "gpu_mem_gb": cap, "flags": ""})
-    assert recommend._row_state(row, budget=16) == reason
+    assert recommend.row_state(row, budget=16) == reason
 
 
 @pytest.mark.parametrize(

@@ -340,7 +340,7 @@ def _ratio(runs, steps, a: str, b: str, seed: int) -> dict:
     }
 
 
-def _row_state(row: pd.Series, budget: float) -> str | None:
+def row_state(row: pd.Series, budget: float) -> str | None:
     """Why a measured scenario cannot be recommended, or None when it can."""
     if not pd.to_numeric(row.get("tokens_per_s"), errors="coerce") > 0:
         return "no ok run"
@@ -369,7 +369,7 @@ def decide(space_: dict, selected: dict, metrics: Sequence[str]) -> dict:
     runs, summary = collect.collect(metrics)
     steps = _steps(runs)
     rows = {r["scenario"]: r for _, r in summary.iterrows()}
-    state = {name: _row_state(row, space_["gpu_mem_gb"]) for name, row in rows.items()}
+    state = {name: row_state(row, space_["gpu_mem_gb"]) for name, row in rows.items()}
     eligible = sorted(
         (n for n in rows if state[n] is None), key=lambda n: -float(rows[n]["tokens_per_s"])
     )

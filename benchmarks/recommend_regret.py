@@ -1,0 +1,90 @@
+"""Recommend's regret on a held-out sweep: how far the config ``snakemake recommend`` picked lies
+from the fastest config that an exhaustive sweep of the same grid measured, and how many runs the
+search measured to find it.
+
+    python benchmarks/recommend_regret.py SWEEP_RECORDS RECOMMEND_RECORDS
+
+Both folders are a study's records (``results/<cluster>/<study>`` or their copy under
+``docs/results``) of two recommend studies over the same grid: the sweep measures every candidate
+predicted to fit, the search measures as a user's would. A config counts for the sweep's best
+when its run ended ok within the search's GPU-memory budget (recommend's own rule), so a
+reference measured without a cap does not. Prints every config the sweep measured (its speed
+and 95 % CI, what the plan predicted), the best of each engine, then the search's pick, its
+speed in the sweep and the regret, 1 - pick / best. Deterministic: reads records, a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from offload_study.analysis import collect
+from offload_study.core.contracts import engine_of, read_json, read_predictions
+from offload_study.prediction import recommend
+
+
+def measured(records: Path) -> tuple[dict, dict, dict]:
+    """(scenario -> summary row, scenario -> why it cannot be recommended or None, the search's
+    space.json)."""
+    space = read_json(records / "recommend" / "space.json")
+    _, summary = collect.collect(sorted(str(p) for p in records.glob("*/rep*/metrics.json")))
+    rows = {r["scenario"]: r for _, r in summary.iterrows()}
+    state = {n: recommend.row_state(r, space["gpu_mem_gb"]) for n, r in rows.items()}
+    return rows, state, space
+
+
+def speed(row) -> str:
+    low, high = row.get("tokens_per_s_ci_low"), row.get("tokens_per_s_ci_high")
+    ci = f" [{low:,.0f}-{high:,.0f}]" if low == low and high == high else ""
+    return f"{row['tokens_per_s']:,.0f}{ci}"
+
+
+def sweep_table(records: Path, rows: dict, state: dict) -> list[str]:
+    """One line per config the sweep ran: its engine, measured and predicted speed."""
+    plan = read_predictions(records / "plan.csv")
+    lines = ["| config | engine | measured tokens/s [95 % CI] | predicted | counts for the best |"]
+    lines.append("|---|---|---|---|---|")
+    for name in sorted(rows, key=lambda n: -float(rows[n]["tokens_per_s"] or 0)):
+        row, p = rows[name], plan.get(name)
+        predicted = f"{p.tokens_per_s:,.0f}" if p and p.tokens_per_s else "-"
+        shown = speed(row) if float(row["tokens_per_s"] or 0) > 0 else "-"
+        lines.append(
+            f"| {row['label']} | {engine_of(row)} | {shown} | {predicted} "
+            f"| {'yes' if state[name] is None else state[name]} |"
+        )
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep", type=Path, help="the exhaustive sweep's records")
+    ap.add_argument("search", type=Path, help="the recommend search's records")
+    a = ap.parse_args(argv)
+    rows, state, _ = measured(a.sweep)
+    eligible = [n for n in rows if state[n] is None]
+    if not eligible:
+        print(f"no config of {a.sweep} ran ok within the budget: no regret to measure")
+        return 1
+    best = max(eligible, key=lambda n: float(rows[n]["tokens_per_s"]))
+    print("\n".join(sweep_table(a.sweep, rows, state)))
+    rec = read_json(a.search / "recommend" / "recommendation.json")
+    searched, _, space = measured(a.search)
+    pick, runs = rec["winner"], len(set(searched) - set(space["references"]))
+    print(f"\nthe sweep's fastest: {rows[best]['label']}, {speed(rows[best])} tokens/s")
+    for engine in rec.get("best_of_engines") or []:
+        state_ = "measured" if engine["measured"] else f"not measured ({engine['why']})"
+        print(f"the search's page, best of {engine['engine']}: {engine['scenario']}, {state_}")
+    if pick not in rows or state[pick] is not None:
+        print(f"the search picked {pick}, which the sweep has no eligible record of")
+        return 1
+    regret = 1 - float(rows[pick]["tokens_per_s"]) / float(rows[best]["tokens_per_s"])
+    print(
+        f"the search's pick after {runs} measured candidates (and its references): "
+        f"{rows[pick]['label']}, {speed(rows[pick])} tokens/s in the sweep; regret {regret:.1%}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""benchmarks/recommend_regret.py: the search's pick judged against the sweep's fastest config."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "docs/results/h200-1gpu/recommend-sweep-h200-1gpu-24g"
+
+
+def regret(sweep: Path, search: Path) -> str:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/recommend_regret.py"), str(sweep), str(search)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_a_pick_slower_than_the_sweeps_fastest_has_its_regret_and_run_count(tmp_path):
+    search = tmp_path / "search"
+    shutil.copytree(RECORDS, search)
+    shutil.rmtree(search / "rec-optparam__mb-8__rbs-5e8")  # the search never measured the best
+    page = search / "recommend" / "recommendation.json"
+    page.write_text(
+        json.dumps({**json.loads(page.read_text()), "winner": "rec-opt__mb-8__rbs-5e8"})
+    )
+    text = regret(RECORDS, search)
+    assert "the sweep's fastest: candidate optparam, 10,424" in text
+    # 6,944 / 10,424 tokens/s of the sweep's own records
+    assert "after 2 measured candidates" in text and "regret 33.4%" in text
+
+
+def test_the_sweeps_own_pick_has_no_regret():
+    assert "regret 0.0%" in regret(RECORDS, RECORDS)
