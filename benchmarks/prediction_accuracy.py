@@ -121,6 +121,9 @@ GPU_RECORDS = {
     # model A's parameter, partial and NVMe offload, FSDP2's CPUOffloadPolicy and SuperOffload,
     # each beside a plain loop
     "docs/results/h200-1gpu/fidelity-h200-modes": "config/studies/fidelity-h200-modes.yaml",
+    # model H (0.5B: 64 layers of hidden 768), 12 GiB cap, both engines' offload paths: measured
+    # after its plan was committed
+    "docs/results/h200-1gpu/sweep-h200-model-h-12g": "config/studies/sweep-h200-model-h-12g.yaml",
 }
 SAME = (
     "micro_batch",

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from offload_study.analysis import collect
+from offload_study.analysis.report import words
 from offload_study.core.contracts import engine_of, read_json, read_predictions
 from offload_study.prediction import recommend
 
@@ -32,6 +33,13 @@ def measured(records: Path) -> tuple[dict, dict, dict]:
     rows = {r["scenario"]: r for _, r in summary.iterrows()}
     state = {n: recommend.row_state(r, space["gpu_mem_gb"]) for n, r in rows.items()}
     return rows, state, space
+
+
+def config_words(scenario: str, label: str = "") -> str:
+    """A config in the pages' words: its label, and the grid's knobs its name carries."""
+    knobs = words.sweep_words(scenario, {})
+    label = words.reader_label(label, scenario)
+    return f"{label}, {knobs}" if knobs else label
 
 
 def speed(row) -> str:
@@ -50,40 +58,59 @@ def sweep_table(records: Path, rows: dict, state: dict) -> list[str]:
         predicted = f"{p.tokens_per_s:,.0f}" if p and p.tokens_per_s else "-"
         shown = speed(row) if float(row["tokens_per_s"] or 0) > 0 else "-"
         lines.append(
-            f"| {row['label']} | {engine_of(row)} | {shown} | {predicted} "
+            f"| {config_words(name, row['label'])} | {engine_of(row)} | {shown} | {predicted} "
             f"| {'yes' if state[name] is None else state[name]} |"
         )
     return lines
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweep", type=Path, help="the exhaustive sweep's records")
-    ap.add_argument("search", type=Path, help="the recommend search's records")
-    a = ap.parse_args(argv)
-    rows, state, _ = measured(a.sweep)
-    eligible = [n for n in rows if state[n] is None]
-    if not eligible:
-        print(f"no config of {a.sweep} ran ok within the budget: no regret to measure")
-        return 1
-    best = max(eligible, key=lambda n: float(rows[n]["tokens_per_s"]))
-    print("\n".join(sweep_table(a.sweep, rows, state)))
-    rec = read_json(a.search / "recommend" / "recommendation.json")
-    searched, _, space = measured(a.search)
+def unmeasured(records: Path, rows: dict) -> list[str]:
+    """The configs the sweep chose to measure (its last round) that have no record yet."""
+    last = sorted((records / "recommend").glob("selected.round*.json"))[-1]
+    chosen = [c["scenario"] for c in read_json(last)["candidates"] if c["round"] is not None]
+    return [name for name in chosen if name not in rows]
+
+
+def judge(sweep: Path, search: Path, rows: dict, state: dict, best: str) -> int:
+    """The search's page and pick against the sweep's fastest config."""
+    rec = read_json(search / "recommend" / "recommendation.json")
+    searched, _, space = measured(search)
     pick, runs = rec["winner"], len(set(searched) - set(space["references"]))
-    print(f"\nthe sweep's fastest: {rows[best]['label']}, {speed(rows[best])} tokens/s")
     for engine in rec.get("best_of_engines") or []:
-        state_ = "measured" if engine["measured"] else f"not measured ({engine['why']})"
-        print(f"the search's page, best of {engine['engine']}: {engine['scenario']}, {state_}")
+        shown = "measured" if engine["measured"] else f"not measured ({engine['why']})"
+        print(f"the search's page, best of {engine['engine']}: {engine['scenario']}, {shown}")
     if pick not in rows or state[pick] is not None:
         print(f"the search picked {pick}, which the sweep has no eligible record of")
         return 1
     regret = 1 - float(rows[pick]["tokens_per_s"]) / float(rows[best]["tokens_per_s"])
     print(
         f"the search's pick after {runs} measured candidates (and its references): "
-        f"{rows[pick]['label']}, {speed(rows[pick])} tokens/s in the sweep; regret {regret:.1%}"
+        f"{config_words(pick, rows[pick]['label'])}, {speed(rows[pick])} tokens/s in the sweep; regret {regret:.1%}"
     )
     return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep", type=Path, help="the exhaustive sweep's records")
+    ap.add_argument("search", type=Path, nargs="?", help="the recommend search's records")
+    a = ap.parse_args(argv)
+    rows, state, _ = measured(a.sweep)
+    print("\n".join(sweep_table(a.sweep, rows, state)))
+    eligible = [n for n in rows if state[n] is None]
+    if not eligible:
+        print(f"no config of {a.sweep} ran ok within the budget: no regret to measure")
+        return 1
+    best = max(eligible, key=lambda n: float(rows[n]["tokens_per_s"]))
+    print(
+        f"\nthe sweep's fastest: {config_words(best, rows[best]['label'])}, {speed(rows[best])} tokens/s"
+    )
+    missing = unmeasured(a.sweep, rows)
+    if missing:
+        missing_words = "; ".join(config_words(n) for n in missing)
+        print(f"the sweep has no record yet of: {missing_words}. Regret not judged")
+        return 1
+    return judge(a.sweep, a.search, rows, state, best) if a.search else 0
 
 
 if __name__ == "__main__":

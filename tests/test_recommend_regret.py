@@ -29,10 +29,24 @@ def test_a_pick_slower_than_the_sweeps_fastest_has_its_regret_and_run_count(tmp_
         json.dumps({**json.loads(page.read_text()), "winner": "rec-opt__mb-8__rbs-5e8"})
     )
     text = regret(RECORDS, search)
-    assert "the sweep's fastest: candidate optparam, 10,424" in text
+    assert "the sweep's fastest: CPU optimizer + parameter offload, micro-batch 8" in text
     # 6,944 / 10,424 tokens/s of the sweep's own records
     assert "after 2 measured candidates" in text and "regret 33.4%" in text
 
 
 def test_the_sweeps_own_pick_has_no_regret():
     assert "regret 0.0%" in regret(RECORDS, RECORDS)
+
+
+def test_a_sweep_with_a_config_still_unmeasured_judges_no_regret(tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(RECORDS, sweep)
+    shutil.rmtree(sweep / "rec-opt__mb-8__rbs-5e8")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/recommend_regret.py"), str(sweep), str(RECORDS)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1
+    assert "no record yet of: CPU optimizer offload, micro-batch 8, reduce bucket 5e8" in out.stdout
+    assert "regret " not in out.stdout
