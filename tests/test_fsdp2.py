@@ -148,6 +148,45 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
     )
 
 
+def test_cpu_offload_policy_pays_its_host_accumulation_after_the_first_micro_step():
+    """CPUOffloadPolicy at accumulation 4: three micro-steps copy their fp32 gradient shards
+    down blocking (pageable) and add them on the CPU, both on the step; accumulation 1 has none,
+    and neither has FSDP2 without offload."""
+    import dataclasses
+
+    from offload_study.core.contracts import Calibration
+    from offload_study.engines.fsdp2 import model as fsdp2_model
+
+    cal = Calibration(
+        cluster="h200-1gpu",
+        accelerator="cuda",
+        source="test",
+        matmul_tflops=700.0,
+        matmul_dtype="bf16",
+        cpu_adam_params_per_s=2e9,
+        cpu_adam_threads=16,
+        h2d_gb_s=50.0,
+        d2h_gb_s=50.0,
+        pageable_h2d_gb_s=10.0,
+        grad_unscale_params_per_s=1e10,
+    )
+
+    def step(gas: int, offload: str = "cpu"):
+        scenario = {"engine": "fsdp2", "gpus_per_node": 1, "gradient_accumulation_steps": gas}
+        scenario |= {"offload_optimizer": offload, "offload_param": offload}
+        spec = make_spec("h200-1gpu", scenario)
+        return spec, fsdp2_model.step_time(spec, {}, cal)
+
+    spec, four = step(4)
+    params = spec.model_params
+    assert four.pcie_s == pytest.approx(3 * (4 * params / 10e9 + params / 1e10), rel=1e-6)
+    assert step(1)[1].pcie_s == step(4, "none")[1].pcie_s == 0
+    # without the calibrated add rate, CPU Adam's times the lease's measured ratio
+    older = dataclasses.replace(cal, grad_unscale_params_per_s=None)
+    adds = fsdp2_model.step_time(spec, {}, older).pcie_s - 3 * 4 * params / 10e9
+    assert adds == pytest.approx(3 * params / (3.70 * 2e9), rel=1e-6)
+
+
 def test_the_report_puts_engines_side_by_side(tmp_path):
     """A study with two engines: every engine x offload path in words with its CI, memory and
     step parts; at each GPU memory level the fastest engine against the next engine's best, by

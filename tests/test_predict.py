@@ -254,7 +254,7 @@ def test_step_time_parts_by_hand():
     assert t.device_wait_s == pytest.approx(2 * 2 * P / 50e9)
     assert t.pcie_s == pytest.approx(4 * P / 10e9)
     # CPU Adam and the unscale of its gradients (at CPU Adam's rate x STEP_PASS_PER_ADAM)
-    unscale = ds_model.STEP_PASS_PER_ADAM["grad_unscale_params_per_s"] * 1e9
+    unscale = shared.STEP_PASS_PER_ADAM["grad_unscale_params_per_s"] * 1e9
     assert t.optimizer_s == pytest.approx(P / 1e9 + P / unscale)
     assert t.nvme_s == t.comm_s == 0
     # forward and backward each the longer of the device's work and the host's dispatch: the
@@ -293,7 +293,7 @@ def test_the_offloaded_step_makes_its_host_passes_at_their_calibrated_rates():
         assert ds_model.optimizer_step_seconds(other, ds(other), cal) is None
     # an older calibration: the passes at CPU Adam's rate x the measured multiples
     older = ds_model.host_step_seconds_per_param(both, CAL)
-    ratios = ds_model.STEP_PASS_PER_ADAM.values()
+    ratios = shared.STEP_PASS_PER_ADAM.values()
     assert older == pytest.approx((1 + sum(1 / r for r in ratios)) / 1e9)
 
 

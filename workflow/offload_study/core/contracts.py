@@ -704,7 +704,7 @@ class Calibration:
     # the passes of DeepSpeed's ZeRO-3 step over an offloaded sub-group beside CPU Adam, with the
     # same cores, parameters/s (calibrate.step_passes_at): the fp32 gradients' unscale, the fp32
     # master's copy into the bf16 partition on the host, and into one on the GPU (None: a file
-    # from before them; the prediction then scales CPU Adam's rate, offload_study.engines.deepspeed.model.STEP_PASS_PER_ADAM)
+    # from before them; the prediction then scales CPU Adam's rate, offload_study.prediction.shared.STEP_PASS_PER_ADAM)
     grad_unscale_params_per_s: float | None = None
     master_copy_params_per_s: float | None = None
     master_upload_params_per_s: float | None = None

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from offload_study.core import devices, units
-from offload_study.core.contracts import RunSpec
+from offload_study.core.contracts import Calibration, RunSpec
 
 GB, DTYPE_BYTES = units.GB, units.DTYPE_BYTES  # GB: transfer rates (GB/s) only
 
@@ -325,3 +325,18 @@ def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
         seq_len=spec.seq_len,
     )
     return per_token * spec.micro_batch * spec.seq_len
+
+
+#: The host passes of DeepSpeed's ZeRO-3 step beside CPU Adam (calibrate.step_passes_at; FSDP2's
+#: gradient accumulation on the host is such a pass too) per
+#: CPU Adam's rate with the same cores, for a calibration without them: measured together by
+#: calibrate over the sweep's 1.91e9-parameter partition in pinned 1e8-parameter sub-groups on
+#: an H200 lease's 16 cores (docs/results/h200-1gpu/step-phases-2026-12-02/): Adam
+#: 4.53e9/s, the gradients' unscale 1.67e10/s, the master's copy into the bf16 partition 1.30e10/s.
+STEP_PASS_PER_ADAM = {"grad_unscale_params_per_s": 3.70, "master_copy_params_per_s": 2.87}
+
+
+def step_pass_rate(cal: Calibration, name: str) -> float:
+    """A host pass's rate (:data:`STEP_PASS_PER_ADAM`'s names) from the calibration, else as
+    the multiple of CPU Adam's rate measured on an H200 lease."""
+    return getattr(cal, name) or STEP_PASS_PER_ADAM[name] * cal.cpu_adam_params_per_s

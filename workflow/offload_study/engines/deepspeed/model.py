@@ -96,6 +96,7 @@ from offload_study.prediction.shared import (
     model_shape,
     pow2_bytes,
     reserved_vector,
+    step_pass_rate,
 )
 
 #: This engine's constants per accelerator kind. H200 records (docs/results): ZeRO-3's matmuls
@@ -169,12 +170,6 @@ ZENFLOW_DEFAULTS = {
 FP16_CHECK_PER_ADAM = 0.24
 
 
-#: The host passes of DeepSpeed's ZeRO-3 step beside CPU Adam (calibrate.step_passes_at) per
-#: CPU Adam's rate with the same cores, for a calibration without them: measured together by
-#: calibrate over the sweep's 1.91e9-parameter partition in pinned 1e8-parameter sub-groups on
-#: an H200 lease's 16 cores (2026-12-02, docs/results/h200-1gpu/step-phases-2026-12-02/): Adam
-#: 4.53e9/s, the gradients' unscale 1.67e10/s, the master's copy into the bf16 partition 1.30e10/s.
-STEP_PASS_PER_ADAM = {"grad_unscale_params_per_s": 3.70, "master_copy_params_per_s": 2.87}
 #: SuperOffload's share of the cores for its CPU Adam worker, DeepSpeed 0.19.8's default
 #: (offload_optimizer.cpuadam_cores_perc; calibrate's SuperOffload probe splits them so)
 SUPEROFFLOAD_CORES_PERC = 0.8
@@ -652,12 +647,6 @@ def superoffload_exposed(k: Knobs, host_s: float, last_s: float, compute_s: floa
     ``_step_with_clipping``); without, each starts when the backward completes its gradients,
     so all but the last overlap the backward (2/3 of the compute)."""
     return host_s if k.clipping else max(last_s, host_s - 2 / 3 * compute_s)
-
-
-def step_pass_rate(cal: Calibration, name: str) -> float:
-    """A host pass's rate (:data:`STEP_PASS_PER_ADAM`'s names) from the calibration, else as
-    the multiple of CPU Adam's rate measured on an H200 lease."""
-    return getattr(cal, name) or STEP_PASS_PER_ADAM[name] * cal.cpu_adam_params_per_s
 
 
 def host_step_seconds_per_param(spec: RunSpec, cal: Calibration) -> float:

@@ -14,7 +14,13 @@ from __future__ import annotations
 import math
 
 from offload_study.core.contracts import Calibration, RunSpec
-from offload_study.prediction.shared import GB, PARAM_FETCHES, ModelShape, pow2_bytes
+from offload_study.prediction.shared import (
+    GB,
+    PARAM_FETCHES,
+    ModelShape,
+    pow2_bytes,
+    step_pass_rate,
+)
 
 FP32 = 4.0
 
@@ -170,6 +176,20 @@ class OffloadPolicyPath(Fsdp2Path):
     ) -> float:
         """foreach AdamW on the node's cores, which its ranks share."""
         return shard_params(spec, shape) * spec.gpus_per_node / host_adam_rate(cal)
+
+    def pcie_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+        """Gradient accumulation on the host. A micro-step whose gradient shards add to those
+        already there copies them down blocking, into new pageable tensors, then adds them on
+        the CPU (torch's FSDP2 ``foreach_reduce``: a copy that a CPU add depends on cannot
+        overlap). The host waits for both, so every micro-step after the first adds them to
+        the step: the copy at the pageable rate, the add as fast as DeepSpeed's unscale of its
+        fp32 gradients, the host pass calibrate measures over the same bytes."""
+        if spec.accelerator != "cuda" or not cal.h2d_gb_s:
+            return 0.0
+        shard = shard_params(spec, shape)
+        pageable = (cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
+        add_rate = step_pass_rate(cal, "grad_unscale_params_per_s")
+        return (spec.gradient_accumulation_steps - 1) * (FP32 * shard / pageable + shard / add_rate)
 
     def device_wait_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
         """Every micro-step the fp32 shards go up per fetch and the fp32 gradient shards come
