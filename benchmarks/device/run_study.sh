@@ -27,6 +27,10 @@
 # CALIBRATE_AT "CLUSTER:STUDY_YAML ...": after the studies, measure CLUSTER's calibration at the sizes
 #           and shapes of STUDY's runs (calibrate --study) into results/CLUSTER/calibration.at-<study>.json,
 #           beside (not instead of) the calibration the plans used; it comes back with the records.
+# SEED=1   a fresh machine continues a study whose records were committed: each study's
+#           docs/results/<cluster>/<study> is copied into its empty results folder first (plans,
+#           configs, the search's rounds and every record; not its logs or cut runs), so only
+#           what is missing runs (the device's results/ do not outlive the machine).
 # CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.prediction.calibrate,
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
@@ -65,6 +69,21 @@ requeue_cancelled() { # a run cut by the last call's deadline is run again: its 
     dir=${rec%/metrics.json}
     dest="${dir%/*/*}/cancelled-by-deadline/$(basename "${dir%/*}").${dir##*/}.$(date +%s)"
     mkdir -p "${dest%/*}" && mv "$dir" "$dest" && say "re-run $dir (cancelled record -> $dest)"
+  done
+}
+
+seed_committed() { # SEED=1: a study's committed records (docs/results/...) continued, not re-run
+  local item res
+  for item in $STUDIES; do
+    res=$(results_dir "${item%%:*}") || continue
+    [ -d "docs/$res" ] && [ ! -f "$res/plan.json" ] || continue
+    mkdir -p "$res"
+    (cd "docs/$res" && tar -cf - --exclude=device-logs --exclude=cancelled-by-deadline \
+      --exclude=README.md --exclude='*predicted-before-the-runs*' --exclude='runs.*' \
+      --exclude=summary.csv .) | tar -xf - -C "$res"
+    # newer than the carried tree: Snakemake keeps what is there and runs what is missing
+    find "$res" -exec touch {} +
+    say "seeded $res from docs/$res"
   done
 }
 
@@ -162,6 +181,7 @@ export -f elapsed say left snake versions build_ops table raw_loop raw_done raw_
 keep_outside
 requeue_cancelled
 setup
+[ -n "${SEED:-}" ] && seed_committed
 timed versions 60 versions
 # shellcheck disable=SC2086
 [ -n "${OPS-cpu_adam fused_adam}" ] && timed ops 240 build_ops ${OPS-cpu_adam fused_adam}
