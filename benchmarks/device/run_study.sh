@@ -81,8 +81,9 @@ seed_committed() { # SEED=1: a study's committed records (docs/results/...) cont
     (cd "docs/$res" && tar -cf - --exclude=device-logs --exclude=cancelled-by-deadline \
       --exclude=README.md --exclude='*predicted-before-the-runs*' --exclude='runs.*' \
       --exclude=summary.csv .) | tar -xf - -C "$res"
-    # newer than the carried tree: Snakemake keeps what is there and runs what is missing
-    find "$res" -exec touch {} +
+    # one time, newer than the carried tree: Snakemake keeps what is there (no input newer than
+    # its output) and runs what is missing
+    find "$res" -exec touch -d "@$(date +%s)" {} +
     say "seeded $res from docs/$res"
   done
 }
