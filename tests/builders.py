@@ -162,6 +162,23 @@ def make_record(
     return d / "metrics.json"
 
 
+def gpu_calibration(cluster: str = "h200-1gpu", **fields) -> contracts.Calibration:
+    """A CUDA cluster's calibration with round rates (an H200's order of magnitude); ``fields``
+    replace or add rates."""
+    rates = {
+        "matmul_tflops": 700.0,
+        "matmul_dtype": "bf16",
+        "cpu_adam_params_per_s": 2e9,
+        "cpu_adam_threads": 16,
+        "torch_adam_params_per_s": 1e9,
+        "h2d_gb_s": 50.0,
+        "d2h_gb_s": 50.0,
+    }
+    return contracts.Calibration(
+        cluster=cluster, accelerator="cuda", source="test", **{**rates, **fields}
+    )
+
+
 def provenance(gpus: int, slurm_job_id: str | None) -> dict:
     """provenance.json with the runner's keys (checked against the provenance schema)."""
     prov = {

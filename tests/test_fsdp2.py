@@ -79,8 +79,9 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
     step priced at torch AdamW's rate; no DeepSpeed estimate for an FSDP2 run."""
     import dataclasses
 
+    from builders import gpu_calibration
+
     from offload_study import engines
-    from offload_study.core.contracts import Calibration
     from offload_study.engines.fsdp2 import model as fsdp2_model
     from offload_study.prediction import predict
 
@@ -96,18 +97,7 @@ def test_fsdp2_prediction_knows_what_the_engine_keeps_where():
         }
     }
     study = {"model": model, "seq_len": 2048, "micro_batch": 4, "gradient_checkpointing": True}
-    cal = Calibration(
-        cluster="h200-1gpu",
-        accelerator="cuda",
-        source="test",
-        matmul_tflops=700.0,
-        matmul_dtype="bf16",
-        cpu_adam_params_per_s=2e9,
-        cpu_adam_threads=16,
-        torch_adam_params_per_s=1e9,
-        h2d_gb_s=50.0,
-        d2h_gb_s=50.0,
-    )
+    cal = gpu_calibration()
     rows = {}
     for engine, off in [("fsdp2", "none"), ("fsdp2", "cpu"), ("deepspeed", "cpu")]:
         spec = make_spec(
@@ -154,22 +144,11 @@ def test_cpu_offload_policy_pays_its_host_accumulation_after_the_first_micro_ste
     and neither has FSDP2 without offload."""
     import dataclasses
 
-    from offload_study.core.contracts import Calibration
+    from builders import gpu_calibration
+
     from offload_study.engines.fsdp2 import model as fsdp2_model
 
-    cal = Calibration(
-        cluster="h200-1gpu",
-        accelerator="cuda",
-        source="test",
-        matmul_tflops=700.0,
-        matmul_dtype="bf16",
-        cpu_adam_params_per_s=2e9,
-        cpu_adam_threads=16,
-        h2d_gb_s=50.0,
-        d2h_gb_s=50.0,
-        pageable_h2d_gb_s=10.0,
-        grad_unscale_params_per_s=1e10,
-    )
+    cal = gpu_calibration(pageable_h2d_gb_s=10.0, grad_unscale_params_per_s=1e10)
 
     def step(gas: int, offload: str = "cpu"):
         scenario = {"engine": "fsdp2", "gpus_per_node": 1, "gradient_accumulation_steps": gas}

@@ -7,10 +7,10 @@ training runs are the device's (benchmarks/device/run_engines.sh)."""
 from __future__ import annotations
 
 import pytest
+from builders import gpu_calibration
 from conftest import make_spec
 
 from offload_study import engines
-from offload_study.core.contracts import Calibration
 from offload_study.core.study import StudyError
 from offload_study.engines import fsdp2_cpu_optimizer
 from offload_study.prediction import predict
@@ -27,18 +27,7 @@ LLAMA_1B = {
         "max_position_embeddings": 2048,
     }
 }
-CAL = Calibration(
-    cluster="example-slurm",
-    accelerator="cuda",
-    source="test",
-    matmul_tflops=700.0,
-    matmul_dtype="bf16",
-    cpu_adam_params_per_s=2e9,
-    cpu_adam_threads=16,
-    torch_adam_params_per_s=1e9,
-    h2d_gb_s=50.0,
-    d2h_gb_s=50.0,
-)
+CAL = gpu_calibration("example-slurm")
 
 
 def gpu_spec(offload: dict, **study):
