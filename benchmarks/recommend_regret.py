@@ -71,7 +71,7 @@ def unmeasured(records: Path, rows: dict) -> list[str]:
     return [name for name in chosen if name not in rows]
 
 
-def judge(sweep: Path, search: Path, rows: dict, state: dict, best: str) -> int:
+def judge(search: Path, rows: dict, state: dict, best: str) -> int:
     """The search's page and pick against the sweep's fastest config."""
     rec = read_json(search / "recommend" / "recommendation.json")
     searched, _, space = measured(search)
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         missing_words = "; ".join(config_words(n) for n in missing)
         print(f"the sweep has no record yet of: {missing_words}. Regret not judged")
         return 1
-    return judge(a.sweep, a.search, rows, state, best) if a.search else 0
+    return judge(a.search, rows, state, best) if a.search else 0
 
 
 if __name__ == "__main__":
