@@ -140,6 +140,16 @@ def test_a_grid_that_names_no_engine_searches_every_engine():
     assert space["left_out"] == left_out
 
 
+def test_a_candidate_this_machine_leaves_out_is_named_with_the_engines_reason():
+    """A search's files from a machine where a path could run name a candidate this one leaves
+    out: the error the workflow raises for it says why, in the engine's words."""
+    plan = Plan(study(grid={"offload": ["none", "optimizer"], "micro_batch": [2]}))
+    why = candidates.why_not_here(plan.study, plan.cluster, f"rec-{FSDP2}-cpu-optimizer__mb-2")
+    assert why.startswith("this machine leaves FSDP2 — optimizer offload") and "CUDA GPU" in why
+    assert candidates.why_not_here(plan.study, plan.cluster, "rec-nothing__mb-2") is None
+    assert candidates.why_not_here(plan.study, plan.cluster, "ref") is None
+
+
 @pytest.mark.refuses_bad_input
 def test_a_grid_too_large_or_a_clashing_name_is_refused():
     big = {

@@ -12,6 +12,7 @@ from offload_study.prediction import recommend as recommend_search
 from offload_study.across.bundle import BundleError, compare_name
 from offload_study.core import layout
 from offload_study.admission.admit import admitted_plan
+from offload_study.planning import candidates
 from offload_study.planning.plan import Plan
 from offload_study.planning.resources import rule_resources, train_resources
 from offload_study.core.study import StudyError
@@ -68,8 +69,10 @@ wildcard_constraints:
 def scenario_of(wildcards):
     """The job's scenario; a target naming no scenario of the study fails here."""
     if wildcards.scenario not in PLAN.by_name:
+        why = candidates.why_not_here(PLAN.study, PLAN.cluster, wildcards.scenario)
         raise WorkflowError(
             f"no scenario {wildcards.scenario!r} in study {PLAN.study['study']!r}"
+            + (f": {why}" if why else "")
         )
     return wildcards.scenario
 

@@ -207,6 +207,17 @@ def grid(study: dict, cluster: dict) -> tuple[list[Candidate], list[dict]]:
     return list(kept.values()), list(left_out.values())
 
 
+def why_not_here(study: dict, cluster: dict, name: str) -> str | None:
+    """Why this machine has no candidate ``name`` that a search's files name (a results folder
+    planned where the candidate's engine could run it: a package installed there, not here), in
+    the engine's words; None when the name is no candidate this machine leaves out."""
+    label = label_of(name)
+    if label is None or not study.get("recommend"):
+        return None
+    whys = [o["why"] for o in grid(study, cluster)[1] if o["label"] == label]
+    return f"this machine leaves {label} out: {whys[0]}" if whys else None
+
+
 def candidates(study: dict, cluster: dict) -> list[dict]:
     """The candidate scenarios of a study's recommend block (empty without one)."""
     return [c.scenario for c in grid(study, cluster)[0]]
