@@ -328,11 +328,11 @@ def flops_per_micro_step(spec: RunSpec, shape: ModelShape) -> float:
 
 
 #: The host passes of DeepSpeed's ZeRO-3 step beside CPU Adam (calibrate.step_passes_at; FSDP2's
-#: gradient accumulation on the host is such a pass too) per
-#: CPU Adam's rate with the same cores, for a calibration without them: measured together by
-#: calibrate over the sweep's 1.91e9-parameter partition in pinned 1e8-parameter sub-groups on
-#: an H200 lease's 16 cores (docs/results/h200-1gpu/step-phases-2026-12-02/): Adam
-#: 4.53e9/s, the gradients' unscale 1.67e10/s, the master's copy into the bf16 partition 1.30e10/s.
+#: gradient accumulation on the host is such a pass too) per CPU Adam's rate with the same cores,
+#: for a calibration without them: measured together by calibrate over the sweep's
+#: 1.91e9-parameter partition in pinned 1e8-parameter sub-groups on an H200 lease's 16 cores
+#: (docs/results/h200-1gpu/step-phases-2026-12-02/): Adam 4.53e9/s, the gradients' unscale
+#: 1.67e10/s, the master's copy into the bf16 partition 1.30e10/s.
 STEP_PASS_PER_ADAM = {"grad_unscale_params_per_s": 3.70, "master_copy_params_per_s": 2.87}
 
 
