@@ -746,12 +746,11 @@ def calibration_lines(path: Path, label: str = "CPU") -> list[str]:
             f"  {key}: median {summary['median']:.4g}, range {summary['low']:.4g}-"
             f"{summary['high']:.4g} ({summary['spread_pct']:.0f} %, {summary['samples']} samples)"
         )
-    for ranks, plain in (cal.zero3_layer_s or {}).items():
-        variants = {"none/none": plain, **plain.get("offload", {})}
+    for engine, by_ranks in (cal.layer_host_s or {}).items():
         lines += [
-            f"  host s, {ranks} rank(s), offload {offload}: "
+            f"  host s per layer, {engines.label(engine)}, {ranks} rank(s): "
             + ", ".join(f"{k} {costs[k]:.4f}" for k in ("forward", "backward", "rest"))
-            for offload, costs in variants.items()
+            for ranks, costs in by_ranks.items()
         ]
     return lines
 

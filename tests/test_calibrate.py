@@ -16,6 +16,7 @@ import pytest
 from conftest import CLUSTER_DIR
 from conftest import REPO as REPO_ROOT
 
+from offload_study import engines
 from offload_study.core import contracts
 from offload_study.core.study import StudyError
 from offload_study.prediction import calibrate
@@ -136,7 +137,7 @@ def test_disk_probe_writes_reads_and_removes_its_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
+def test_cli_calibrates_this_machine_with_each_engines_host_probe(cpu_calibration):
     """The session's calibration (conftest.measure_calibration: this CLI, as the calibrate rule
     runs it, into a folder of its own; measuring it a second time here cost ~2 min of CI)."""
     out = Path(cpu_calibration)
@@ -144,7 +145,10 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
     cal = contracts.read_calibration(out)
     assert cal.cluster == "local-cpu" and cal.accelerator == "cpu"
     assert cal.cpu_adam_threads == os.cpu_count()  # measure_calibration's --cores
-    probed = [cal.zero3_layer_s[ranks] for ranks in ("1", "2")]
+    # every engine with a probe, for 1 and 2 ranks
+    probing = [e.name for e in engines.engines() if e.host_probe is not None]
+    assert sorted(cal.layer_host_s) == sorted(probing) and {"deepspeed", "fsdp2"} <= set(probing)
+    probed = [cal.layer_host_s[e][ranks] for e in probing for ranks in ("1", "2")]
     layer_costs = [costs[k] for costs in probed for k in ("forward", "backward", "rest")]
     growth = ("forward_per_element", "backward_per_element", "rest_per_token")
     assert all(costs[k] >= 0 for costs in probed for k in growth)
@@ -167,8 +171,8 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
     assert 0.1 < cal.runtime_at_init_gib < 8 and 0.1 < cal.runtime_gib < 8
     assert cal.runtime_gib >= 0.9 * cal.runtime_at_init_gib  # the first step adds, not frees
     assert "runtime" not in cal.provenance["probe_errors"]
-    # seconds per layer forward and backward, and of the rest, for 1 and 2 ranks
-    assert len(layer_costs) == 6 and all(0 <= cost < 1 for cost in layer_costs)
+    # seconds per layer forward and backward, and of the rest, per engine for 1 and 2 ranks
+    assert len(layer_costs) == 6 * len(probing) and all(0 <= cost < 1 for cost in layer_costs)
     assert cal.h2d_gb_s is cal.d2h_gb_s is cal.pageable_h2d_gb_s is None  # no GPU here
     assert cal.master_upload_params_per_s is None
     assert cal.source.startswith("measured by offload_study.prediction.calibrate")
@@ -179,8 +183,8 @@ def test_cli_calibrates_this_machine_with_the_zero3_probe(cpu_calibration):
         "torch_adam_params_per_s",
         "fp16_check_elems_per_s",
         "all-gather 2 KiB",
-        "1 rank(s), seq 32, 3 layer(s): forward",
-        "2 rank(s), seq 128, 1 layer(s): micro-step",
+        "ZeRO-3, 1 rank(s), seq 32, 3 layer(s): forward",
+        "FSDP2, 2 rank(s), seq 128, 1 layer(s): micro-step",
     ):
         assert spread[key]["low"] <= spread[key]["median"] <= spread[key]["high"]
     assert cal.provenance["sizes"]["adam"] * 16 >= 4 * cal.provenance["last_level_cache_bytes"]

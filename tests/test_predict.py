@@ -17,6 +17,7 @@ from conftest import REPO as REPO_ROOT
 from conftest import make_spec
 from runs import runner_argv
 
+from offload_study import engines
 from offload_study.admission.admit import main as plan_main
 from offload_study.analysis import collect
 from offload_study.analysis.report.predicted import predicted_view
@@ -25,6 +26,7 @@ from offload_study.core.contracts import Calibration, read_calibration, read_jso
 from offload_study.core.study import load_study
 from offload_study.engines.deepspeed import config as dsconfig
 from offload_study.engines.deepspeed import model as ds_model
+from offload_study.engines.fsdp2 import model as fsdp2_model
 from offload_study.planning import presets
 from offload_study.planning.plan import Plan, write_scenario_files
 from offload_study.prediction import predict, shared
@@ -330,11 +332,18 @@ CPU_CAL = dataclasses.replace(
     pageable_h2d_gb_s=None,
     interconnect_gb_s=1.0,
     collective_latency_s=1e-4,
-    zero3_layer_s={
-        "1": {"forward": 0.003, "backward": 0.004, "rest": 0.02},
-        "2": {"forward": 0.001, "backward": 0.002, "rest": 0.01},
+    layer_host_s={
+        "deepspeed": {
+            "1": {"forward": 0.003, "backward": 0.004, "rest": 0.02},
+            "2": {"forward": 0.001, "backward": 0.002, "rest": 0.01},
+        },
+        "fsdp2": {
+            "1": {"forward": 0.0015, "backward": 0.0025, "rest": 0.003},
+            "2": {"forward": 0.0035, "backward": 0.0065, "rest": 0.0035},
+        },
     },
 )
+ZERO3_PROBE = CPU_CAL.layer_host_s["deepspeed"]
 
 
 def cpu_spec(ranks: int):
@@ -366,10 +375,44 @@ def test_a_lone_cpu_rank_uses_the_one_rank_probe_and_older_calibrations_the_fit(
     gas = alone.gradient_accumulation_steps
     assert t.dispatch_s == pytest.approx(gas * (2 * (2 * 0.003 + 0.004) + 0.02))
     assert t.comm_s == 0  # one rank: no collective
-    old = dataclasses.replace(CPU_CAL, zero3_layer_s=None, collective_latency_s=None)
+    old = dataclasses.replace(CPU_CAL, layer_host_s=None, collective_latency_s=None)
     t = predict.step_time(alone, ds(alone), old)
     assert t.dispatch_s == pytest.approx(gas * 2 * ds_model.FITS["cpu"].dispatch_s_per_layer)
     assert t.total == pytest.approx(max(t.flops_s, t.dispatch_s) + t.optimizer_s)
+
+
+def test_fsdp2_on_cpu_ranks_takes_its_own_probe_and_adds_its_parts_by_hand():
+    spec = make_spec(
+        "local-cpu",
+        {"gpus_per_node": 2, "engine": "fsdp2"},
+        model={"config": dict(LLAMA)},
+        gradient_checkpointing=True,
+    )
+    config = engines.of(spec).build_config(spec)
+    t = predict.step_time(spec, config, CPU_CAL)
+    gas = spec.gradient_accumulation_steps
+    # FSDP2's 2-rank probe, not ZeRO-3's: 2 layers, the forward twice under checkpointing
+    assert t.dispatch_s == pytest.approx(gas * (2 * (2 * 0.0035 + 0.0065) + 0.0035))
+    assert t.serial and t.total == pytest.approx(
+        t.flops_s + t.dispatch_s + t.comm_s + t.pcie_s + t.optimizer_s
+    )
+    # a calibration without FSDP2's probe: the fitted time per layer, overlapped as on a GPU
+    zero3_only = dataclasses.replace(CPU_CAL, layer_host_s={"deepspeed": ZERO3_PROBE})
+    fitted = predict.step_time(spec, config, zero3_only)
+    assert not fitted.serial
+    assert fitted.dispatch_s == pytest.approx(
+        gas * 2 * fsdp2_model.FITS["cpu"].dispatch_s_per_layer
+    )
+
+
+def test_a_calibration_from_before_each_engine_had_a_probe_reads_as_zero3s(tmp_path):
+    data = {**CPU_CAL.to_dict(), "zero3_layer_s": ZERO3_PROBE}
+    del data["layer_host_s"]
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(data))
+    assert contracts.read_calibration(path).layer_host_s == {"deepspeed": ZERO3_PROBE}
+    path.write_text(json.dumps({**data, "zero3_layer_s": None}))
+    assert contracts.read_calibration(path).layer_host_s is None
 
 
 # --------------------------------------------------------------------------- newer modes, by hand
@@ -543,9 +586,11 @@ def test_cpu_host_time_grows_with_the_layer_as_the_one_rank_probe_measured():
     }
     cal = dataclasses.replace(
         CPU_CAL,
-        zero3_layer_s={
-            "1": {**CPU_CAL.zero3_layer_s["1"], **growth},
-            "2": {**CPU_CAL.zero3_layer_s["2"], "backward_per_element": 9.0},
+        layer_host_s={
+            "deepspeed": {
+                "1": {**ZERO3_PROBE["1"], **growth},
+                "2": {**ZERO3_PROBE["2"], "backward_per_element": 9.0},
+            }
         },
     )
     spec = cpu_spec(2)  # micro-batch 2 x seq 64 = 128 tokens of hidden 64: 8,192 elements

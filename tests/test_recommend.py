@@ -239,6 +239,21 @@ def test_the_checkpoint_measures_the_best_of_each_mode_first():
     )
 
 
+def test_a_candidate_with_no_predicted_speed_says_why_and_is_not_called_slower():
+    space = a_space({"a1": "opt", "s1": "super"}, band=0.5)
+    refused = dataclasses.replace(
+        _prediction("s1", None),
+        note="DeepSpeed refuses SuperOffload here; SuperOffload: CPU Adam in a worker",
+    )
+    chosen = recommend.select(space, {"a1": _prediction("a1", 900), "s1": refused})
+    assert chosen["measure"] == ["a1", "ref"]
+    why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
+    assert why["s1"] == (
+        "not measured: no speed predicted (DeepSpeed refuses SuperOffload here), rank 2: "
+        "ranked after every candidate with a predicted speed"
+    )
+
+
 def test_the_best_of_each_engine_is_measured_before_another_mode_of_one_engine():
     """Three DeepSpeed modes predicted faster than FSDP2's one: with room for two, FSDP2's
     best is measured beside DeepSpeed's, not DeepSpeed's second mode."""
@@ -512,6 +527,7 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
+    terminal = result.stderr
     out = tmp_path / "results/local-cpu/rec-test"
     names = [f"rec-{DS}-cpu-none__mb-{mb}" for mb in (1, 8)]
     measured = read_json(out / "recommend/selected.round0.json")["measure"]
@@ -532,6 +548,9 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     page = (tmp_path / "reports/local-cpu/rec-test/recommend.html").read_text()
     words = f"ZeRO-3 — optimizer offload to the CPU; micro-batch {faster.rsplit('-', 1)[1]}"
     assert f"<strong>{words}</strong>" in page and f"rec-{DS}" not in page
+    # the terminal's answer in the page's words, never a candidate's id
+    said = [ln for ln in terminal.splitlines() if ln.startswith("recommend: use ")]
+    assert len(said) == 1 and words in said[0] and "rec-" not in said[0], said
     assert "needs a CUDA GPU" in page  # FSDP2's optimizer-only offload, left out
 
 
@@ -645,6 +664,15 @@ def test_the_report_finds_the_recommendation_beside_the_plan(tmp_path):
     assert "CPU optimizer offload; micro-batch 4" in page and "rec-opt__mb-4" not in page
     assert "no difference shown" in page and "SuperOffload only" in page
     assert "NaN" not in page and "1.5 device-minutes" in page
+    # the terminal's line: the answer in the same words, and where the page is
+    line = view.terminal_line(rec, "reports/c/s/recommend.html", tmp_path)
+    assert line == (
+        "recommend: use CPU optimizer offload; micro-batch 4 at 1,000 tokens/s measured; "
+        "the page: reports/c/s/recommend.html"
+    )
+    assert view.terminal_line({**rec, "winner": None}, "p.html", tmp_path) == (
+        "recommend: no candidate ran ok within the budget; why each lost: p.html"
+    )
 
 
 @pytest.mark.parametrize(

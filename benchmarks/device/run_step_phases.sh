@@ -9,8 +9,9 @@
 #    backward and step, timed between accelerator synchronizes.
 # 3. with PASSES=1, first: the step's host passes laid out as calibrate measures them and as the
 #    run holds them (benchmarks/step_passes.py at the sweep's partition), into $OUT/passes.json.
-# 4. with PROBE=1, before the runs: calibrate's ZeRO-3 probe on the GPU (a tiny Llama of 1 and 3
-#    layers: host seconds per layer's forward and backward), into $OUT/zero3-probe.json.
+# 4. with PROBE=1, before the runs: calibrate's host-time probe of each engine on the GPU (a tiny
+#    Llama of 1 and 3 layers: host seconds per layer's forward and backward), into
+#    $OUT/host-probe.json.
 # SPECS overrides the list (run.json paths; each one's DeepSpeed config is the .json beside it; empty: none),
 # STEPS / WARMUP the loop's length, STUDY the calibration's study (empty: no calibration), e.g.
 #   run(command="PASSES=1 STUDY= SPECS=docs/results/h200-1gpu/sweep-h200-1gpu-24g/configs/opt__mb-8__rbs-5e8.run.json bash benchmarks/device/run_step_phases.sh", ...)
@@ -49,11 +50,11 @@ if [ -n "$STUDY" ]; then
   timed "calibrate at $STUDY" 200 python3 -m offload_study.prediction.calibrate \
     --cluster h200-1gpu --cores "$CORES" --study "$STUDY" --out "$out" && cat "$out"
 fi
-if [ "${PROBE:-0}" = 1 ]; then # calibrate's ZeRO-3 probe on the GPU: host seconds per layer
-  timed "zero3 probe" 150 env OMP_NUM_THREADS="$CORES" python3 -m torch.distributed.run \
+if [ "${PROBE:-0}" = 1 ]; then # calibrate's host-time probe on the GPU: host seconds per layer, per engine
+  timed "host-time probe" 150 env OMP_NUM_THREADS="$CORES" python3 -m torch.distributed.run \
     --nnodes 1 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $((29500 + RANDOM % 1000)) \
-    -m offload_study.prediction.calibrate --probe "$OUT/zero3-probe.json" &&
-    cat "$OUT/zero3-probe.json"
+    -m offload_study.prediction.calibrate --probe "$OUT/host-probe.json" &&
+    cat "$OUT/host-probe.json"
 fi
 i=0
 for spec in $SPECS; do

@@ -726,11 +726,12 @@ class Calibration:
     disk_write_gb_s: float | None = None
     interconnect_gb_s: float | None = None  # collective bus bandwidth between GPUs of a node
     # CPU clusters (calibrate's gloo probe): one small all-gather between two ranks, and per
-    # ranks on the node ("1", "2") the host seconds of a tiny Llama decoder layer under ZeRO-3
-    # per forward and backward, and of the rest of a micro-step: {"2": {"forward": s,
-    # "backward": s, "rest": s}} and how they grow with the size (calibrate._size_costs)
+    # engine with a probe and ranks on the node ("1", "2") the host seconds of a tiny Llama
+    # decoder layer per forward and backward, and of the rest of a micro-step: {engine: {"2":
+    # {"forward": s, "backward": s, "rest": s}}} and how they grow with the size
+    # (calibrate._size_costs); an engine without one takes its fitted time per layer
     collective_latency_s: float | None = None
-    zero3_layer_s: dict | None = None
+    layer_host_s: dict | None = None
     # False: no measurement of the cluster's accelerator, the GPU catalog's datasheet values
     # (offload_study.prediction.catalog); predictions made from it are labelled uncalibrated
     calibrated: bool = True
@@ -744,10 +745,19 @@ def write_calibration(path: str | Path, calibration: Calibration) -> None:
     write_json(path, calibration.to_dict())
 
 
+#: A calibration file from before every engine had its own probe holds the default engine's
+#: alone (ZeRO-3's, the only probe then), under this key.
+OLD_LAYER_PROBE_KEY = "zero3_layer_s"
+
+
 def read_calibration(path: str | Path) -> Calibration:
     data = read_json(path)
     if not isinstance(data, dict) or data.get("schema_version") != CALIBRATION_VERSION:
         raise StudyError(f"{path}: not a calibration file of schema_version {CALIBRATION_VERSION}")
+    if OLD_LAYER_PROBE_KEY in data and "layer_host_s" not in data:
+        data = dict(data)
+        old = data.pop(OLD_LAYER_PROBE_KEY)
+        data["layer_host_s"] = {DEFAULT_ENGINE: old} if old else None
     return _from_mapping(Calibration, data, str(path))
 
 

@@ -100,6 +100,11 @@ class Engine:
     # records: (first_stat: rank stat name -> value) -> deepspeed_version, engine_version
     versions: Callable[[Callable[[str], object]], dict]
     model: Model
+    # calibrate's probe of the host time per decoder layer (a CPU cluster's ranks run it between
+    # their FLOPs): (a tiny transformers model on the CPU, the device type, in an initialized
+    # process group) -> one micro-step, forward, backward and step (tokens -> the seconds of its
+    # forward); None: the engine's model takes its fitted time per layer
+    host_probe: Callable[[object, str], Callable[[object], float]] | None = None
     # scenario keys of the offload paths a recommendation may try (more come from OffloadPaths)
     grid: tuple[dict, ...] = ()
     paths: tuple[OffloadPath, ...] = field(default=())

@@ -14,12 +14,13 @@ Measures, on the machine it runs on (a compute node of the cluster), each in bou
   it, so the page cache does not stand in for the disk; a few small files),
 - on a GPU cluster, SuperOffload's synchronous step through DeepSpeed's own CPU Adam worker
   (:func:`superoffload_step_at`; DeepSpeed refuses SuperOffload without CUDA),
-- on a CPU cluster, what a tiny model's step time is made of beyond its FLOPs: the host seconds
-  of one Llama decoder layer under ZeRO-3 (eager ops, autograd and ZeRO-3's hooks; a real
-  DeepSpeed engine on a Llama of 1 and of 3 layers, hidden size 64) per forward and backward,
-  and of the rest of a micro-step, at two sequence lengths (the host time of a layer grows with its activations), with 1
-  rank and with 2 ranks (a lone rank has nothing to reduce) of one thread each, and in the
-  2-rank gloo group the latency and bandwidth of an all-gather.
+- on a CPU cluster, what a tiny model's step time is made of beyond its FLOPs, under each
+  engine that has a probe (:attr:`offload_study.engines.Engine.host_probe`): the host seconds
+  of one Llama decoder layer (eager ops, autograd and the engine's hooks and collectives; the
+  real engine on a Llama of 1 and of 3 layers, hidden size 64) per forward and backward, and of
+  the rest of a micro-step, at two sequence lengths (the host time of a layer grows with its
+  activations), with 1 rank and with 2 ranks (a lone rank has nothing to reduce) of one thread
+  each, and in the 2-rank gloo group the latency and bandwidth of an all-gather.
 
 Rates are stable on a shared machine because every working set is at least
 :data:`SIZE_OVER_CACHE` times the last-level cache (read from sysfs: a cache-resident size
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import mmap
@@ -51,10 +53,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from offload_study import engines
 from offload_study.core import units
 from offload_study.core.contracts import Calibration, write_calibration
 from offload_study.core.study import CLUSTER_DIR, load_cluster
 from offload_study.engines.deepspeed.model import SUPEROFFLOAD_CORES_PERC
+from offload_study.engines.deepspeed.probe import PROBE_MICRO_BATCH, probe_config
 
 #: Every working set (matmul operands, Adam's four fp32 arrays, copy buffers) is at least this
 #: many times the last-level cache, so that the rate is the one of memory, not of the cache.
@@ -72,8 +76,8 @@ MIN_SAMPLE_S = 0.05
 #: Disk probe: bytes per file per accelerator kind, files.
 DISK_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 DISK_FILES = 2
-#: ZeRO-3 probe: a Llama small enough that its FLOPs do not count, built with 1 and 3 layers;
-#: micro-batch, sequence, micro-steps per timed sample.
+#: Host-time probe: a Llama small enough that its FLOPs do not count, built with 1 and 3 layers;
+#: micro-batch, micro-steps per timed sample, samples.
 PROBE_LLAMA = {
     "hidden_size": 64,
     "intermediate_size": 176,
@@ -84,7 +88,7 @@ PROBE_LLAMA = {
     "tie_word_embeddings": False,
 }
 PROBE_LAYERS = (1, 3)
-PROBE_BATCH, PROBE_CALLS, PROBE_REPEATS = 2, 5, 7
+PROBE_BATCH, PROBE_CALLS, PROBE_REPEATS = PROBE_MICRO_BATCH, 5, 7
 #: Sequence lengths the probe runs each engine at: a layer's host time grows with the elements
 #: its eager ops touch (measured, one rank: forward + backward 4.6-5.3 ms at 2 x 32 tokens of
 #: hidden 64, 7.7-11.8 ms at 2 x 128, 10.6-21 ms at 2 x 128 of hidden 128), the FLOPs still
@@ -693,26 +697,11 @@ def workload_spread(workload: Workload, accelerator: str, cores: int) -> dict:
     return spread
 
 
-# --------------------------------------------------------------------------- ZeRO-3 probe
-def _micro_step(engine, tokens) -> Callable[[], float]:
-    """One micro-step of a DeepSpeed engine: forward, backward and step (which keeps ZeRO-3's
-    fetch trace valid); it returns the seconds of its forward."""
-
-    def run() -> float:
-        start = time.perf_counter()
-        loss = engine(input_ids=tokens, labels=tokens).loss
-        forward = time.perf_counter() - start
-        engine.backward(loss)
-        engine.step()
-        return forward
-
-    return run
-
-
+# --------------------------------------------------------------------------- host-time probe
 def _interleaved(steps: dict[tuple, Callable[[], float]]) -> dict[tuple, tuple[Timing, Timing]]:
-    """(forward, micro-step) of each engine: two warm-up micro-steps each (ZeRO-3 records its
+    """(forward, micro-step) of each model: two warm-up micro-steps each (ZeRO-3 records its
     trace), then samples of PROBE_CALLS taken in turn, so that a change in the machine's load
-    falls on every engine alike."""
+    falls on every engine and size alike."""
     forward = {key: [] for key in steps}
     whole = {key: [] for key in steps}
     for step in [*steps.values(), *steps.values()]:
@@ -726,20 +715,6 @@ def _interleaved(steps: dict[tuple, Callable[[], float]]) -> dict[tuple, tuple[T
     return {
         key: (Timing.of(forward[key], PROBE_CALLS), Timing.of(whole[key], PROBE_CALLS))
         for key in steps
-    }
-
-
-def _probe_config() -> dict:
-    """The probe engine's DeepSpeed config: ZeRO-3, no offload. Offloading the optimizer, or it
-    and the parameters, changed nothing the probe could tell at its size (one rank: forward /
-    backward 2.1 / 2.8 ms per layer plain, 2.1 / 2.8 and 2.2 / 3.1 offloaded; two ranks: 2.4 /
-    10.1, 2.3 / 11.7 and 2.5 / 11.1): the optimizer's own time is CPU Adam's, counted apart."""
-    return {
-        "train_micro_batch_size_per_gpu": PROBE_BATCH,
-        "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "zero_optimization": {"stage": 3},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
 
 
@@ -776,33 +751,40 @@ def _size_costs(small: dict[str, float], large: dict[str, float]) -> dict[str, f
     }
 
 
-def _zero3_costs(torch, deepspeed, dist) -> dict:
-    """Host seconds of one Llama decoder layer under ZeRO-3 at sizes where its FLOPs do not
-    count (eager ops, autograd, ZeRO-3's hooks): a forward, a backward (with the step), and the
-    rest of a micro-step (embeddings, norm, head, loss): engines of 1 and 3 layers, the slope
-    and the intercept, at each of :data:`PROBE_SEQS` (:func:`_size_costs`)."""
+def _layer_costs(torch, dist, device: str) -> dict:
+    """Host seconds of one Llama decoder layer under each engine with a probe, at sizes where its
+    FLOPs do not count (eager ops, autograd, the engine's hooks and collectives): a forward, a
+    backward (with the step), and the rest of a micro-step (embeddings, norm, head, loss), from
+    models of 1 and 3 layers, the slope and the intercept, at each of :data:`PROBE_SEQS`
+    (:func:`_size_costs`); every engine's samples taken in turn."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    probed = [engine for engine in engines.engines() if engine.host_probe is not None]
     steps = {}
-    torch.manual_seed(0)
-    for layers in PROBE_LAYERS:
-        model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=layers))
-        engine, *_ = deepspeed.initialize(model=model, config=_probe_config())
-        for seq in PROBE_SEQS:
-            tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, seq))
-            steps[seq, layers] = _micro_step(engine, tokens.to(engine.device))
+    for engine in probed:
+        for layers in PROBE_LAYERS:
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=layers))
+            step = engine.host_probe(model, device)
+            for seq in PROBE_SEQS:
+                tokens = torch.randint(0, PROBE_LLAMA["vocab_size"], (PROBE_BATCH, seq))
+                steps[engine.name, seq, layers] = functools.partial(step, tokens)
     timings = _interleaved(steps)
-    sized = [
-        _slope_costs(*sorted((n, t) for (q, n), t in timings.items() if q == seq))
-        for seq in PROBE_SEQS
-    ]
-    ranks = dist.get_world_size()
+    ranks = str(dist.get_world_size())
+
+    def costs(name: str) -> dict:
+        sized = [
+            _slope_costs(*sorted((n, t) for (e, q, n), t in timings.items() if (e, q) == (name, s)))
+            for s in PROBE_SEQS
+        ]
+        return {ranks: _size_costs(*sized)}
+
     return {
-        "values": {"zero3_layer_s": {str(ranks): _size_costs(*sized)}},
+        "values": {"layer_host_s": {engine.name: costs(engine.name) for engine in probed}},
         "spread": {
-            f"{ranks} rank(s), seq {q}, {n} layer(s): {name}": timing.summary()
-            for (q, n), (fwd, step) in timings.items()
-            for name, timing in (("forward", fwd), ("micro-step", step))
+            f"{engines.label(e)}, {ranks} rank(s), seq {q}, {n} layer(s): {name}": t.summary()
+            for (e, q, n), (fwd, whole) in timings.items()
+            for name, t in (("forward", fwd), ("micro-step", whole))
         },
     }
 
@@ -829,7 +811,7 @@ def _allgather_costs(torch, dist) -> dict:
 
 
 def probe_rank(out: str) -> None:
-    """One rank of the probe (run by torchrun, see :func:`zero3_probe`); rank 0 writes ``out``."""
+    """One rank of the probe (run by torchrun, see :func:`host_time_probe`); rank 0 writes ``out``."""
     import deepspeed
     import torch
     import torch.distributed as dist
@@ -843,11 +825,11 @@ def probe_rank(out: str) -> None:
     # calibrate.runtime_probe, would cost a CPU cluster's calibration ~35 s more on 2 cores)
     alone = dist.get_world_size() == 1
     runtime = {"values": _runtime_gib(torch, deepspeed)} if alone else {}
-    zero3 = _zero3_costs(torch, deepspeed, dist)
+    layers = _layer_costs(torch, dist, "cpu" if cpu else "cuda")
     gather = _allgather_costs(torch, dist) if not alone else {}
     if dist.get_rank() == 0:
         result = {
-            key: {**zero3[key], **gather.get(key, {}), **runtime.get(key, {})}
+            key: {**layers[key], **gather.get(key, {}), **runtime.get(key, {})}
             for key in ("values", "spread")
         }
         Path(out).write_text(json.dumps(result))
@@ -874,7 +856,7 @@ def _runtime_gib(torch, deepspeed) -> dict[str, float]:
     import torch._dynamo  # noqa: F401  (before zero.Init, as offload_study.training.harness)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = _probe_config()
+    config = probe_config()
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = LlamaForCausalLM(LlamaConfig(**PROBE_LLAMA, num_hidden_layers=PROBE_LAYERS[0]))
     engine, *_ = deepspeed.initialize(
@@ -937,7 +919,7 @@ def _torchrun_module(ranks: int, flag: str, env: dict) -> tuple[dict | None, str
 
 def runtime_probe(accelerator: str) -> tuple[dict | None, str | None]:
     """(:func:`runtime_rank`'s GiB, None), or (None, why): a fresh process, since this one holds
-    the rates' buffers (a CPU cluster's comes from the one-rank ZeRO-3 probe instead). The
+    the rates' buffers (a CPU cluster's comes from the one-rank host-time probe instead). The
     prediction falls back on predict.FITS's measured values."""
     try:
         runtime, stderr = _torchrun_module(1, "--runtime-probe", {"DS_ACCELERATOR": accelerator})
@@ -949,7 +931,7 @@ def runtime_probe(accelerator: str) -> tuple[dict | None, str | None]:
     return runtime, None
 
 
-def zero3_probe(ranks: int) -> dict:
+def host_time_probe(ranks: int) -> dict:
     """Run :func:`probe_rank` in a gloo group of ``ranks`` processes of one thread each; its
     ``values`` and ``spread``. One thread, though a one-rank run gets two on 2 cores: a second
     OpenMP thread makes every small op a parallel region that waits for a descheduled peer on a
@@ -962,17 +944,17 @@ def zero3_probe(ranks: int) -> dict:
         ranks, "--probe", {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     )
     if probe is None:
-        raise RuntimeError(f"ZeRO-3 probe: {stderr}")
+        raise RuntimeError(f"host-time probe: {stderr}")
     return probe
 
 
 def probe_costs(ranks: int, attempts: int = 2) -> tuple[dict | None, str | None]:
-    """(zero3_probe's result, None), or (None, why) when every attempt failed: the probe feeds
+    """(host_time_probe's result, None), or (None, why) when every attempt failed: the probe feeds
     predictions, which must not stop a study (predict then uses its pre-probe constant)."""
     why = None
     for _ in range(attempts):
         try:
-            return zero3_probe(ranks), None
+            return host_time_probe(ranks), None
         except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as err:
             why = str(err)[-2000:]
             print(f"calibrate: {why}", file=sys.stderr)
@@ -1009,17 +991,18 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
     rates = {key: summary["median"] for key, summary in spread.items()}
     probe_errors = {}
     if accelerator == "cpu":  # the ranks of a CPU run talk over gloo; hooks run on its cores
-        rates["zero3_layer_s"] = {}
+        rates["layer_host_s"] = {}
         for ranks in PROBE_RANKS:
             probe, why = probe_costs(ranks)
             if probe is None:
                 probe_errors[ranks] = why
                 continue
-            rates["zero3_layer_s"].update(probe["values"].pop("zero3_layer_s"))
+            for engine, by_ranks in probe["values"].pop("layer_host_s").items():
+                rates["layer_host_s"].setdefault(engine, {}).update(by_ranks)
             rates.update(probe["values"])
             spread.update(probe["spread"])
-        rates["zero3_layer_s"] = rates["zero3_layer_s"] or None
-    if accelerator != "cpu":  # a CPU cluster's one-rank ZeRO-3 probe measured it
+        rates["layer_host_s"] = rates["layer_host_s"] or None
+    if accelerator != "cpu":  # a CPU cluster's one-rank host-time probe measured it
         runtime, why = runtime_probe(accelerator)
         rates.update(runtime or {})
         if why:
@@ -1083,7 +1066,7 @@ def main(argv=None) -> int:
         "shapes (a GPU's recorded beside its rate at GPU_MATMUL_SIDE, which predictions use), "
         "copies at its reduce buckets, until stable",
     )
-    p.add_argument("--probe", help=argparse.SUPPRESS)  # one rank of zero3_probe (torchrun)
+    p.add_argument("--probe", help=argparse.SUPPRESS)  # one rank of host_time_probe (torchrun)
     p.add_argument("--runtime-probe", help=argparse.SUPPRESS)  # runtime_probe's rank
     a = p.parse_args(argv)
     if a.probe:

@@ -135,6 +135,8 @@ def _row(name: str, info: dict, p: Prediction | None) -> dict:
         "over_budget": bool(need and budget and need > budget),
         "feasible": bool(p.feasible) if p else True,
         "reason": p.reason if p else "no prediction",
+        # why no speed is predicted, where none is: the first of plan.csv's notes on the mode
+        "unpredicted": None if p is None or p.tokens_per_s else (p.note or "").split("; ")[0],
     }
 
 
@@ -263,6 +265,8 @@ def _band_words(row: dict, band: dict) -> str:
     """Where a candidate's prediction lies against the band of its round's best."""
     if band["best"] == row["scenario"]:
         return "the best predicted"
+    if not row["predicted_tokens_per_s"]:
+        return "ranked after every candidate with a predicted speed"
     if band["floor_tokens_per_s"] is None:
         return "no step-time error band: ranked by the prediction alone"
     width = error_bands.text(band["step_time_band"])
@@ -295,6 +299,8 @@ def _selection_why(row: dict, band: dict) -> str:
         return f"predicted not to fit: {row['reason']}"
     tps = row["predicted_tokens_per_s"]
     said = f"predicted {tps:,.0f} tokens/s" if tps else "no speed predicted"
+    if not tps and row.get("unpredicted"):
+        said += f" ({row['unpredicted']})"
     if row["over_budget"]:
         said += (
             f", {row['predicted_gpu_reserved_gib']:.1f} GiB: over the budget within the "
@@ -655,10 +661,10 @@ def main(argv=None) -> int:
         shutil.copyfile(Path(a.configs) / f"{result['winner']}.json", a.ds_config_out)
     else:
         write_json(a.ds_config_out, {"error": "no candidate ran ok within the budget"})
-    from offload_study.analysis.report.recommend import write_page
+    from offload_study.analysis.report.recommend import terminal_line, write_page
 
     write_page(result, a.html, Path(a.configs).parent)  # the study's records
-    print(f"recommend: {result['winner'] or 'nothing'} ({a.out})")
+    print(terminal_line(result, a.html, Path(a.configs).parent))
     if result.get("spending"):
         print(spending_line(result["spending"]))
     return 0  # no winner is a result too: recommendation.json says why each lost

@@ -340,3 +340,45 @@ def step_pass_rate(cal: Calibration, name: str) -> float:
     """A host pass's rate (:data:`STEP_PASS_PER_ADAM`'s names) from the calibration, else as
     the multiple of CPU Adam's rate measured on an H200 lease."""
     return getattr(cal, name) or STEP_PASS_PER_ADAM[name] * cal.cpu_adam_params_per_s
+
+
+#: The probe's keys for how a layer's host time grows with its size (calibrate._size_costs).
+GROWTH_KEYS = (
+    "layer_elements",
+    "tokens",
+    "forward_per_element",
+    "backward_per_element",
+    "rest_per_token",
+)
+
+
+def layer_costs(spec: RunSpec, cal: Calibration, engine: str) -> dict[str, float] | None:
+    """Host seconds of a decoder layer's forward and backward and of the rest of a micro-step
+    under ``engine`` that the calibration's probe measured with as many ranks on a node as this
+    run has (else with the most it tried below that), and how they grow with the size
+    (:data:`GROWTH_KEYS`) as the one-rank probe measured it: the work of larger activations is
+    the rank's own, and in a group the gloo waits of the peers swamp the difference between two
+    sizes (2 ranks: 0.3-3.1e-7 s per element and backward in calibrations minutes apart). None
+    without a probe of the engine (a GPU cluster, an older calibration)."""
+    by_ranks = (cal.layer_host_s or {}).get(engine) or {}
+    probed = {int(ranks): costs for ranks, costs in by_ranks.items()}
+    fitting = [ranks for ranks in probed if ranks <= spec.gpus_per_node]
+    if not fitting or spec.accelerator != "cpu":
+        return None
+    lone = probed[min(probed)]
+    return {**probed[max(fitting)], **{k: lone[k] for k in GROWTH_KEYS if k in lone}}
+
+
+def probed_dispatch_seconds(spec: RunSpec, shape: ModelShape, costs: dict[str, float]) -> float:
+    """Host time of one micro-step beyond its FLOPs from a probe's ``costs``
+    (:func:`layer_costs`): each layer's forward (twice with gradient checkpointing: the backward
+    recomputes it) and backward, plus the rest (embeddings, head, loss, step), each grown from
+    the probe's size to the run's as the probe measured it grow (a layer per element of its
+    activations, micro-batch x sequence x hidden; the rest per token)."""
+    tokens = spec.micro_batch * spec.seq_len
+    more_elements = tokens * shape.hidden - costs.get("layer_elements", 0)
+    forward = costs["forward"] + costs.get("forward_per_element", 0.0) * more_elements
+    backward = costs["backward"] + costs.get("backward_per_element", 0.0) * more_elements
+    rest = costs["rest"] + costs.get("rest_per_token", 0.0) * (tokens - costs.get("tokens", 0))
+    forwards = 2 if spec.gradient_checkpointing else 1
+    return max(0.0, shape.layers * (forwards * forward + backward) + rest)

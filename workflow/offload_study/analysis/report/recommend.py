@@ -333,6 +333,22 @@ def _plan_scenario(study: Path, name: str) -> dict:
     return next((s for s in plan.get("scenarios", []) if s.get("name") == name), {})
 
 
+def terminal_line(
+    recommendation: dict, page: str | Path, study_dir: str | Path | None = None
+) -> str:
+    """The search's answer in one line for the terminal, in the page's words: the winner's
+    engine, offload and micro-batch and its measured speed, or that nothing ran ok; and where
+    the page is."""
+    plan_path = Path(study_dir) / layout.PLAN_JSON if study_dir else None
+    plan = read_json(plan_path) if plan_path and plan_path.is_file() else {}
+    winner = recommendation.get("winner")
+    if not winner:
+        return f"recommend: no candidate ran ok within the budget; why each lost: {page}"
+    speed = recommendation.get("tokens_per_s")
+    measured = f" at {speed:,.0f} tokens/s measured" if speed else ""
+    return f"recommend: use {scenario_words(plan, winner)}{measured}; the page: {page}"
+
+
 def write_page(recommendation: dict, out: str | Path, study_dir: str | Path | None = None) -> None:
     """The standalone recommendation page; ``study_dir``: the study's records (the winner's
     memory, config and provenance come from there)."""

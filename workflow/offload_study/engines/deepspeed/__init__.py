@@ -6,7 +6,7 @@ config plus each scenario's offload (``config``), admission against the installe
 from __future__ import annotations
 
 from offload_study import engines
-from offload_study.engines.deepspeed import admission, config, model, train
+from offload_study.engines.deepspeed import admission, config, model, probe, train
 from offload_study.planning import modes
 
 #: The offload paths by the scenario's (offload_optimizer, offload_param), in a reader's words;
@@ -69,7 +69,7 @@ def versions(first_stat) -> dict:
 
 ENGINE = engines.register(
     engines.Engine(
-        name="deepspeed",
+        name=model.ENGINE_NAME,
         label="ZeRO-3",
         summary="DeepSpeed ZeRO-3, the zero and offload keys as DeepSpeed takes them (offload "
         "to the CPU or NVMe; the modes offload_optimizer_ratio, super_offload and zenflow)",
@@ -83,6 +83,7 @@ ENGINE = engines.register(
         breakdown=breakdown,
         versions=versions,
         model=model,
+        host_probe=probe.host_probe,
         paths=tuple(_path(devices, label) for devices, label in PATH_LABELS.items()),
     )
 )

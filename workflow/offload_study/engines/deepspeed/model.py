@@ -93,11 +93,16 @@ from offload_study.prediction.shared import (
     activation_parts,
     flops_per_micro_step,
     forward_shares,
+    layer_costs,
     model_shape,
     pow2_bytes,
+    probed_dispatch_seconds,
     reserved_vector,
     step_pass_rate,
 )
+
+#: This engine's name in the registry and in the calibration's probes (Calibration.layer_host_s).
+ENGINE_NAME = "deepspeed"
 
 #: This engine's constants per accelerator kind. H200 records (docs/results): ZeRO-3's matmuls
 #: reach ~56 % of the calibrated rate and take 0.0235 s per layer and micro-step whatever the
@@ -808,48 +813,14 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     return spec.gradient_accumulation_steps * seconds
 
 
-#: The probe's keys for how a layer's host time grows with its size (calibrate._size_costs).
-GROWTH_KEYS = (
-    "layer_elements",
-    "tokens",
-    "forward_per_element",
-    "backward_per_element",
-    "rest_per_token",
-)
-
-
-def layer_costs(spec: RunSpec, cal: Calibration) -> dict[str, float] | None:
-    """Host seconds of a decoder layer's forward and backward and of the rest of a micro-step
-    that the calibration's probe measured with as many ranks on a node as this run has (else
-    with the most it tried below that), and how they grow with the size (:data:`GROWTH_KEYS`)
-    as the one-rank probe measured it: the work of larger activations is the rank's own, and
-    in a group the gloo waits of the peers swamp the difference between two sizes (2 ranks:
-    0.3-3.1e-7 s per element and backward in calibrations minutes apart). None without a probe
-    (a GPU cluster, an older one)."""
-    probed = {int(ranks): costs for ranks, costs in (cal.zero3_layer_s or {}).items()}
-    fitting = [ranks for ranks in probed if ranks <= spec.gpus_per_node]
-    if not fitting or spec.accelerator != "cpu":
-        return None
-    lone = probed[min(probed)]
-    return {**probed[max(fitting)], **{k: lone[k] for k in GROWTH_KEYS if k in lone}}
-
-
 def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-    """Host time of one micro-step beyond its FLOPs: with a probe, each layer's forward (twice
-    with gradient checkpointing: the backward recomputes it) and backward, plus the rest
-    (embeddings, head, loss, step), each grown from the probe's size to the run's as the probe
-    measured it grow (a layer per element of its activations, micro-batch x sequence x hidden;
-    the rest per token); without one, the fitted time per layer (:data:`FITS`)."""
-    costs = layer_costs(spec, cal)
+    """Host time of one micro-step beyond its FLOPs: with the calibration's probe of ZeRO-3
+    (:func:`~offload_study.prediction.shared.probed_dispatch_seconds`), else the fitted time per
+    layer (:data:`FITS`)."""
+    costs = layer_costs(spec, cal, ENGINE_NAME)
     if costs is None:
         return shape.layers * FITS[spec.accelerator].dispatch_s_per_layer
-    tokens = spec.micro_batch * spec.seq_len
-    more_elements = tokens * shape.hidden - costs.get("layer_elements", 0)
-    forward = costs["forward"] + costs.get("forward_per_element", 0.0) * more_elements
-    backward = costs["backward"] + costs.get("backward_per_element", 0.0) * more_elements
-    rest = costs["rest"] + costs.get("rest_per_token", 0.0) * (tokens - costs.get("tokens", 0))
-    forwards = 2 if spec.gradient_checkpointing else 1
-    return max(0.0, shape.layers * (forwards * forward + backward) + rest)
+    return probed_dispatch_seconds(spec, shape, costs)
 
 
 def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | None:
@@ -864,7 +835,7 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
     # the ranks of a CPU node share its cores (the calibrated rate is the whole node's)
     sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
     # a calibration with the probe (CPU) measured the host time per layer: it adds to compute
-    probed = layer_costs(spec, cal) is not None
+    probed = layer_costs(spec, cal, ENGINE_NAME) is not None
     times = StepTime(
         flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
         dispatch_s=gas * dispatch_seconds(spec, shape, cal),

@@ -30,7 +30,7 @@ def versions(first_stat) -> dict:
 
 ENGINE = engines.register(
     engines.Engine(
-        name="fsdp2",
+        name=model.ENGINE_NAME,
         label="FSDP2",
         summary="PyTorch FSDP2: fully_shard per decoder layer, then the root; torch AdamW, fused "
         "on the GPU, foreach on the CPU. Its offload paths are chosen by offload_optimizer and "
@@ -46,6 +46,7 @@ ENGINE = engines.register(
         breakdown=breakdown,
         versions=versions,
         model=model,
+        host_probe=train.host_probe,
         paths=(
             engines.OffloadPath(
                 "fsdp2", "none", "no offload", ("none", "none"), parts=paths.Fsdp2Path(), grid=({},)

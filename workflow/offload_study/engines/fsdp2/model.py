@@ -14,7 +14,8 @@ parameters, their gradients and the Adam moments, on the device or the host):
 
 Step time: the same FLOPs as a DeepSpeed run at this engine's own matmul efficiency and host
 time per layer (:data:`FITS`), forward and backward each bound by the longer of the device's
-work and the host's (:func:`~offload_study.prediction.shared.micro_steps_s`); collectives of a
+work and the host's (:func:`~offload_study.prediction.shared.micro_steps_s`); on a CPU cluster
+the host time per layer is the calibration's probe of FSDP2 and the parts add; collectives of a
 world above 1 (all-gather each unit twice per micro-step, reduce-scatter fp32 gradients once);
 the path's copies (those the device waits for inside the micro-steps, and those after) and
 optimizer step.
@@ -38,9 +39,14 @@ from offload_study.prediction.shared import (
     flops_per_micro_step,
     forward_shares,
     layer_activation_bytes,
+    layer_costs,
     model_shape,
+    probed_dispatch_seconds,
     reserved_vector,
 )
+
+#: This engine's name in the registry and in the calibration's probes (Calibration.layer_host_s).
+ENGINE_NAME = "fsdp2"
 
 #: This engine's constants per accelerator kind. On a GPU: its matmuls reach ~67 % of the
 #: calibrated rate (fitted on the FSDP2 records by benchmarks/prediction_accuracy.py, against
@@ -50,7 +56,9 @@ from offload_study.prediction.shared import (
 #: on the FSDP2 records: 0.0100 s, under half ZeRO-3's 0.0235; a rank's host runtime before its
 #: model (the interpreter, torch, CUDA's host side; no DeepSpeed and its ops), fitted on the same
 #: records: 0.93 GiB against DeepSpeed's 1.48 fitted the same way; fused AdamW at the device rate
-#: DeepSpeed's FusedAdam reaches. On a CPU rank DeepSpeed's constants stand (none fitted apart).
+#: DeepSpeed's FusedAdam reaches. On a CPU rank: the calibrated matmul rate as measured, the host
+#: time per layer from the calibration's probe of FSDP2 (0.004 s only for a calibration without
+#: one), 0.55 GiB per rank before the model.
 FITS = {
     "cuda": EngineFit(0.67, 0.0100, 3e10, 0.93),
     "cpu": EngineFit(1.0, 0.004, None, 0.55),
@@ -185,7 +193,20 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
     return spec.gradient_accumulation_steps * seconds
 
 
+def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
+    """Host time of one micro-step beyond its FLOPs: with the calibration's probe of FSDP2
+    (:func:`~offload_study.prediction.shared.probed_dispatch_seconds`), else the fitted time per
+    layer (:data:`FITS`)."""
+    costs = layer_costs(spec, cal, ENGINE_NAME)
+    if costs is None:
+        return shape.layers * FITS[spec.accelerator].dispatch_s_per_layer
+    return probed_dispatch_seconds(spec, shape, costs)
+
+
 def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
+    """The predicted optimizer-step time of a run (None when the model's shape is unknown). On a
+    CPU rank whose calibration probed FSDP2, one thread runs the matmuls, the hooks and gloo's
+    blocking collectives in turn: they add (``serial``), as for ZeRO-3."""
     shape = model_shape(spec)
     if shape is None:
         return None
@@ -194,7 +215,8 @@ def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
     rate = cal.matmul_tflops * 1e12 * fit.efficiency
     return StepTime(
         flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
-        dispatch_s=gas * shape.layers * fit.dispatch_s_per_layer,
+        dispatch_s=gas * dispatch_seconds(spec, shape, cal),
+        serial=layer_costs(spec, cal, ENGINE_NAME) is not None,
         comm_s=comm_seconds(spec, shape, cal),
         pcie_s=path.pcie_seconds(spec, shape, cal),
         optimizer_s=path.optimizer_seconds(spec, shape, cal, fit.optimizer_params_per_s),

@@ -18,6 +18,7 @@ Where the states live and who steps them is the run's offload path
 from __future__ import annotations
 
 import os
+import time
 
 from offload_study.core.contracts import RankStats, RunSpec, read_json
 from offload_study.engines.fsdp2.paths import path_of
@@ -60,21 +61,60 @@ def build_model(spec: RunSpec):
 def shard(model, spec: RunSpec, settings: dict, mesh) -> None:
     """fully_shard per decoder layer, then the root, with the run's precision and its offload
     path's policy."""
+    fully_shard_layers(model, mesh, settings["fully_shard"], path_of(spec).offload_policy(spec))
+
+
+def fully_shard_layers(model, mesh, precision: dict, offload=None) -> None:
+    """fully_shard each decoder layer, then the root, with ``precision`` (the config's
+    fully_shard block: param_dtype, reduce_dtype) and an offload policy (None: the default)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    compute = settings["fully_shard"]["param_dtype"]
+    compute = precision["param_dtype"]
     policy = MixedPrecisionPolicy(
         param_dtype=getattr(torch, compute) if compute else None,
-        reduce_dtype=getattr(torch, settings["fully_shard"]["reduce_dtype"]),
+        reduce_dtype=getattr(torch, precision["reduce_dtype"]),
     )
     kwargs = {"mesh": mesh, "mp_policy": policy}
-    offload = path_of(spec).offload_policy(spec)
     if offload is not None:
         kwargs["offload_policy"] = offload
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+
+
+#: The probe's precision: a bf16 run's (config.build_config), reduced in fp32.
+PROBE_PRECISION = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+
+
+def host_probe(model, device: str):
+    """One micro-step of ``model`` as a bf16 run without offload trains it: sharded over the
+    group's ranks, forward, backward, torch AdamW's step (fused on a GPU, foreach on a CPU) and
+    zero_grad; it returns the seconds of its forward."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model.config.use_cache = False
+    if device == "cuda":  # the rank's own GPU, as the harness places it
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    fully_shard_layers(model, init_device_mesh(device, (dist.get_world_size(),)), PROBE_PRECISION)
+    impl = {"fused": True} if device == "cuda" else {"foreach": True}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **impl)
+    target = next(model.parameters()).device
+
+    def step(tokens) -> float:
+        tokens = tokens.to(target)
+        start = time.perf_counter()
+        loss = model(input_ids=tokens, labels=tokens).loss
+        forward = time.perf_counter() - start
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return forward
+
+    return step
 
 
 class Fsdp2Engine:
