@@ -550,7 +550,7 @@ def test_recommend_picks_the_faster_of_two_real_runs(tmp_path, cpu_calibration):
     assert f"<strong>{words}</strong>" in page and f"rec-{DS}" not in page
     # the terminal's answer in the page's words, never a candidate's id
     said = [ln for ln in terminal.splitlines() if ln.startswith("recommend: use ")]
-    assert len(said) == 1 and words in said[0] and "rec-" not in said[0], said
+    assert len(said) == 1 and words in said[0] and f"rec-{DS}" not in said[0], said
     assert "needs a CUDA GPU" in page  # FSDP2's optimizer-only offload, left out
 
 

@@ -137,6 +137,23 @@ def test_readme_stays_short():
     assert len((REPO_ROOT / "README.md").read_text().split()) <= 1500
 
 
+def test_the_readmes_studies_are_valid_and_the_search_has_candidates():
+    """Every study the README asks a reader to save loads as written (schema, defaults, its
+    cluster); the one with a recommend block searches both engines."""
+    from offload_study.core.study import load_cluster, load_study
+    from offload_study.planning import candidates
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "study:" in b]
+    assert len(blocks) >= 2
+    searched = set()
+    for block in blocks:
+        study = load_study(yaml.safe_load(block), source="README.md")
+        cluster = load_cluster(study["cluster"], REPO_ROOT / "config" / "clusters")
+        searched |= {c["engine"] for c in candidates.candidates(study, cluster)}
+    assert searched == {"deepspeed", "fsdp2"}
+
+
 def test_readme_has_two_setup_commands_and_ci_calls_the_test_one():
     readme = (REPO_ROOT / "README.md").read_text()
     block = readme.split("## The two commands")[1].split("```bash")[1].split("```")[0]
