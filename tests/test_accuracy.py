@@ -134,6 +134,12 @@ def test_reserved_slack_sizes_each_cause_from_the_config(gpu_spec):
     assert causes(predict.reserved_features(spec, big))["the reduction stream's buckets"] == (
         2 * shape.params
     )
+    # without overlap_comm the reduction runs on the default stream: its blocks are reused
+    zero = ds["zero_optimization"]
+    serial = {**ds, "zero_optimization": {**zero, "overlap_comm": False}}
+    assert causes(predict.reserved_features(spec, serial))["the reduction stream's buckets"] == 0
+    default = {**ds, "zero_optimization": {k: v for k, v in zero.items() if k != "overlap_comm"}}
+    assert causes(predict.reserved_features(spec, default)) == got  # stage 3's default: True
     # parameter offload gathers; fp16 with the optimizer on the GPU checks for overflow there
     fetched = dataclasses.replace(spec, offload_param="cpu")
     assert causes(predict.reserved_features(fetched, ds))["gathered parameters"] == 2 * 1e9

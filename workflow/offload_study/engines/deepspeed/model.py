@@ -143,6 +143,8 @@ DEEPSPEED_DEFAULTS = {
     "stage3_param_persistence_threshold": 1e5,
     "sub_group_size": 1e9,
     "contiguous_gradients": True,
+    # None in DeepSpeedZeroConfig, made True for stage 3 by its validator overlap_comm_valid
+    "overlap_comm": True,
 }
 
 
@@ -189,6 +191,7 @@ class Knobs:
     persistence: int
     sub_group: int
     contiguous_gradients: bool
+    overlap_comm: bool  # the gradients reduced on a stream of their own (else the default one)
     param_buffers: int  # offload_param: buffer_count x buffer_size (elements)
     max_in_cpu: int  # offload_param (NVMe): parameters kept in host memory
     optimizer_buffer_count: int
@@ -218,6 +221,7 @@ def knobs(ds_config: dict) -> Knobs:
         persistence=int(value("stage3_param_persistence_threshold")),
         sub_group=int(value("sub_group_size")),
         contiguous_gradients=bool(value("contiguous_gradients")),
+        overlap_comm=bool(value("overlap_comm")),
         param_buffers=int(param.get("buffer_count", counts["param"]))
         * int(param.get("buffer_size", OFFLOAD_DEFAULTS["buffer_size"])),
         max_in_cpu=int(param.get("max_in_cpu", OFFLOAD_DEFAULTS["max_in_cpu"])),
@@ -478,7 +482,11 @@ def reserved_features(spec: RunSpec, ds_config: dict) -> tuple[float, ...]:
         return reserved_vector({})
     b, k, part = DTYPE_BYTES[spec.dtype], knobs(ds_config), partition(spec, shape)
     gathered = spec.world_size > 1 or spec.offload_param != "none"
-    bucket = b * min(k.reduce_bucket, shape.params) if k.contiguous_gradients else 0.0
+    # with overlap_comm the reduction has a stream of its own, whose cached blocks no other
+    # allocation reuses; without, it runs on the default stream (stage3.py
+    # reduce_and_partition_stream), whose freed blocks the next allocations take
+    on_its_stream = k.contiguous_gradients and k.overlap_comm
+    bucket = b * min(k.reduce_bucket, shape.params) if on_its_stream else 0.0
     overflow = overflow_check_bytes(spec, part) if spec.offload_optimizer == "none" else 0.0
     return reserved_vector(
         {
