@@ -209,8 +209,9 @@ def test_a_search_says_what_it_spent_and_what_the_whole_grid_would_cost():
     assert spend["saved_device_minutes"] == pytest.approx(30 - 12)
     line = recommend.spending_line(spend)
     assert line == (
-        "recommend: spent 12.0 GPU-minutes measured; measuring the whole grid "
-        "(4 feasible configs) would take 30.0 GPU-minutes predicted, saved 18.0"
+        "recommend: spent 12.0 device-minutes measured (wall time x GPUs, or ranks on a CPU "
+        "cluster); measuring the whole grid (4 feasible configs) would take 30.0 device-minutes "
+        "predicted, saved 18.0"
     )
 
 

@@ -596,12 +596,15 @@ def spending(space_: dict, device_time: dict, predictions: dict) -> dict:
 def spending_line(spend: dict) -> str:
     """The terminal's line of what the search spent and saved."""
     grid = spend["grid_predicted_device_minutes"]
-    line = f"recommend: spent {spend['spent_device_minutes']:.1f} GPU-minutes measured"
+    line = (
+        f"recommend: spent {spend['spent_device_minutes']:.1f} device-minutes measured (wall "
+        "time x GPUs, or ranks on a CPU cluster)"
+    )
     if grid is None:
         return line + " (the grid's cost is not predicted: no step time in plan.csv)"
     return line + (
         f"; measuring the whole grid ({spend['grid_runs']} feasible configs) would take "
-        f"{grid:.1f} GPU-minutes predicted, saved {spend['saved_device_minutes']:.1f}"
+        f"{grid:.1f} device-minutes predicted, saved {spend['saved_device_minutes']:.1f}"
     )
 
 
