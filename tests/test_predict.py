@@ -598,8 +598,10 @@ def test_cpu_host_time_grows_with_the_layer_as_the_one_rank_probe_measured():
     # the 2-rank costs, grown by the one-rank probe's rates (never the group's own)
     forward, backward = 0.001 + 1e-7 * more, 0.002 + 2e-7 * more
     rest = 0.01 + 1e-5 * (128 - 64)
-    assert ds_model.dispatch_seconds(spec, shared.model_shape(spec), cal) == pytest.approx(
-        2 * (2 * forward + backward) + rest
+    shape = shared.model_shape(spec)
+    assert shared.dispatch_seconds(spec, shape, cal, ds_model.ENGINE_NAME, 0.5) == (
+        pytest.approx(2 * (2 * forward + backward) + rest),
+        True,
     )
 
 

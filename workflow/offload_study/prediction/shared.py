@@ -382,3 +382,16 @@ def probed_dispatch_seconds(spec: RunSpec, shape: ModelShape, costs: dict[str, f
     rest = costs["rest"] + costs.get("rest_per_token", 0.0) * (tokens - costs.get("tokens", 0))
     forwards = 2 if spec.gradient_checkpointing else 1
     return max(0.0, shape.layers * (forwards * forward + backward) + rest)
+
+
+def dispatch_seconds(
+    spec: RunSpec, shape: ModelShape, cal: Calibration, engine: str, fitted_s_per_layer: float
+) -> tuple[float, bool]:
+    """(Host time of one micro-step beyond its FLOPs, whether a probe measured it): with the
+    calibration's probe of ``engine`` (:func:`probed_dispatch_seconds`), else the engine's
+    fitted time per layer. A probed run is a CPU rank's, whose one thread runs the FLOPs, the
+    hooks and gloo's blocking collectives in turn: its parts add (StepTime.serial)."""
+    costs = layer_costs(spec, cal, engine)
+    if costs is None:
+        return shape.layers * fitted_s_per_layer, False
+    return probed_dispatch_seconds(spec, shape, costs), True

@@ -91,12 +91,11 @@ from offload_study.prediction.shared import (
     ModelShape,
     StepTime,
     activation_parts,
+    dispatch_seconds,
     flops_per_micro_step,
     forward_shares,
-    layer_costs,
     model_shape,
     pow2_bytes,
-    probed_dispatch_seconds,
     reserved_vector,
     step_pass_rate,
 )
@@ -821,16 +820,6 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     return spec.gradient_accumulation_steps * seconds
 
 
-def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-    """Host time of one micro-step beyond its FLOPs: with the calibration's probe of ZeRO-3
-    (:func:`~offload_study.prediction.shared.probed_dispatch_seconds`), else the fitted time per
-    layer (:data:`FITS`)."""
-    costs = layer_costs(spec, cal, ENGINE_NAME)
-    if costs is None:
-        return shape.layers * FITS[spec.accelerator].dispatch_s_per_layer
-    return probed_dispatch_seconds(spec, shape, costs)
-
-
 def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | None:
     """The predicted optimizer-step time of a run (None when the model's shape is unknown)."""
     shape = model_shape(spec)
@@ -843,10 +832,10 @@ def step_time(spec: RunSpec, ds_config: dict, cal: Calibration) -> StepTime | No
     # the ranks of a CPU node share its cores (the calibrated rate is the whole node's)
     sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
     # a calibration with the probe (CPU) measured the host time per layer: it adds to compute
-    probed = layer_costs(spec, cal, ENGINE_NAME) is not None
+    dispatch_s, probed = dispatch_seconds(spec, shape, cal, ENGINE_NAME, fit.dispatch_s_per_layer)
     times = StepTime(
         flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
-        dispatch_s=gas * dispatch_seconds(spec, shape, cal),
+        dispatch_s=gas * dispatch_s,
         comm_s=comm_seconds(spec, shape, cal, k),
         pcie_s=pcie_seconds(spec, shape, cal, k),
         device_wait_s=gradient_copy_seconds(spec, shape, cal, k),

@@ -36,12 +36,11 @@ from offload_study.prediction.shared import (
     ModelShape,
     StepTime,
     activation_parts,
+    dispatch_seconds,
     flops_per_micro_step,
     forward_shares,
     layer_activation_bytes,
-    layer_costs,
     model_shape,
-    probed_dispatch_seconds,
     reserved_vector,
 )
 
@@ -193,16 +192,6 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
     return spec.gradient_accumulation_steps * seconds
 
 
-def dispatch_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
-    """Host time of one micro-step beyond its FLOPs: with the calibration's probe of FSDP2
-    (:func:`~offload_study.prediction.shared.probed_dispatch_seconds`), else the fitted time per
-    layer (:data:`FITS`)."""
-    costs = layer_costs(spec, cal, ENGINE_NAME)
-    if costs is None:
-        return shape.layers * FITS[spec.accelerator].dispatch_s_per_layer
-    return probed_dispatch_seconds(spec, shape, costs)
-
-
 def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
     """The predicted optimizer-step time of a run (None when the model's shape is unknown). On a
     CPU rank whose calibration probed FSDP2, one thread runs the matmuls, the hooks and gloo's
@@ -213,10 +202,11 @@ def step_time(spec: RunSpec, config: dict, cal: Calibration) -> StepTime | None:
     fit, gas, path = FITS[spec.accelerator], spec.gradient_accumulation_steps, path_of(spec)
     sharing = spec.gpus_per_node if spec.accelerator == "cpu" else 1
     rate = cal.matmul_tflops * 1e12 * fit.efficiency
+    dispatch_s, probed = dispatch_seconds(spec, shape, cal, ENGINE_NAME, fit.dispatch_s_per_layer)
     return StepTime(
         flops_s=gas * sharing * flops_per_micro_step(spec, shape) / rate,
-        dispatch_s=gas * dispatch_seconds(spec, shape, cal),
-        serial=layer_costs(spec, cal, ENGINE_NAME) is not None,
+        dispatch_s=gas * dispatch_s,
+        serial=probed,
         comm_s=comm_seconds(spec, shape, cal),
         pcie_s=path.pcie_seconds(spec, shape, cal),
         optimizer_s=path.optimizer_seconds(spec, shape, cal, fit.optimizer_params_per_s),
