@@ -774,8 +774,10 @@ def _layer_costs(torch, dist, device: str) -> dict:
 
     def costs(name: str) -> dict:
         sized = [
-            _slope_costs(*sorted((n, t) for (e, q, n), t in timings.items() if (e, q) == (name, s)))
-            for s in PROBE_SEQS
+            _slope_costs(
+                *sorted((n, t) for (e, q, n), t in timings.items() if (e, q) == (name, seq))
+            )
+            for seq in PROBE_SEQS
         ]
         return {ranks: _size_costs(*sized)}
 
