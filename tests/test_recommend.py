@@ -249,8 +249,8 @@ def test_a_candidate_with_no_predicted_speed_says_why_and_is_not_called_slower()
     assert chosen["measure"] == ["a1", "ref"]
     why = {r["scenario"]: r["why"] for r in chosen["candidates"]}
     assert why["s1"] == (
-        "not measured: no speed predicted (DeepSpeed refuses SuperOffload here), rank 2: "
-        "ranked after every candidate with a predicted speed"
+        "not measured: no speed predicted (DeepSpeed refuses SuperOffload here; SuperOffload: "
+        "CPU Adam in a worker), rank 2: ranked after every candidate with a predicted speed"
     )
 
 

@@ -135,8 +135,8 @@ def _row(name: str, info: dict, p: Prediction | None) -> dict:
         "over_budget": bool(need and budget and need > budget),
         "feasible": bool(p.feasible) if p else True,
         "reason": p.reason if p else "no prediction",
-        # why no speed is predicted, where none is: the first of plan.csv's notes on the mode
-        "unpredicted": None if p is None or p.tokens_per_s else (p.note or "").split("; ")[0],
+        # why no speed is predicted, where none is: plan.csv's note on the mode
+        "unpredicted": None if p is None or p.tokens_per_s else p.note,
     }
 
 
