@@ -345,6 +345,12 @@ STUDY_CASES = [
         {"config": {"model_type": "gpt2", "n_embd": 100, "n_head": 3}},
         ["model.config.n_head", "hidden_size 100"],
     ),
+    (
+        # the config builds, the model does not: phi3's padding token is its own vocabulary's
+        "model",
+        {"config": {**SMALL_LLAMA, "model_type": "phi3"}},
+        ["model.config.pad_token_id", "32000 (Phi3Config's default)", "vocab_size"],
+    ),
     ("model", {"name_or_path": "/no/such/model"}, ["model.name_or_path", "no such folder"]),
     (
         "model",

@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+from offload_study.core import architecture
 from offload_study.core.study import StudyError, shown
 
 _LLAMA_COMMON = {
@@ -168,12 +169,39 @@ def build_config(base: dict, base_where: str, overrides: dict, overrides_where="
         ),
     )
     try:
-        return config_class(**kwargs)
+        config = config_class(**kwargs)
     except Exception as exc:  # TypeError, ValueError or transformers' own validation errors
         message = _root_message(exc)
         field = re.search(r"[Ff]ield '(\w+)'", message)
         where = key_of(field.group(1)) if field else base_where
         raise StudyError(f"{where}: transformers cannot build this config: {message}") from None
+    _check_pad_token(config, merged, key_of)
+    try:  # the model itself, as the runs build it (on the meta device: no weights)
+        architecture.build_on_meta(config)
+    except Exception as exc:
+        raise StudyError(
+            f"{base_where}: transformers cannot build a {config.model_type} causal LM from this "
+            f"config: {_root_message(exc)}"
+        ) from None
+    return config
+
+
+def _check_pad_token(config, written: dict, key_of) -> None:
+    """A padding token past the vocabulary (a class default made for its own vocabulary, phi3's
+    32000) fails the model's embedding; name the key, written or not."""
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    if not (isinstance(pad, int) and isinstance(vocab, int)) or pad < vocab:
+        return
+    how = "" if "pad_token_id" in written else f" ({type(config).__name__}'s default)"
+    raise StudyError(
+        f"{key_of('pad_token_id')}: {pad}{how} is past vocab_size {vocab}; allowed: a token id "
+        "below vocab_size, or null"
+    )
+
+
+#: What a check builds (a marker remembers a success of these checks only): the config, then
+#: the model on the meta device.
+CHECKS = ("config", "model on the meta device")
 
 
 def checked_marker(model: dict) -> Path:
@@ -183,7 +211,7 @@ def checked_marker(model: dict) -> Path:
     so one success per content is enough. Only successes are remembered."""
     version = importlib.metadata.version("transformers")
     preset = PRESETS.get(model.get("preset"))  # a preset's dimensions live in this module
-    content = json.dumps([model, preset, version], sort_keys=True, default=str)
+    content = json.dumps([model, preset, version, CHECKS], sort_keys=True, default=str)
     key = hashlib.sha256(content.encode()).hexdigest()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(cache) / "offload-study" / "model-checks" / key

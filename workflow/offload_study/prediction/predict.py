@@ -34,6 +34,7 @@ from offload_study.prediction.shared import (
     Memory,
     StepTime,
     allocator_slack_bytes,
+    shape_note,
 )
 
 #: How far a prediction may pass its budget before the run is refused: the largest error the
@@ -222,7 +223,7 @@ def predict(
         gpu_hours=_rounded(repeats * spec.world_size * job_s / 3600, 4) if step else None,
         feasible=True,
         reason=None,
-        note=model.note(spec, config, cal),
+        note="; ".join(n for n in (shape_note(spec), model.note(spec, config, cal)) if n) or None,
     )
     reason = refusal(spec, row)
     return dataclasses.replace(row, feasible=reason is None, reason=reason)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from offload_study.core import devices, units
+from offload_study.core import architecture, devices, units
 from offload_study.core.contracts import Calibration, RunSpec
 
 GB, DTYPE_BYTES = units.GB, units.DTYPE_BYTES  # GB: transfer rates (GB/s) only
@@ -101,51 +101,33 @@ class CalibrationLayout:
 
 
 # --------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class ModelShape:
-    params: int
-    layers: int
-    hidden: int
-    ffn: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    tied_embeddings: bool = False
-
-    @property
-    def largest_layer_params(self) -> int:
-        """The largest single module (DeepSpeed's estimator's ``largest_layer_params``)."""
-        return max(self.vocab * self.hidden, self.hidden * self.ffn)
-
-    @property
-    def tensors(self) -> list[int]:
-        """Elements of each parameter tensor in ``model.parameters()`` order (DeepSpeed forms its
-        sub-groups in that order): the embeddings, per layer 4 attention and 3 MLP projections
-        and 2 norms, the final norm and (untied) the LM head."""
-        h, kv = self.hidden, self.hidden * self.kv_heads // self.heads
-        layer = [h * h, h * kv, h * kv, h * h, h * self.ffn, h * self.ffn, self.ffn * h, h, h]
-        head = [] if self.tied_embeddings else [self.vocab * h]
-        return [self.vocab * h] + layer * self.layers + [h] + head
+#: What the models use of a model: its layout as transformers builds it.
+ModelShape = architecture.Layout
 
 
 def model_shape(spec: RunSpec) -> ModelShape | None:
-    """The shape of a Llama-style decoder given by its config; None when unknown (pretrained
-    weights without a config, another architecture)."""
-    cfg = spec.model.config
-    needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    if spec.model_params is None or not all(k in cfg for k in needed):
-        return None
-    heads = cfg["num_attention_heads"]
-    return ModelShape(
-        params=spec.model_params,
-        layers=cfg["num_hidden_layers"],
-        hidden=cfg["hidden_size"],
-        ffn=cfg["intermediate_size"],
-        vocab=cfg.get("vocab_size", 32000),
-        heads=heads,
-        kv_heads=cfg.get("num_key_value_heads") or heads,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-    )
+    """The shape of the run's model as transformers builds it; None when the models cannot
+    describe it (:func:`shape_note` says why)."""
+    found = architecture.layout(spec.model)
+    return None if isinstance(found, architecture.Unknown) else found
+
+
+#: The architecture the step and memory models were fitted on (every committed record's).
+FITTED_ARCHITECTURE = "llama"
+
+
+def shape_note(spec: RunSpec) -> str | None:
+    """What plan.csv's note says of the model itself: why nothing is predicted, or that an
+    architecture other than the fitted one is predicted from its own tensors."""
+    found = architecture.layout(spec.model)
+    if isinstance(found, architecture.Unknown):
+        return f"no memory or step-time prediction: {found.reason}"
+    if found.model_type != FITTED_ARCHITECTURE:
+        return (
+            f"{found.model_type} predicted from its own tensors and dimensions, with constants "
+            f"fitted on {FITTED_ARCHITECTURE} runs"
+        )
+    return None
 
 
 def pow2_bytes(nbytes: float) -> float:

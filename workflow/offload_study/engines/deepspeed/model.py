@@ -254,7 +254,7 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     b, part = DTYPE_BYTES[spec.dtype], partition(spec, shape)
     opt_here, params_here = spec.offload_optimizer == "none", spec.offload_param == "none"
     gathered = spec.world_size > 1 or not params_here
-    small = 2 * shape.layers + 1 if shape.hidden <= k.persistence else 0  # RMSNorm weights
+    small = persistent_params(shape, k)
     # a CPU rank's bucket is host memory: only the pages the gradients fill become resident
     bucket = k.reduce_bucket if spec.accelerator == "cuda" else min(k.reduce_bucket, shape.params)
     kept = optimizer_split(spec, shape, k).device_params  # sub-groups whose optimizer is here
@@ -273,11 +273,18 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
         # partial offload: each GPU sub-group keeps its own fp32 gradient tensor
         "fp32 gradients of the GPU sub-groups": 0.0 if opt_here else FP32_GRAD_BYTES * kept,
         "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
-        "persistent small parameters": float(b * small * shape.hidden),
+        "persistent small parameters": float(b * small),
         "reduce bucket": float(b * bucket) if k.contiguous_gradients else 0.0,
         **zenflow_gpu_parts(spec, part, k),
         **activations,
     }
+
+
+def persistent_params(shape: ModelShape, k: Knobs) -> int:
+    """Elements of the tensors ZeRO-3 keeps whole on every rank: DeepSpeed 0.19.8
+    (parameter_offload.py, ``mark_persistent_parameters``) persists each tensor of at most
+    ``stage3_param_persistence_threshold`` elements (a Llama's norms, a Qwen2's biases)."""
+    return sum(n for n in shape.tensors if n <= k.persistence)
 
 
 def zenflow_gpu_parts(spec: RunSpec, part: int, k: Knobs) -> dict[str, float]:
@@ -811,7 +818,7 @@ def comm_seconds(spec: RunSpec, shape: ModelShape, cal: Calibration, k: Knobs) -
     dp = spec.world_size
     if dp == 1:
         return 0.0
-    gathered = [n for n in shape.tensors if n > k.persistence]
+    gathered = [n for n in shape.tensors if n > k.persistence]  # persistent_params stay whole
     calls = PARAM_FETCHES * len(gathered) + math.ceil(shape.params / k.reduce_bucket)
     moved = DTYPE_BYTES[spec.dtype] * (PARAM_FETCHES * sum(gathered) + shape.params) * (dp - 1) / dp
     seconds = calls * (cal.collective_latency_s or 0.0)

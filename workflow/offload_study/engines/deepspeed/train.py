@@ -13,6 +13,7 @@ import functools
 import os
 import shutil
 
+from offload_study.core.architecture import transformers_config
 from offload_study.core.contracts import RankStats, RunSpec, nvme_run_dir, read_json
 from offload_study.engines.deepspeed import config as dsconfig
 from offload_study.planning import modes
@@ -51,13 +52,7 @@ def build_model(spec: RunSpec, ds_config: dict):
     import transformers
 
     pretrained = spec.model.source == "pretrained"
-    if pretrained:
-        config = transformers.AutoConfig.from_pretrained(spec.model.name_or_path)
-    else:
-        cfg = dict(spec.model.config)
-        model_type = cfg.pop("model_type")
-        config = transformers.AutoConfig.for_model(model_type, **cfg)
-    config.use_cache = False
+    config = transformers_config(spec.model)
     # Resolve (import) the model class *before* zero.Init: zero.Init patches torch.Tensor.__new__,
     # and transformers' lazy module import then pulls in torch._dynamo, which fails with
     # "TypeError: Signature mismatch between <function get_new_tensor_fn_for_dtype...>".

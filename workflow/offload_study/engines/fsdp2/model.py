@@ -65,9 +65,8 @@ FITS = {
 
 
 def layer_params(shape: ModelShape) -> int:
-    """Elements of one decoder layer (its 4 attention and 3 MLP projections and 2 norms)."""
-    per_layer = (len(shape.tensors) - 2 - (0 if shape.tied_embeddings else 1)) // shape.layers
-    return sum(shape.tensors[1 : 1 + per_layer])
+    """Elements of one decoder layer (FSDP2 shards and gathers each as one unit)."""
+    return shape.layer_params
 
 
 def root_params(shape: ModelShape) -> int:

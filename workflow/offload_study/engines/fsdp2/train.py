@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 
+from offload_study.core.architecture import transformers_config
 from offload_study.core.contracts import RankStats, RunSpec, read_json
 from offload_study.engines.fsdp2.paths import path_of
 
@@ -42,15 +43,12 @@ def build_model(spec: RunSpec):
     """The transformers model on the CPU (fp32, seeded), activation checkpointing as DeepSpeed's."""
     import transformers
 
+    config = transformers_config(spec.model)
     if spec.model.source == "pretrained":
-        config = transformers.AutoConfig.from_pretrained(spec.model.name_or_path)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             spec.model.name_or_path, config=config
         )
     else:
-        cfg = dict(spec.model.config)
-        config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        config.use_cache = False
         model = transformers.AutoModelForCausalLM.from_config(config)
     model.config.use_cache = False
     if spec.gradient_checkpointing:

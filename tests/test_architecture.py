@@ -1,0 +1,136 @@
+"""A model as transformers builds it (offload_study.core.architecture): the layout the step and
+memory models read off the meta-device build, for the Llama every record measured and for the
+architectures users bring (Qwen2, GPT-2, a mixture of experts, a local checkpoint with
+overrides), and the plan's note where a model cannot be predicted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO, SMALL_LLAMA, make_spec
+
+from offload_study.core import architecture
+from offload_study.core.contracts import ModelSpec
+from offload_study.engines.deepspeed import config as dsconfig
+from offload_study.engines.deepspeed import model as ds_model
+from offload_study.engines.fsdp2 import model as fsdp2_model
+from offload_study.engines.fsdp2 import train as fsdp2_train
+from offload_study.prediction import predict, shared
+
+#: A Qwen2 wide enough that its projections pass DeepSpeed's persistence threshold (1e5
+#: elements) while its biases and norms stay under it; tied embeddings, grouped-query attention.
+QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 128,
+}
+
+
+def config_model(config: dict) -> ModelSpec:
+    return ModelSpec("config", None, dict(config), None)
+
+
+def test_a_llamas_layout_is_its_hand_count_in_parameter_order():
+    found = architecture.layout(config_model(SMALL_LLAMA))
+    h, f, v = 64, 128, 512
+    layer = [h * h] * 4 + [h * f] * 3 + [h, h]  # q k v o, gate up down, two RMSNorms
+    assert found.tensors == tuple([v * h] + layer * 2 + [h] + [v * h])
+    assert (found.layers, found.layer_params, found.hidden, found.ffn) == (2, sum(layer), h, f)
+    assert (found.heads, found.kv_heads, found.vocab) == (4, 4, v)
+
+
+def test_qwen2s_biases_and_tied_embeddings_come_from_its_own_build():
+    found = architecture.layout(config_model(QWEN2))
+    h, kv, f, v = 512, 512 * 4 // 8, 1024, 1000
+    layer = [h * h, h, h * kv, kv, h * kv, kv, h * h, h * f, h * f, f * h, h, h]
+    assert found.tensors == tuple([v * h] + layer * 2 + [h])  # the head is the embedding
+    assert found.layer_params == sum(layer) and found.kv_heads == 4
+    spec = make_spec("local-cpu", {"gpus_per_node": 2}, model={"config": dict(QWEN2)}, seq_len=64)
+    shape, k = shared.model_shape(spec), ds_model.knobs(dsconfig.build_ds_config(spec))
+    # ZeRO-3 keeps every tensor of at most 1e5 elements whole: norms and biases, not the rest
+    assert ds_model.persistent_params(shape, k) == 2 * (3 * h + 2 * kv) + h
+    assert fsdp2_model.root_params(shape) == v * h + h
+
+
+def test_gpt2_is_read_through_its_attribute_map():
+    config = {"model_type": "gpt2", "n_embd": 128, "n_layer": 3, "n_head": 4, "vocab_size": 500}
+    found = architecture.layout(config_model(config))
+    block = 2 * 128 + (128 * 384 + 384) + (128 * 128 + 128) + 2 * 128 + 2 * (4 * 128 * 128) + 640
+    assert (found.hidden, found.heads, found.kv_heads, found.layers) == (128, 4, 4, 3)
+    assert found.ffn == 4 * 128  # n_inner unset: GPT-2's 4 x n_embd
+    assert found.layer_params == block
+    assert found.params == 500 * 128 + 1024 * 128 + 3 * block + 2 * 128
+
+
+def test_a_mixture_of_experts_is_not_predicted_and_the_plan_says_why():
+    moe = {
+        **SMALL_LLAMA,
+        "model_type": "mixtral",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    }
+    spec = make_spec("local-cpu", model={"config": moe})
+    assert shared.model_shape(spec) is None
+    row = predict.predict(spec, dsconfig.build_ds_config(spec), None)
+    assert row.host_gib is None and row.feasible  # launched, unpredicted
+    assert row.note.startswith("no memory or step-time prediction: mixtral is a mixture of")
+
+
+def test_another_architecture_is_predicted_and_says_its_constants_are_llamas():
+    spec = make_spec("local-cpu", model={"config": dict(QWEN2)}, seq_len=64)
+    row = predict.predict(spec, dsconfig.build_ds_config(spec), None)
+    assert row.host_gib > 0
+    assert "qwen2 predicted from its own tensors" in row.note and "llama runs" in row.note
+
+
+def test_a_local_checkpoint_is_predicted_and_trained_with_its_overrides(tmp_path):
+    import transformers
+
+    folder = tmp_path / "checkpoint"
+    config = transformers.AutoConfig.for_model(**SMALL_LLAMA)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    overrides = {"num_hidden_layers": 1}
+    spec = make_spec("local-cpu", model={"name_or_path": str(folder), "overrides": overrides})
+    assert shared.model_shape(spec).layers == 1
+    assert predict.predict(spec, dsconfig.build_ds_config(spec), None).host_gib > 0
+    # the run builds what was predicted: the checkpoint's weights, one layer of them
+    built = fsdp2_train.build_model(spec)
+    assert len(fsdp2_train.decoder_layers(built)) == 1
+    assert sum(p.numel() for p in built.parameters()) == shared.model_shape(spec).params
+
+
+def test_a_checkpoint_this_machine_cannot_read_says_so():
+    model = ModelSpec("pretrained", None, {}, "someone/not-downloaded-model")
+    found = architecture.layout(model)
+    assert isinstance(found, architecture.Unknown)
+    assert "someone/not-downloaded-model cannot be read here" in found.reason
+
+
+def measured_models() -> dict[str, tuple[dict, int]]:
+    """Each distinct model of the committed run specs, with its parameter count as a run built
+    it (the record's metrics.json), else as the plan counted it."""
+    by_model = {}
+    for path in sorted((REPO / "docs" / "results").glob("**/configs/*.run.json")):
+        spec = json.loads(path.read_text())
+        records = path.parent.parent / spec["scenario"]
+        built = [
+            json.loads(m.read_text()).get("model_params")
+            for m in sorted(records.glob("rep*/metrics.json"))
+        ]
+        count = next((n for n in built if n), spec["model_params"])
+        key = json.dumps(spec["model"], sort_keys=True)
+        if count and key not in by_model:
+            by_model[key] = (spec["model"], count)
+    return by_model
+
+
+@pytest.mark.parametrize("model, count", list(measured_models().values()))
+def test_every_measured_model_is_the_layout_the_models_read(model, count):
+    assert architecture.layout(ModelSpec(**model)).params == count

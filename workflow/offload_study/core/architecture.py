@@ -1,0 +1,149 @@
+"""A study's model as transformers builds it: the config a run trains (one home, for the engines
+that build the model and for the models that predict it) and the layout of its parameters.
+
+The layout is what the step and memory models need of an architecture beyond a Llama config:
+the size of each parameter tensor in ``model.parameters()`` order (the order DeepSpeed forms its
+sub-groups in and FSDP2 shards in; tied weights count once), what one decoder layer holds, and
+the dimensions by transformers' own names (``attribute_map``: gpt2's n_embd is hidden_size). It is
+read off the model built on the meta device: no weights, no memory, no network; a 70B Llama
+takes ~1.3 s on 2 cores, a 0.5B one ~0.03 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass
+
+from offload_study.core.contracts import ModelSpec
+
+
+@dataclass(frozen=True)
+class Layout:
+    model_type: str
+    tensors: tuple[int, ...]  # elements of each parameter tensor, model.parameters() order
+    layers: int  # decoder layers
+    layer_params: int  # elements of one decoder layer (every layer holds the same)
+    hidden: int
+    ffn: int  # the MLP's inner size (4 x hidden where the config names none)
+    heads: int
+    kv_heads: int
+    vocab: int
+
+    @property
+    def params(self) -> int:
+        return sum(self.tensors)
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The largest single module (DeepSpeed's estimator's ``largest_layer_params``)."""
+        return max(self.vocab * self.hidden, self.hidden * self.ffn)
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A model the step and memory models cannot describe, and why, in the reader's words."""
+
+    reason: str
+
+
+def transformers_config(model: ModelSpec, local_only: bool = False):
+    """The transformers config a run trains: a pretrained model's own config.json with the
+    study's ``model.overrides`` applied, else the study's config (a preset's written out).
+    ``local_only``: never download (planning assumes no network)."""
+    import transformers
+
+    if model.source == "pretrained":
+        config = transformers.AutoConfig.from_pretrained(
+            model.name_or_path, local_files_only=local_only, **model.config
+        )
+    else:
+        values = dict(model.config)
+        config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    config.use_cache = False
+    return config
+
+
+def layout(model: ModelSpec) -> Layout | Unknown:
+    """The model's :class:`Layout`, or why it has none (built once per model and process)."""
+    return _layout(json.dumps(dataclasses.asdict(model), sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(model_json: str) -> Layout | Unknown:
+    model = ModelSpec(**json.loads(model_json))
+    try:
+        config = transformers_config(model, local_only=True)
+    except Exception as exc:  # OSError (not on this machine), ValueError, JSON errors
+        where = model.name_or_path or "the study's model"
+        return Unknown(f"the config of {where} cannot be read here ({_first_line(exc)})")
+    return layout_of_config(config)
+
+
+def build_on_meta(config):
+    """The causal LM a run builds from ``config``, on the meta device (transformers' errors
+    raised as they come: the study check names them before anything runs)."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def layout_of_config(config) -> Layout | Unknown:
+    """The layout of a causal LM built from ``config`` on the meta device."""
+    import torch
+
+    kind = getattr(config, "model_type", "this model")
+    try:
+        built = build_on_meta(config)
+    except Exception as exc:  # no causal-LM class, or one that cannot be built from the config
+        return Unknown(f"transformers cannot build {kind} as a causal LM ({_first_line(exc)})")
+    named = [(name, p.numel()) for name, p in built.named_parameters()]
+    experts = next((name for name, _ in named if "expert" in name), None)
+    if experts:
+        return Unknown(
+            f"{kind} is a mixture of experts ({experts}): the models know dense decoder layers"
+        )
+    stack = _decoder_stack(torch, built)
+    if stack is None:
+        return Unknown(f"{kind} has no stack of decoder layers the models know")
+    sizes = {sum(p.numel() for p in layer.parameters()) for layer in stack}
+    if len(sizes) != 1:
+        return Unknown(f"{kind}'s decoder layers differ in size: the models know alike layers")
+    return _with_dims(config, kind, tuple(n for _, n in named), len(stack), sizes.pop())
+
+
+def _with_dims(config, kind: str, tensors: tuple, layers: int, layer_params: int):
+    hidden = getattr(config, "hidden_size", None)
+    heads = getattr(config, "num_attention_heads", None)
+    vocab = getattr(config, "vocab_size", None)
+    if not all(isinstance(v, int) for v in (hidden, heads, vocab)):
+        return Unknown(f"{kind}'s config names no hidden_size, num_attention_heads or vocab_size")
+    ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+    return Layout(
+        model_type=kind,
+        tensors=tensors,
+        layers=layers,
+        layer_params=layer_params,
+        hidden=hidden,
+        ffn=ffn if isinstance(ffn, int) else 4 * hidden,
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        vocab=vocab,
+    )
+
+
+def _decoder_stack(torch, model):
+    """The decoder layers: the module list holding the most parameters (model.layers of a Llama,
+    transformer.h of a GPT-2); None where the model has no module list."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return None
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
