@@ -34,6 +34,7 @@ from offload_study.prediction.shared import (
     Memory,
     StepTime,
     allocator_slack_bytes,
+    model_shape,
     shape_note,
 )
 
@@ -158,7 +159,9 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
 def run_seconds(spec: RunSpec, step_s: float) -> float:
     """Wall seconds of one run: start-up plus its steps; in the adaptive measure mode the most
     it may take (every warm-up step, then max_steps or max_measure_s, whichever ends first)."""
-    fit, billions = ACCELERATOR_FITS[spec.accelerator], (spec.model_params or 0) / 1e9
+    shape = model_shape(spec)  # any architecture (the plan counts a Llama's alone)
+    fit = ACCELERATOR_FITS[spec.accelerator]
+    billions = (shape.params if shape else spec.model_params or 0) / 1e9
     offloaded = spec.offload_optimizer != "none" or spec.offload_param != "none"
     startup = fit.startup_s + fit.startup_s_per_billion * billions * (1 if offloaded else 0.25)
     if spec.steps is not None and spec.warmup_steps is not None:
