@@ -69,6 +69,23 @@ def test_gpt2_is_read_through_its_attribute_map():
     assert found.params == 500 * 128 + 1024 * 128 + 3 * block + 2 * 128
 
 
+def test_an_opts_layers_are_found_where_it_keeps_them_and_fsdp2_shards_those():
+    config = {
+        "model_type": "opt",
+        "vocab_size": 1000,
+        "hidden_size": 128,
+        "ffn_dim": 1024,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "word_embed_proj_dim": 128,
+    }
+    found = architecture.layout(config_model(config))
+    built = architecture.build_on_meta(architecture.transformers_config(config_model(config)))
+    layers = fsdp2_train.decoder_layers(built)  # model.decoder.layers, not model.layers
+    assert len(layers) == found.layers == 2 and found.ffn == 1024
+    assert found.layer_params == sum(p.numel() for p in layers[0].parameters())
+
+
 def test_a_mixture_of_experts_is_not_predicted_and_the_plan_says_why():
     moe = {
         **SMALL_LLAMA,

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from offload_study.core.contracts import ModelSpec
 
+#: The names transformers configs give the MLP's inner size (Llama's, GPT-2's, OPT's).
+FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim")
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -93,8 +96,6 @@ def build_on_meta(config):
 
 def layout_of_config(config) -> Layout | Unknown:
     """The layout of a causal LM built from ``config`` on the meta device."""
-    import torch
-
     kind = getattr(config, "model_type", "this model")
     try:
         built = build_on_meta(config)
@@ -106,8 +107,8 @@ def layout_of_config(config) -> Layout | Unknown:
         return Unknown(
             f"{kind} is a mixture of experts ({experts}): the models know dense decoder layers"
         )
-    stack = _decoder_stack(torch, built)
-    if stack is None:
+    stack = decoder_layers(built)
+    if not stack:
         return Unknown(f"{kind} has no stack of decoder layers the models know")
     sizes = {sum(p.numel() for p in layer.parameters()) for layer in stack}
     if len(sizes) != 1:
@@ -121,7 +122,7 @@ def _with_dims(config, kind: str, tensors: tuple, layers: int, layer_params: int
     vocab = getattr(config, "vocab_size", None)
     if not all(isinstance(v, int) for v in (hidden, heads, vocab)):
         return Unknown(f"{kind}'s config names no hidden_size, num_attention_heads or vocab_size")
-    ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+    ffn = next((getattr(config, k) for k in FFN_KEYS if getattr(config, k, None)), None)
     return Layout(
         model_type=kind,
         tensors=tensors,
@@ -135,13 +136,16 @@ def _with_dims(config, kind: str, tensors: tuple, layers: int, layer_params: int
     )
 
 
-def _decoder_stack(torch, model):
-    """The decoder layers: the module list holding the most parameters (model.layers of a Llama,
-    transformer.h of a GPT-2); None where the model has no module list."""
+def decoder_layers(model) -> list:
+    """The decoder layers of a causal LM: the module list holding the most parameters
+    (model.layers of a Llama, transformer.h of a GPT-2, model.decoder.layers of an OPT); empty
+    where the model has no module list. FSDP2 shards each as a unit, and the models size it."""
+    import torch
+
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
     if not lists:
-        return None
-    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+        return []
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
 
 
 def _first_line(exc: BaseException) -> str:

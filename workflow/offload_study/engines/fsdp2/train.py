@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 
-from offload_study.core.architecture import transformers_config
+from offload_study.core import architecture
 from offload_study.core.contracts import RankStats, RunSpec, read_json
 from offload_study.engines.fsdp2.paths import path_of
 
@@ -31,19 +31,18 @@ def start_rank(spec: RunSpec, config_path: str | None, run_id: str) -> tuple[dic
 
 
 def decoder_layers(model) -> list:
-    """The decoder layers of a transformers causal LM (Llama and alike: model.model.layers)."""
-    base = getattr(model, model.base_model_prefix, model)
-    layers = getattr(base, "layers", None) or getattr(base, "h", None)
-    if layers is None:
+    """The decoder layers FSDP2 shards one by one (the unit the step and memory models size)."""
+    layers = architecture.decoder_layers(model)
+    if not layers:
         raise RuntimeError(f"{type(model).__name__}: no decoder layers found for fully_shard")
-    return list(layers)
+    return layers
 
 
 def build_model(spec: RunSpec):
     """The transformers model on the CPU (fp32, seeded), activation checkpointing as DeepSpeed's."""
     import transformers
 
-    config = transformers_config(spec.model)
+    config = architecture.transformers_config(spec.model)
     if spec.model.source == "pretrained":
         model = transformers.AutoModelForCausalLM.from_pretrained(
             spec.model.name_or_path, config=config
