@@ -12,10 +12,12 @@ from conftest import REPO, SMALL_LLAMA, make_spec
 
 from offload_study.core import architecture
 from offload_study.core.contracts import ModelSpec
+from offload_study.core.study import StudyError
 from offload_study.engines.deepspeed import config as dsconfig
 from offload_study.engines.deepspeed import model as ds_model
 from offload_study.engines.fsdp2 import model as fsdp2_model
 from offload_study.engines.fsdp2 import train as fsdp2_train
+from offload_study.planning import presets
 from offload_study.prediction import predict, shared
 
 #: A Qwen2 wide enough that its projections pass DeepSpeed's persistence threshold (1e5
@@ -117,16 +119,33 @@ def test_a_local_checkpoint_is_predicted_and_trained_with_its_overrides(tmp_path
     import transformers
 
     folder = tmp_path / "checkpoint"
-    config = transformers.AutoConfig.for_model(**SMALL_LLAMA)
+    config = transformers.AutoConfig.for_model(**QWEN2)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    # its config.json lists layer_types, one per layer: fewer layers cut the list
+    assert len(json.loads((folder / "config.json").read_text())["layer_types"]) == 2
     overrides = {"num_hidden_layers": 1}
     spec = make_spec("local-cpu", model={"name_or_path": str(folder), "overrides": overrides})
     assert shared.model_shape(spec).layers == 1
     assert predict.predict(spec, dsconfig.build_ds_config(spec), None).host_gib > 0
+    with pytest.raises(StudyError, match=r"^model\.overrides\.num_hidden_layers: .*layer_types"):
+        presets.check_pretrained(str(folder), {"num_hidden_layers": 3})  # more: nothing to cut
     # the run builds what was predicted: the checkpoint's weights, one layer of them
     built = fsdp2_train.build_model(spec)
     assert len(fsdp2_train.decoder_layers(built)) == 1
     assert sum(p.numel() for p in built.parameters()) == shared.model_shape(spec).params
+
+
+def test_fewer_layers_cut_the_per_layer_lists_the_overrides_leave_alone():
+    base = {"num_hidden_layers": 3, "layer_types": ["a", "b", "c"], "sizes": [1, 2]}
+    assert architecture.overridden(base, {"num_hidden_layers": 2}) == {
+        "num_hidden_layers": 2,
+        "layer_types": ["a", "b"],
+        "sizes": [1, 2],  # not one per layer
+    }
+    written = {"num_hidden_layers": 2, "layer_types": ["c", "c"]}
+    assert architecture.overridden(base, written)["layer_types"] == ["c", "c"]
+    more = architecture.overridden(base, {"num_hidden_layers": 4})  # transformers refuses it
+    assert more["layer_types"] == ["a", "b", "c"]
 
 
 def test_a_checkpoint_this_machine_cannot_read_says_so():

@@ -51,16 +51,33 @@ class Unknown:
     reason: str
 
 
+def overridden(base: dict, overrides: dict) -> dict:
+    """``base`` (a config's values) with the study's ``model.overrides``. Fewer layers cut each
+    per-layer list of ``base`` that the overrides leave alone (transformers writes
+    ``layer_types`` into a Qwen2's or a Gemma2's config.json and refuses a count that differs
+    from its length): a checkpoint then loads its first layers."""
+    merged = {**base, **overrides}
+    layers, fewer = base.get("num_hidden_layers"), overrides.get("num_hidden_layers")
+    if not (isinstance(layers, int) and isinstance(fewer, int) and 0 < fewer < layers):
+        return merged
+    for key, value in base.items():
+        if key not in overrides and isinstance(value, list) and len(value) == layers:
+            merged[key] = value[:fewer]
+    return merged
+
+
 def transformers_config(model: ModelSpec, local_only: bool = False):
     """The transformers config a run trains: a pretrained model's own config.json with the
-    study's ``model.overrides`` applied, else the study's config (a preset's written out).
-    ``local_only``: never download (planning assumes no network)."""
+    study's ``model.overrides`` applied (:func:`overridden`), else the study's config (a
+    preset's written out, its overrides applied by the plan). ``local_only``: never download
+    (planning assumes no network)."""
     import transformers
 
     if model.source == "pretrained":
-        config = transformers.AutoConfig.from_pretrained(
-            model.name_or_path, local_files_only=local_only, **model.config
+        own = transformers.AutoConfig.from_pretrained(
+            model.name_or_path, local_files_only=local_only
         )
+        config = type(own).from_dict(overridden(own.to_dict(), model.config))
     else:
         values = dict(model.config)
         config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)

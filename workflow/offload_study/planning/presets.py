@@ -142,7 +142,7 @@ def build_config(base: dict, base_where: str, overrides: dict, overrides_where="
     """The transformers config of ``base`` (with model_type) updated by ``overrides``; every
     refusal (unknown model type or key, heads that do not divide, a value transformers refuses)
     is a StudyError naming the key path."""
-    merged = {**base, **overrides}
+    merged = architecture.overridden(base, overrides)
 
     def key_of(key: str) -> str:
         return f"{overrides_where if key in overrides else base_where}.{key}"
@@ -172,8 +172,8 @@ def build_config(base: dict, base_where: str, overrides: dict, overrides_where="
         config = config_class(**kwargs)
     except Exception as exc:  # TypeError, ValueError or transformers' own validation errors
         message = _root_message(exc)
-        field = re.search(r"[Ff]ield '(\w+)'", message)
-        where = key_of(field.group(1)) if field else base_where
+        named = _named_key(message, merged)
+        where = key_of(named) if named else base_where
         raise StudyError(f"{where}: transformers cannot build this config: {message}") from None
     _check_pad_token(config, merged, key_of)
     try:  # the model itself, as the runs build it (on the meta device: no weights)
@@ -184,6 +184,15 @@ def build_config(base: dict, base_where: str, overrides: dict, overrides_where="
             f"config: {_root_message(exc)}"
         ) from None
     return config
+
+
+def _named_key(message: str, written: dict) -> str | None:
+    """The config key a transformers error names (pydantic's "Field 'x'", or the first `x` in
+    backticks that the study's model block sets)."""
+    field = re.search(r"[Ff]ield '(\w+)'", message)
+    if field:
+        return field.group(1)
+    return next((k for k in re.findall(r"`(\w+)`", message) if k in written), None)
 
 
 def _check_pad_token(config, written: dict, key_of) -> None:
