@@ -24,6 +24,8 @@ FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim")
 
 @dataclass(frozen=True)
 class Layout:
+    """A model's parameters as the step and memory models read them (elements, not bytes)."""
+
     model_type: str
     tensors: tuple[int, ...]  # elements of each parameter tensor, model.parameters() order
     layers: int  # decoder layers
