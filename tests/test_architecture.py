@@ -6,9 +6,12 @@ overrides), and the plan's note where a model cannot be predicted."""
 from __future__ import annotations
 
 import json
+import math
 
+import pandas as pd
 import pytest
 from conftest import REPO, SMALL_LLAMA, make_spec
+from runs import load_record, make_run, run_runner
 
 from offload_study.core import architecture
 from offload_study.core.contracts import ModelSpec
@@ -19,6 +22,7 @@ from offload_study.engines.fsdp2 import model as fsdp2_model
 from offload_study.engines.fsdp2 import train as fsdp2_train
 from offload_study.planning import presets
 from offload_study.prediction import predict, shared
+from offload_study.training.tokens import Batches
 
 #: A Qwen2 wide enough that its projections pass DeepSpeed's persistence threshold (1e5
 #: elements) while its biases and norms stay under it; tied embeddings, grouped-query attention.
@@ -176,3 +180,49 @@ def measured_models() -> dict[str, tuple[dict, int]]:
 @pytest.mark.parametrize("model, count", list(measured_models().values()))
 def test_every_measured_model_is_the_layout_the_models_read(model, count):
     assert architecture.layout(ModelSpec(**model)).params == count
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp2"])
+def test_a_checkpoint_trains_from_its_own_weights_under_each_engine(tmp_path, engine):
+    """A real run of a local Qwen2 checkpoint cut to its first layer: its weights load (ZeRO-3
+    through transformers' own loading), and the first step's loss is the checkpoint's."""
+    import torch
+    import transformers
+
+    folder = tmp_path / "checkpoint"
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**QWEN2)
+    built = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # peaked logits: a loss far from a fresh model's ln(vocab)
+        built.get_input_embeddings().weight.mul_(40)
+    built.save_pretrained(folder)
+    model = {"name_or_path": str(folder), "overrides": {"num_hidden_layers": 1}}
+    spec_path, outdir, spec = make_run(tmp_path, world=2, scenario={"engine": engine}, model=model)
+    done = run_runner(spec_path, outdir)
+    record = load_record(outdir)
+    assert record["outcome"] == "ok", record["error_excerpt"]
+    assert record["model_params"] == shared.model_shape(spec).params
+    expected = checkpoint_loss(spec)
+    assert abs(expected - math.log(QWEN2["vocab_size"])) > 3  # the checkpoint's, not a fresh one's
+    first = pd.read_csv(outdir / "steps.csv")["loss"].iloc[0]
+    assert first == pytest.approx(expected, rel=0.03)
+
+
+def checkpoint_loss(spec) -> float:
+    """The loss the run's model (its checkpoint, its overrides) makes on the run's first step:
+    each rank's micro-batches (the harness's seeded tokens), their mean, in fp32."""
+    import torch
+    import transformers
+
+    config = architecture.transformers_config(spec.model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        spec.model.name_or_path, config=config
+    )
+    losses = []
+    with torch.no_grad():
+        for rank in range(spec.world_size):
+            batches = Batches(spec, config.vocab_size, rank)
+            for _ in range(spec.gradient_accumulation_steps):
+                ids = batches.next()
+                losses.append(model.float()(input_ids=ids, labels=ids).loss)
+    return float(torch.stack(losses).mean())

@@ -60,16 +60,32 @@ def build_model(spec: RunSpec, ds_config: dict):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    with deepspeed.zero.Init(config_dict_or_path=ds_config):
-        if pretrained:
-            model = model_cls.from_pretrained(spec.model.name_or_path, config=config)
-        else:
+    if pretrained:
+        model = from_pretrained_zero3(model_cls, spec.model.name_or_path, config, ds_config)
+    else:
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = transformers.AutoModelForCausalLM.from_config(config)
     if getattr(model.config, "use_cache", None):
         model.config.use_cache = False
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+#: transformers reads its ZeRO-3 settings through a weak reference: the object lives as long
+#: as the rank (transformers' HfDeepSpeedConfig docstring).
+_HF_DEEPSPEED_CONFIG = []
+
+
+def from_pretrained_zero3(model_cls, name_or_path: str, config, ds_config: dict):
+    """A checkpoint loaded the way transformers documents for ZeRO-3: with an HfDeepSpeedConfig
+    alive, from_pretrained builds the model under zero.Init and loads each module's weights
+    gathered. A from_pretrained inside a zero.Init of ours finds every parameter partitioned to
+    size 0 and refuses the checkpoint ("MISMATCH ... vs model: torch.Size([0])")."""
+    from transformers.integrations import HfDeepSpeedConfig
+
+    _HF_DEEPSPEED_CONFIG[:] = [HfDeepSpeedConfig(ds_config)]
+    return model_cls.from_pretrained(name_or_path, config=config)
 
 
 def count_params(model) -> int:
