@@ -198,7 +198,7 @@ def test_a_checkpoint_trains_from_its_own_weights_under_each_engine(tmp_path, en
     built.save_pretrained(folder)
     model = {"name_or_path": str(folder), "overrides": {"num_hidden_layers": 1}}
     spec_path, outdir, spec = make_run(tmp_path, world=2, scenario={"engine": engine}, model=model)
-    done = run_runner(spec_path, outdir)
+    run_runner(spec_path, outdir)
     record = load_record(outdir)
     assert record["outcome"] == "ok", record["error_excerpt"]
     assert record["model_params"] == shared.model_shape(spec).params
