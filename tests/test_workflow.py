@@ -14,6 +14,7 @@ from conftest import REPO as REPO_ROOT
 from runs import snakemake
 
 from offload_study import readme_sync
+from offload_study.planning import presets
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -130,6 +131,17 @@ def test_readme_reference_is_in_sync_with_the_schemas():
     for name in readme_sync.SECTIONS:
         assert f"<!-- BEGIN {name} reference" in reference, f"{name} reference missing"
     assert readme_sync.synced(reference) == reference, "run: python -m offload_study.readme_sync"
+
+
+def test_the_key_reference_speaks_the_readers_words():
+    """The generated reference names no module of the package (a command to run aside), and the
+    presets it lists are the ones there are."""
+    reference = (REPO_ROOT / readme_sync.REFERENCE).read_text()
+    modules = re.findall(r"(?<!python -m )\boffload_study\.[a-z_.]+", reference)
+    assert modules == [], modules
+    (preset_row,) = [line for line in reference.splitlines() if line.startswith("| `model.preset`")]
+    names = preset_row.split("|")[4].split("preset: ")[1].split(" (")[0]
+    assert sorted(re.split(r", | or ", names)) == sorted(presets.PRESETS), preset_row
 
 
 def test_readme_stays_short():
