@@ -404,6 +404,22 @@ def test_a_real_gpu_fp16_overflow_run_is_counted_from_its_log_and_its_steps():
     assert verdict == "error" and "all 6 measured optimizer steps were skipped" in excerpt
 
 
+def test_a_run_whose_loss_is_never_finite_is_not_blamed_on_a_loss_scale():
+    """A bf16 run (no loss scale) whose every step is skipped because its loss is NaN (a small
+    mixture of experts under ZeRO-3 on CPU did this): the error says so, not "fp16"."""
+    from offload_study.training import outcome
+
+    rows = [
+        contracts.StepRow(i, phase, 0.2, 3000.0, 40.0, float("nan"), skipped=1, loss_scale=1.0)
+        for i, phase in enumerate(["warmup", "measured", "measured"], start=1)
+    ]
+    stats = {0: RankStats(rank=0, local_rank=0, world_size=1, host="h", pid=1, finished=True)}
+    ev = outcome.Evidence(Supervision(rc=0), {"rank0.log": ""}, stats, rows, 1, None)
+    verdict, excerpt = outcome.decide(ev)
+    assert verdict == "error" and excerpt.startswith("the loss was not finite at all 2 measured")
+    assert "fp16" not in excerpt
+
+
 # --------------------------------------------------------------------------- real DeepSpeed
 def overflowing_engine(out: str) -> None:
     """(Spawned process.) A real one-rank ZeRO-3 bf16 engine on CPU runs four optimizer steps

@@ -11,6 +11,7 @@ Every outcome is one of :data:`offload_study.core.contracts.OUTCOMES`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,18 +88,23 @@ def completed(ev: Evidence) -> Verdict | None:
 
 
 def nothing_timed(ev: Evidence) -> Verdict | None:
-    """Completed, but DeepSpeed skipped every measured optimizer step (fp16 loss-scale overflow):
-    no step did the work being measured, so there is no speed to report (an H200 capture:
-    tests/fixtures/gpu-fp16-overflow)."""
+    """Completed, but the engine skipped every measured optimizer step: no step did the work
+    being measured, so there is no speed to report. Either fp16's loss scale overflowed (an
+    H200 capture: tests/fixtures/gpu-fp16-overflow) or the loss itself was never finite."""
     measured = [r for r in ev.steps if r.phase == "measured"]
-    if ev.completed and measured and not any(r.timed for r in measured):
-        why = (
-            f"all {len(measured)} measured optimizer steps were skipped by DeepSpeed (fp16 "
-            "loss-scale overflow): no speed to report; lower fp16.initial_scale_power or let "
-            "the warm-up run until the loss scale settles (adaptive measure)"
+    if not (ev.completed and measured and not any(r.timed for r in measured)):
+        return None
+    if not any(math.isfinite(r.loss) for r in measured):  # no loss scale brings this back
+        return "error", (
+            f"the loss was not finite at all {len(measured)} measured steps, so every optimizer "
+            "step was skipped (non-finite gradients): no speed to report; the model's forward "
+            "makes NaN or inf (its weights, its inputs or its precision), not a loss scale"
         )
-        return "error", why
-    return None
+    return "error", (
+        f"all {len(measured)} measured optimizer steps were skipped by DeepSpeed (fp16 "
+        "loss-scale overflow): no speed to report; lower fp16.initial_scale_power or let "
+        "the warm-up run until the loss scale settles (adaptive measure)"
+    )
 
 
 def disk_full(ev: Evidence) -> Verdict | None:
