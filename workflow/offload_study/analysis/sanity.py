@@ -163,7 +163,7 @@ def non_finite_loss(facts: Facts, tol: float) -> str | None:
 
 
 def many_skipped(facts: Facts, tol: float) -> str | None:
-    """More than the tolerance of the measured steps were skipped (fp16 loss-scale overflow)."""
+    """More than the tolerance of the measured steps were skipped (non-finite gradients)."""
     ok = _ok(facts)
     if SKIPPED_MEASURED not in ok or "steps_measured" not in ok:
         return None
@@ -306,7 +306,8 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "many-skipped-steps",
-        "many fp16 steps among the measured ones were skipped (loss-scale overflow)",
+        "many measured optimizer steps were skipped (non-finite gradients: an fp16 loss scale"
+        " overflowing, or a NaN loss)",
         0.1,
         "10% of measured steps",
         many_skipped,
