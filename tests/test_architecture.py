@@ -217,12 +217,12 @@ def checkpoint_loss(spec) -> float:
     config = architecture.transformers_config(spec.model)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         spec.model.name_or_path, config=config
-    )
+    ).float()
     losses = []
     with torch.no_grad():
         for rank in range(spec.world_size):
             batches = Batches(spec, config.vocab_size, rank)
             for _ in range(spec.gradient_accumulation_steps):
                 ids = batches.next()
-                losses.append(model.float()(input_ids=ids, labels=ids).loss)
+                losses.append(model(input_ids=ids, labels=ids).loss)
     return float(torch.stack(losses).mean())

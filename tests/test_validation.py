@@ -311,3 +311,19 @@ def test_a_model_block_that_built_is_not_built_again(tmp_path, monkeypatch):
         with pytest.raises(StudyError, match="model.overrides"):
             presets.check_model(bad)
     assert not presets.checked_marker(bad).exists()
+
+
+def test_a_checkpoint_that_built_is_not_built_again_until_its_config_changes(tmp_path, monkeypatch):
+    """check_pretrained reads the folder's config.json every time, and builds its model once
+    per content: a changed config.json is built (and judged) again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    assert presets.check_pretrained(str(folder), {}) == SMALL_LLAMA["max_position_embeddings"]
+    with monkeypatch.context() as patched:
+        patched.setattr(presets, "build_config", lambda *a: pytest.fail("built again"))
+        presets.check_pretrained(str(folder), {})
+    (folder / "config.json").write_text(json.dumps({**SMALL_LLAMA, "pad_token_id": 9999}))
+    with pytest.raises(StudyError, match="model.name_or_path.pad_token_id: 9999 is past"):
+        presets.check_pretrained(str(folder), {})

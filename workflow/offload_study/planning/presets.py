@@ -230,11 +230,17 @@ def check_model(model: dict) -> int | None:
     """A preset or config model of a validated study, built without weights (StudyError);
     a block that built before (:func:`checked_marker`) is not built again. Returns the model's
     max_position_embeddings (None when its config has none), remembered with the marker."""
-    marker = checked_marker(model)
+    return _built_once(model, lambda: _build_model(model))
+
+
+def _built_once(content: dict, build) -> int | None:
+    """The positions of the config ``build`` returns, built once per ``content``
+    (:func:`checked_marker`; a StudyError is never remembered)."""
+    marker = checked_marker(content)
     remembered = marker.read_text().strip() if marker.exists() else ""
     if remembered:  # an older, empty marker: build again to learn the positions
         return json.loads(remembered)["max_position_embeddings"]
-    positions = _positions(_build_model(model))
+    positions = _positions(build())
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"max_position_embeddings": positions}))
@@ -266,7 +272,8 @@ def _build_model(model: dict):
 def check_pretrained(name_or_path: str, overrides: dict) -> int | None:
     """A pretrained model's config.json must be on this machine: a local folder, or a model the
     local Hugging Face cache holds (the plan and the runs do not download). Returns its
-    max_position_embeddings (None when its config has none)."""
+    max_position_embeddings (None when its config has none). Its config and model are built once
+    per content (:func:`checked_marker`), as a preset's or a config's are."""
     from transformers import AutoConfig
 
     where = f"model.name_or_path: {shown(name_or_path)}"
@@ -284,4 +291,8 @@ def check_pretrained(name_or_path: str, overrides: dict) -> int | None:
             "not download models (no network is assumed); allowed: a local model folder or a "
             "cached model id (download it first)"
         ) from None
-    return _positions(build_config(config.to_dict(), "model.name_or_path", overrides))
+    values = config.to_dict()  # its content decides, wherever the folder lies
+    return _built_once(
+        {"config": values, "overrides": overrides},
+        lambda: build_config(values, "model.name_or_path", overrides),
+    )
