@@ -31,6 +31,8 @@
 #           docs/results/<cluster>/<study> is copied into its empty results folder first (plans,
 #           configs, the search's rounds and every record; not its logs or cut runs), so only
 #           what is missing runs (the device's results/ do not outlive the machine).
+# CLUSTER  run every study of STUDIES on this cluster instead of its own (snakemake --config
+#           cluster=...): config/clusters/CLUSTER.yaml, on the device or written by the command.
 # CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.prediction.calibrate,
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
@@ -48,10 +50,22 @@ snake() { # snake STUDY_YAML [targets...]
   local study=$1
   shift
   python3 -m snakemake "$@" --cores "$CORES" --scheduler greedy --keep-going \
-    --rerun-incomplete --config study_file="$study"
+    --rerun-incomplete --config study_file="$study" ${CLUSTER:+cluster="$CLUSTER"}
 }
 
-results_dir() { python3 -c "from offload_study.planning.plan import Plan; print(Plan('$1').results_dir)"; }
+plan_of() { # plan_of STUDY_YAML ATTRIBUTE: the Plan's attribute, on CLUSTER where one is given
+  python3 - "$1" "$2" "${CLUSTER:-}" <<'PY'
+import sys
+from offload_study.planning.plan import Plan
+from offload_study.planning.studyfile import study_config
+path, attribute, cluster = sys.argv[1:]
+study, source = study_config({"study_file": path, **({"cluster": cluster} if cluster else {})})
+value = getattr(Plan(study, source=source), attribute)
+print(*value) if isinstance(value, (list, tuple)) else print(value)
+PY
+}
+
+results_dir() { plan_of "$1" results_dir; }
 
 keep_outside() { # results/, reports/ and .snakemake/ survive a re-carried tree
   local d
@@ -147,8 +161,8 @@ paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 
   local study=$1 res k s
   res=$(results_dir "$study")
   timed "plan $study" 300 snake "$study" plan || return
-  for k in ${PAIRED_REPEATS:-$(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').repeats)")}; do
-    for s in $(python3 -c "from offload_study.planning.plan import Plan; print(*Plan('$study').scenarios)"); do
+  for k in ${PAIRED_REPEATS:-$(plan_of "$study" repeats)}; do
+    for s in $(plan_of "$study" scenarios); do
       [ -n "${PAIRED_SCENARIOS:-}" ] && [[ " $PAIRED_SCENARIOS " != *" $s "* ]] && continue
       if plain_first "$k"; then
         # a record already there had its plain loop before it (a call after a deadline)
@@ -176,7 +190,7 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake versions build_ops table raw_loop raw_done raw_fsdp2 ratio_line \
+export -f elapsed say left snake plan_of versions build_ops table raw_loop raw_done raw_fsdp2 ratio_line \
   plain_loop plain_first paired
 
 keep_outside
