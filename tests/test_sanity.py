@@ -271,3 +271,25 @@ def test_the_tolerance_decides(tolerance, fires):
         rows[[r["scenario"] for r in rows].index("zero3__gas-8")], {r["scenario"]: r for r in rows}
     )
     assert (sanity.accumulation_slower(facts, tolerance) is not None) is fires
+
+
+def test_other_gpu_fires_on_the_runs_a_mixed_partition_put_on_another_card(tmp_path):
+    h100 = {"device_name": "NVIDIA H100 80GB HBM3"}
+    paths = [make_record(tmp_path, "a", k, seed=k) for k in range(2)]
+    paths += [make_record(tmp_path, "b", 0), make_record(tmp_path, "b", 1, extra=h100)]
+    paths += [make_record(tmp_path, "c", k, seed=7 + k) for k in range(2)]
+    _, s = C.collect(paths, n_boot=200)
+    s = s.set_index("scenario")
+    assert [s.loc[n, "flags"] for n in "abc"] == ["", "other-gpu", ""]
+    why = json.loads(s.loc["b", "flag_details"])["other-gpu"]
+    assert why.startswith("rep 1 ran on H100") and "5 on H200" in why, why
+    assert sanity.blocking(s.loc["b", "flags"]) == ["other-gpu"]
+
+
+def test_other_gpu_is_silent_on_one_card_named_alike_and_on_runs_without_a_name(tmp_path):
+    paths = [
+        make_record(tmp_path, "a", 0),
+        make_record(tmp_path, "a", 1, extra={"device_name": None}),
+    ]
+    paths += [make_record(tmp_path, "b", 0, extra={"device_name": "NVIDIA H200 141GB HBM3e"})]
+    assert flags_of(paths) == {"a": [], "b": []}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from offload_study.core import contracts
+from offload_study.core import contracts, devices
 
 #: metrics.json fields of the harness's adaptive measurement and skipped-step count (records from
 #: before them lack them: the checks then fall back as their meaning says).
@@ -174,6 +174,38 @@ def many_skipped(facts: Facts, tol: float) -> str | None:
     return f"{skipped:g} of {measured:g} measured steps skipped"
 
 
+def gpu_kind(device_name) -> str | None:
+    """The GPU model a run's device name stands for (the catalog's name where it knows the
+    device, e.g. "NVIDIA H200 NVL" and "NVIDIA H200" differ; the name itself else)."""
+    if not isinstance(device_name, str) or not device_name.strip():
+        return None
+    known = devices.gpu_spec(device_name)
+    return known[0] if known else device_name.strip()
+
+
+def other_gpu(facts: Facts, tol: float) -> str | None:
+    """Some of this scenario's ok runs ran on another GPU model than most of the study's ok runs
+    (a partition of mixed cards): its speed and memory are not comparable with theirs."""
+    every = facts.all_runs if len(facts.all_runs) else facts.runs
+    ok = every[every["outcome"] == "ok"] if "outcome" in every else every.iloc[0:0]
+    if "device_name" not in ok:
+        return None
+    kinds = ok["device_name"].map(gpu_kind).dropna()
+    counts = kinds.value_counts()
+    if len(counts) <= tol:
+        return None
+    usual = counts.index[0] if counts.iloc[0] > counts.iloc[1] else None
+    mine = _ok(facts)
+    if "device_name" not in mine:
+        return None
+    odd = mine[mine["device_name"].map(gpu_kind).ne(usual) & mine["device_name"].notna()]
+    if odd.empty:
+        return None
+    spread = ", ".join(f"{n} on {kind}" for kind, n in counts.items())
+    ran_on = ", ".join(sorted(set(odd["device_name"].map(gpu_kind))))
+    return f"rep {_reps(odd)} ran on {ran_on}; the study's {len(kinds)} ok runs: {spread}"
+
+
 def _last_losses(runs: pd.DataFrame) -> dict[int, tuple[float, float]]:
     """repeat -> (step of the last measured loss, that loss) of ok runs."""
     ok = runs[runs["outcome"] == "ok"] if "outcome" in runs else runs.iloc[0:0]
@@ -313,6 +345,16 @@ CHECKS: tuple[Check, ...] = (
         many_skipped,
         CAUTION,
         "many skipped steps",
+    ),
+    Check(
+        "other-gpu",
+        "the study's runs ran on more than one GPU model, and this scenario's on another than "
+        "most of them (a partition of mixed cards): not comparable with the rest",
+        1,
+        "one GPU model per study",
+        other_gpu,
+        IMPLAUSIBLE,
+        "ran on another GPU",
     ),
     Check(
         "loss-parity",
