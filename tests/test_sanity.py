@@ -278,9 +278,10 @@ def test_other_gpu_fires_on_the_runs_a_mixed_partition_put_on_another_card(tmp_p
     paths = [make_record(tmp_path, "a", k, seed=k) for k in range(2)]
     paths += [make_record(tmp_path, "b", 0), make_record(tmp_path, "b", 1, extra=h100)]
     paths += [make_record(tmp_path, "c", k, seed=7 + k) for k in range(2)]
+    paths += [make_record(tmp_path, "d", 0, extra={"device_name": ""})]  # unnamed: not judged
     _, s = C.collect(paths, n_boot=200)
     s = s.set_index("scenario")
-    assert [s.loc[n, "flags"] for n in "abc"] == ["", "other-gpu", ""]
+    assert [s.loc[n, "flags"] for n in "abcd"] == ["", "other-gpu", "", ""]
     why = json.loads(s.loc["b", "flag_details"])["other-gpu"]
     assert why.startswith("rep 1 ran on H100") and "5 on H200" in why, why
     assert sanity.blocking(s.loc["b", "flags"]) == ["other-gpu"]
@@ -290,6 +291,7 @@ def test_other_gpu_is_silent_on_one_card_named_alike_and_on_runs_without_a_name(
     paths = [
         make_record(tmp_path, "a", 0),
         make_record(tmp_path, "a", 1, extra={"device_name": None}),
+        make_record(tmp_path, "a", 2, extra={"device_name": ""}),
     ]
     paths += [make_record(tmp_path, "b", 0, extra={"device_name": "NVIDIA H200 141GB HBM3e"})]
     assert flags_of(paths) == {"a": [], "b": []}

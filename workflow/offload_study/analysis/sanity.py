@@ -176,7 +176,8 @@ def many_skipped(facts: Facts, tol: float) -> str | None:
 
 def gpu_kind(device_name) -> str | None:
     """The GPU model a run's device name stands for (the catalog's name where it knows the
-    device, e.g. "NVIDIA H200 NVL" and "NVIDIA H200" differ; the name itself else)."""
+    device: "NVIDIA H100 80GB HBM3" is an H100 SXM, "NVIDIA H100 NVL" another card; the name
+    itself else)."""
     if not isinstance(device_name, str) or not device_name.strip():
         return None
     known = devices.gpu_spec(device_name)
@@ -196,13 +197,12 @@ def other_gpu(facts: Facts, tol: float) -> str | None:
         return None
     usual = counts.index[0] if counts.iloc[0] > counts.iloc[1] else None
     mine = _ok(facts)
-    if "device_name" not in mine:
-        return None
-    odd = mine[mine["device_name"].map(gpu_kind).ne(usual) & mine["device_name"].notna()]
+    mine_kinds = mine["device_name"].map(gpu_kind) if "device_name" in mine else pd.Series()
+    odd = mine[mine_kinds.notna() & mine_kinds.ne(usual)]
     if odd.empty:
         return None
     spread = ", ".join(f"{n} on {kind}" for kind, n in counts.items())
-    ran_on = ", ".join(sorted(set(odd["device_name"].map(gpu_kind))))
+    ran_on = ", ".join(sorted(set(mine_kinds[odd.index])))
     return f"rep {_reps(odd)} ran on {ran_on}; the study's {len(kinds)} ok runs: {spread}"
 
 
