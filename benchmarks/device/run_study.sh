@@ -33,6 +33,8 @@
 #           what is missing runs (the device's results/ do not outlive the machine).
 # CLUSTER  run every study of STUDIES on this cluster instead of its own (snakemake --config
 #           cluster=...): config/clusters/CLUSTER.yaml, on the device or written by the command.
+# GPU      stop at once unless nvidia-smi names this GPU (e.g. GPU=H200: a call for one kind can
+#           be served by another, and its records would land in the other card's studies).
 # CALIBRATE CLUSTER: first measure that cluster's calibration (python -m offload_study.prediction.calibrate,
 #           CUDA path, the cores of one GPU's share) into results/CLUSTER/calibration.json.
 # Records and Snakemake's state live outside the carried tree (/tmp/dev), so a later call on the
@@ -45,6 +47,10 @@ NAME=run_study
 source "$(dirname "$0")/lib.sh"
 device_preamble 560
 STUDIES=${STUDIES:?STUDIES=study.yaml[:target] ...}
+if [ -n "${GPU:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | grep -q "$GPU"; then
+  say "no $GPU here ($(nvidia-smi -L 2>&1 | head -1)); nothing run"
+  exit 3
+fi
 
 snake() { # snake STUDY_YAML [targets...]
   local study=$1
@@ -61,7 +67,7 @@ from offload_study.planning.studyfile import study_config
 path, attribute, cluster = sys.argv[1:]
 study, source = study_config({"study_file": path, **({"cluster": cluster} if cluster else {})})
 value = getattr(Plan(study, source=source), attribute)
-print(*value) if isinstance(value, (list, tuple)) else print(value)
+print(*(value if isinstance(value, (list, tuple)) else [value]))
 PY
 }
 
