@@ -203,7 +203,7 @@ def other_gpu(facts: Facts, tol: float) -> str | None:
         return None
     spread = ", ".join(f"{n} on {kind}" for kind, n in counts.items())
     ran_on = ", ".join(sorted(set(mine_kinds[odd.index])))
-    return f"rep {_reps(odd)} ran on {ran_on}; the study's {len(kinds)} ok runs: {spread}"
+    return f"rep {_reps(odd)} ran on {ran_on}; the study's ok runs ran {spread}"
 
 
 def _last_losses(runs: pd.DataFrame) -> dict[int, tuple[float, float]]:
