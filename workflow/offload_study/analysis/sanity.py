@@ -17,6 +17,7 @@ than the tolerance: the effect is not noise of this measurement.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -174,6 +175,7 @@ def many_skipped(facts: Facts, tol: float) -> str | None:
     return f"{skipped:g} of {measured:g} measured steps skipped"
 
 
+@functools.cache  # a study names a few devices; every scenario's check maps all of its runs
 def gpu_kind(device_name) -> str | None:
     """The GPU model a run's device name stands for (the catalog's name where it knows the
     device: "NVIDIA H100 80GB HBM3" is an H100 SXM, "NVIDIA H100 NVL" another card; the name
@@ -197,7 +199,7 @@ def other_gpu(facts: Facts, tol: float) -> str | None:
         return None
     usual = counts.index[0] if counts.iloc[0] > counts.iloc[1] else None
     mine = _ok(facts)
-    mine_kinds = mine["device_name"].map(gpu_kind) if "device_name" in mine else pd.Series()
+    mine_kinds = mine["device_name"].map(gpu_kind)  # the same columns as ok's
     odd = mine[mine_kinds.notna() & mine_kinds.ne(usual)]
     if odd.empty:
         return None
