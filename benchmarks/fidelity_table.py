@@ -10,7 +10,9 @@ Prints one row per pair, with which of its two loops ran first (run_study.sh ran
 first until PAIRED_ORDER=alternate; a plain loop stamped with its start says so); then per path
 (engine, offloads, accumulation steps) the geometric mean of workflow / plain tokens/s with its
 95 % t-interval over the pairs (on log ratios), and whether the two loops' GPU memory matched to
-the MiB. Pairs set aside under ``superseded/`` are not read.
+the MiB; where a path's pairs ran on more than one GPU model, the same per path and model, since two
+machines' disks and hosts differ more than a harness does. Pairs set aside under ``superseded/``
+are not read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 from offload_study import engines
+from offload_study.analysis.sanity import gpu_kind
 
 MIB_IN_GIB = 1024
 SAME_MIB_WORDS = {True: "yes", False: "no", None: "no GPU"}
@@ -62,6 +65,7 @@ def pair_row(raw: dict, record: dict) -> dict:
         else None not in allocated_gib
         and round(allocated_gib[0] * MIB_IN_GIB) == round(allocated_gib[1] * MIB_IN_GIB),
         "first": first_loop(raw, record),
+        "gpu": gpu_kind(record.get("device_name")) or "no GPU",
     }
 
 
@@ -102,23 +106,45 @@ def mean_and_ci(ratios: list[float]) -> tuple[float, float | None, float | None]
 def main(argv: list[str]) -> int:
     rows = pairs(Path(argv[0] if argv else "docs/results"))
     print(
-        "| study | run | workflow tok/s | plain tok/s | ratio | GPU memory same to the MiB "
+        "| study | run | GPU | workflow tok/s | plain tok/s | ratio | GPU memory same to the MiB "
         "| ran first |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['study']} | {r['run']} | {r['workflow']:,.0f} | {r['plain']:,.0f} "
+            f"| {r['study']} | {r['run']} | {r['gpu']} | {r['workflow']:,.0f} | {r['plain']:,.0f} "
             f"| {r['ratio']:.3f} | {SAME_MIB_WORDS[r['same_mib']]} | {r['first']} |"
         )
-    print("\n| path | pairs | workflow / plain (geometric mean) | 95 % CI |")
-    print("|---|---|---|---|")
-    for path in sorted({r["path"] for r in rows}):
-        ratios = [r["ratio"] for r in rows if r["path"] == path]
+    print_intervals("path", group(rows, "path"))
+    across = {path for path in {r["path"] for r in rows} if len(cards(rows, path)) > 1}
+    if across:
+        print("\nThe paths whose pairs ran on more than one GPU model, per model:")
+        print_intervals(
+            "path | GPU", group([r for r in rows if r["path"] in across], "path", "gpu")
+        )
+    return 0
+
+
+def cards(rows: list[dict], path: str) -> set[str]:
+    return {r["gpu"] for r in rows if r["path"] == path}
+
+
+def group(rows: list[dict], *keys: str) -> dict[tuple, list[float]]:
+    """The pairs' ratios by the values of ``keys``, in sorted order."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r["ratio"])
+    return dict(sorted(groups.items()))
+
+
+def print_intervals(heading: str, groups: dict[tuple, list[float]]) -> None:
+    columns = heading.count("|") + 1
+    print(f"\n| {heading} | pairs | workflow / plain (geometric mean) | 95 % CI |")
+    print("|---" * (columns + 3) + "|")
+    for key, ratios in groups.items():
         centre, low, high = mean_and_ci(ratios)
         interval = f"[{low:.3f}, {high:.3f}]" if low is not None else "one pair"
-        print(f"| {path} | {len(ratios)} | {centre:.3f} | {interval} |")
-    return 0
+        print(f"| {' | '.join(key)} | {len(ratios)} | {centre:.3f} | {interval} |")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,8 @@ def test_pairs_are_judged_per_path_with_their_interval(tmp_path):
         [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
     ).stdout
     run = "| a-study | ZeRO-3, no offload, repeat"
-    assert f"{run} 0 | 9,000 | 10,000 | 0.900 | yes | workflow |" in out
-    assert f"{run} 1 | 11,000 | 10,000 | 1.100 | yes | workflow |" in out
+    assert f"{run} 0 | no GPU | 9,000 | 10,000 | 0.900 | yes | workflow |" in out
+    assert f"{run} 1 | no GPU | 11,000 | 10,000 | 1.100 | yes | workflow |" in out
     # geometric mean of 0.9 and 1.1, t-interval with one degree of freedom
     assert "| ZeRO-3: optimizer none, parameters none, gas 1 | 2 | 0.995 | [0.278, 3.560] |" in out
 
@@ -88,3 +88,24 @@ def test_a_cpu_pair_has_no_gpu_memory_to_compare(tmp_path):
         [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
     ).stdout
     assert "| 1.000 | no GPU | workflow |" in out
+
+
+def test_a_path_on_two_gpu_models_is_also_judged_per_model(tmp_path):
+    """Pairs of one path on two machines' cards pool in the path's row, and each card's pairs get
+    a row of their own beside it; a path on one card gets none."""
+    h100, h200 = {"device_name": "NVIDIA H100 80GB HBM3"}, {"device_name": "NVIDIA H200"}
+    write_pair(tmp_path, "nvme", 0, 1_000.0, 1_000.0, **h100)
+    write_pair(tmp_path, "nvme", 1, 1_020.0, 1_000.0, **h100)
+    write_pair(tmp_path, "nvme", 2, 900.0, 1_000.0, **h200)
+    write_pair(tmp_path, "nvme", 3, 920.0, 1_000.0, **h200)
+    write_pair(tmp_path, "alone", 0, 1.0, 1.0, label="alone", offload_param="cpu", **h200)
+    script = ROOT / "benchmarks" / "fidelity_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "| a-study | ZeRO-3, no offload, repeat 0 | H100 SXM | 1,000 |" in out
+    path = "ZeRO-3: optimizer none, parameters none, gas 1"
+    assert f"| {path} | 4 | 0.959 |" in out
+    assert f"| {path} | H100 SXM | 2 | 1.010 | [0.891, 1.145] |" in out
+    assert f"| {path} | H200 | 2 | 0.910 | [0.791, 1.046] |" in out
+    assert "parameters cpu, gas 1 | H200 |" not in out
