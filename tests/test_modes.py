@@ -14,7 +14,9 @@ import pytest
 from conftest import make_spec
 from runs import runner_argv
 
+from offload_study import engines
 from offload_study.analysis import sanity
+from offload_study.core import contracts
 from offload_study.core.contracts import read_json
 from offload_study.core.study import StudyError, load_schema
 from offload_study.engines.deepspeed import config as dsconfig
@@ -220,10 +222,11 @@ def _runs(scenario: str, losses: list[float], steps_measured=6) -> list[dict]:
     ]
 
 
-def _parity(mine: list[float], pair: list[float], steps_measured=6):
+def _parity(mine: list[float], pair: list[float], steps_measured=6, pair_engine=None):
     runs = pd.DataFrame(_runs("zenflow", mine, steps_measured) + _runs("zero3", pair))
     row = {"scenario": "zenflow", "pair": "zero3", "pair_kind": "same-settings"}
-    facts = sanity.Facts(row, {}, runs[runs["scenario"] == "zenflow"], [], runs)
+    peers = {"zero3": {"scenario": "zero3", "engine": pair_engine}}
+    facts = sanity.Facts(row, peers, runs[runs["scenario"] == "zenflow"], [], runs)
     check = next(c for c in sanity.CHECKS if c.name == "loss-parity")
     return check.test(facts, check.tolerance)
 
@@ -233,6 +236,14 @@ def test_loss_parity_fires_only_beyond_its_tolerance_at_the_same_step():
     why = _parity([6.60, 6.70], [6.11, 6.11])
     assert why and "of 'zero3' at step 8" in why and "(rep 1, +9.7%)" in why
     assert _parity([6.60], [6.11], steps_measured=7) is None  # different steps: no comparison
+
+
+def test_loss_parity_leaves_a_pair_of_another_engine_unjudged():
+    """An offload run paired with another engine's run without offload (a study with no
+    no-offload run of its own engine): their random weights differ from the first step."""
+    other = next(name for name in engines.names() if name != contracts.DEFAULT_ENGINE)
+    assert _parity([6.60, 6.70], [6.11, 6.11], pair_engine=contracts.DEFAULT_ENGINE)
+    assert _parity([6.60, 6.70], [6.11, 6.11], pair_engine=other) is None
 
 
 # --------------------------------------------------------------------------- real runs on CPU

@@ -226,10 +226,14 @@ def _last_losses(runs: pd.DataFrame) -> dict[int, tuple[float, float]]:
 def loss_parity(facts: Facts, tol: float) -> str | None:
     """The last measured loss differs from the no-offload pair's (same settings, same repeat,
     same step) by more than the tolerance: the offload mode changed what training computes
-    (ZenFlow's selective updates do by design)."""
+    (ZenFlow's selective updates do by design). A pair of another engine is not judged: engines
+    draw the random model's weights differently (DeepSpeed's zero.Init partition by partition on
+    the accelerator), so their losses differ from the first step, whatever the offload does."""
     row, runs = facts.row, facts.all_runs
     pair = row.get("pair")
     if row.get("pair_kind") != "same-settings" or "scenario" not in runs:
+        return None
+    if contracts.engine_of(facts.peers.get(pair, {})) != contracts.engine_of(row):
         return None
     mine, theirs = _last_losses(facts.runs), _last_losses(runs[runs["scenario"] == pair])
     same = [
