@@ -15,7 +15,8 @@
 #           (PAIRED_REPEATS="1": those repeats only, e.g. one a call when a call holds one;
 #           PAIRED_SCENARIOS="a b": those scenarios only). Every study of STUDIES is run so. A
 #           plain loop whose JSON line is newer than its workflow record is not run again, so a
-#           call repeated after a deadline continues where the last one stopped.
+#           call repeated after a deadline continues where the last one stopped (nor, where it ran
+#           first, one whose workflow run the deadline cut).
 # PAIRED_ORDER=alternate: odd repeats run the plain loop first, then the workflow's run (even
 #           repeats, and the default, the workflow first), so that what the first of two loops
 #           leaves the machine (a disk's allocated blocks, a flush under way) does not always
@@ -147,6 +148,14 @@ raw_done() { # raw_done RESULTS_DIR SCENARIO REPEAT: its plain loop ran after it
   return 1
 }
 
+raw_line() { # raw_line SCENARIO REPEAT: a plain loop of it ran on this machine
+  local json
+  for json in /tmp/raw/*/"$1.rep$2.json"; do
+    [ -f "$json" ] && say "raw $1 rep$2: ran before, its workflow run still to come" && return 0
+  done
+  return 1
+}
+
 raw_fsdp2() { raw_loop fsdp2 "$@" && ratio_line fsdp2 "$@"; }  # outside PAIRED: after the studies
 
 plain_loop() { # plain_loop RESULTS_DIR SCENARIO REPEAT: its plain loop, if RAW_* names it
@@ -171,8 +180,9 @@ paired() { # paired STUDY_YAML: runs one at a time, each fsdp2 one of RAW_FSDP2 
     for s in $(plan_of "$study" scenarios); do
       [ -n "${PAIRED_SCENARIOS:-}" ] && [[ " $PAIRED_SCENARIOS " != *" $s "* ]] && continue
       if plain_first "$k"; then
-        # a record already there had its plain loop before it (a call after a deadline)
-        [ -f "$res/$s/rep$k/metrics.json" ] || plain_loop "$res" "$s" "$k"
+        # a record already there had its plain loop before it, and a plain loop whose workflow
+        # run a deadline cut still comes first (a call after a deadline, on the same machine)
+        [ -f "$res/$s/rep$k/metrics.json" ] || raw_line "$s" "$k" || plain_loop "$res" "$s" "$k"
         timed "$s rep$k" 300 snake "$study" "$res/$s/rep$k/metrics.json"
         ratio_line fsdp2 "$res" "$s" "$k"
         ratio_line deepspeed "$res" "$s" "$k"
@@ -196,8 +206,8 @@ summary() {
   pack
 }
 trap summary EXIT
-export -f elapsed say left snake plan_of versions build_ops table raw_loop raw_done raw_fsdp2 ratio_line \
-  plain_loop plain_first paired
+export -f elapsed say left snake plan_of versions build_ops table raw_loop raw_done raw_line raw_fsdp2 \
+  ratio_line plain_loop plain_first paired
 
 keep_outside
 requeue_cancelled
