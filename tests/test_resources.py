@@ -152,6 +152,22 @@ def test_nvme_capacity_refuses_only_the_clearly_impossible():
     assert run.nvme_capacity_gb == 60
 
 
+def test_nvme_capacity_counts_a_model_of_any_architecture():
+    """A mixture of experts (no layout for the predictor) and another dense architecture are
+    counted as transformers builds them, so their NVMe need is judged too."""
+    nvme = {"offload_optimizer": "nvme", "nvme_path": "/scratch"}
+    wide = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 8}
+    heads = {"num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000}
+    moe = {"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+    for model in ({**moe, **wide, **heads}, {"model_type": "qwen2", **wide, **heads}):
+        study = {"model": {"config": model}, "timeout_min": 30}
+        run = make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=100), {"name": "n", **nvme}, **study)
+        need_gib = run.model_params * 16 / 2**30
+        assert need_gib > 1  # mixtral: 3.4 B parameters, 51 GiB; qwen2: 0.62 B, 9.2 GiB
+        with pytest.raises(StudyError, match=r"scenarios\[0\]\.offload_optimizer: .*=1\b"):
+            make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=1), {"name": "n", **nvme}, **study)
+
+
 def test_bad_gres_type():
     cl = dict(GPU_CLUSTER, slurm={"gres_type": "h200;rm"})
     with pytest.raises(StudyError, match="gres_type"):

@@ -103,6 +103,25 @@ def _layout(model_json: str) -> Layout | Unknown:
     return layout_of_config(config)
 
 
+def param_count(model: ModelSpec) -> int | None:
+    """Elements of the model's parameters as transformers builds it, for any architecture (a
+    mixture of experts too, which has no :class:`Layout`); None where its config cannot be read
+    here or transformers cannot build it."""
+    found = layout(model)
+    if isinstance(found, Layout):
+        return found.params
+    return _counted(json.dumps(dataclasses.asdict(model), sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=64)
+def _counted(model_json: str) -> int | None:
+    try:
+        config = transformers_config(ModelSpec(**json.loads(model_json)), local_only=True)
+        return sum(p.numel() for p in build_on_meta(config).parameters())
+    except Exception:  # its Unknown (layout's) says why where a prediction needs it
+        return None
+
+
 def build_on_meta(config):
     """The causal LM a run builds from ``config``, on the meta device (transformers' errors
     raised as they come: the study check names them before anything runs)."""

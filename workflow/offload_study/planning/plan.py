@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from offload_study import engines
-from offload_study.core import layout
+from offload_study.core import architecture, layout
 from offload_study.core.architecture import overridden
 from offload_study.core.contracts import (
     DEFAULT_ENGINE,
@@ -46,18 +46,6 @@ def model_spec(study: dict) -> ModelSpec:
         config = overridden(presets.PRESETS.get(model["preset"], {}), overrides)
         return ModelSpec("config", model["preset"], config, None)
     return ModelSpec("config", None, overridden(model["config"], overrides), None)
-
-
-def _param_count(model: ModelSpec) -> int | None:
-    cfg = model.config
-    needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    if (
-        model.source == "config"
-        and cfg.get("model_type") == "llama"
-        and all(k in cfg for k in needed)
-    ):
-        return presets.llama_param_count({"vocab_size": 32000, **cfg})
-    return None
 
 
 def _sweep_combos(sweep: dict) -> list[dict]:
@@ -110,7 +98,7 @@ def _run_spec(
         engine=scenario["engine"],
         sweep={k: normalize_number(v) for k, v in combo.items()},
         model=model,
-        model_params=_param_count(model),
+        model_params=architecture.param_count(model),
         seq_len=study["seq_len"],
         dtype=study["dtype"],
         micro_batch=micro,

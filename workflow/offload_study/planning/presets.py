@@ -67,20 +67,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def llama_param_count(cfg: dict) -> int:
-    """Parameters of a Llama-style decoder from its config (embeddings, attention, MLP, norms)."""
-    h, f, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or h // heads
-    vocab = cfg["vocab_size"]
-    attn = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
-    mlp = 3 * h * f
-    per_layer = attn + mlp + 2 * h
-    lm_head = 0 if cfg.get("tie_word_embeddings") else vocab * h
-    return vocab * h + layers * per_layer + h + lm_head
-
-
 # --------------------------------------------------------------------------- plan-time checks
 # The study's model is built as a transformers config (no weights, no network) when the plan is
 # made, so that an architecture transformers cannot build is refused before any run starts.

@@ -159,7 +159,7 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
 def run_seconds(spec: RunSpec, step_s: float) -> float:
     """Wall seconds of one run: start-up plus its steps; in the adaptive measure mode the most
     it may take (every warm-up step, then max_steps or max_measure_s, whichever ends first)."""
-    shape = model_shape(spec)  # any architecture (the plan counts a Llama's alone)
+    shape = model_shape(spec)
     fit = ACCELERATOR_FITS[spec.accelerator]
     billions = (shape.params if shape else spec.model_params or 0) / 1e9
     offloaded = spec.offload_optimizer != "none" or spec.offload_param != "none"
