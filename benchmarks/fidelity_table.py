@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from offload_study import engines
-from offload_study.analysis.sanity import gpu_kind
+from offload_study.core.devices import card_name
 
 MIB_IN_GIB = 1024
 SAME_MIB_WORDS = {True: "yes", False: "no", None: "no GPU"}
@@ -65,7 +65,7 @@ def pair_row(raw: dict, record: dict) -> dict:
         else None not in allocated_gib
         and round(allocated_gib[0] * MIB_IN_GIB) == round(allocated_gib[1] * MIB_IN_GIB),
         "first": first_loop(raw, record),
-        "gpu": gpu_kind(record.get("device_name")) or "no GPU",
+        "gpu": card_name(record.get("device_name")) or "no GPU",
     }
 
 

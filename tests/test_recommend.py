@@ -822,7 +822,7 @@ def test_the_recommend_page_shows_budget_memory_config_and_provenance(tmp_path):
     assert "slower: 909 tokens/s" in page
     prov = page[page.index('id="recommend-provenance"') :]
     for value in (
-        "NVIDIA H200",
+        "H200",  # the card in the GPU catalog's words
         "550.54.15",
         "12.4",
         "2.5.1",

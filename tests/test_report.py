@@ -840,6 +840,24 @@ def test_provenance_is_what_differs_and_one_line_of_what_is_shared(tmp_path):
     assert origin.usable_gib(runs) == 140.4
 
 
+def test_a_card_is_named_in_the_catalogs_words_and_its_memory_in_gib(tmp_path):
+    """The device's own name carries the vendor's memory label ("80GB"): a page names the card
+    as the GPU catalog does and states its memory in GiB; a card the catalog does not know keeps
+    its own name."""
+    from builders import set_provenance
+
+    from offload_study.analysis.report import origin
+
+    name = "NVIDIA H100 80GB HBM3"
+    card = {"index": 0, "name": name, "memory_total_bytes": 85_520_809_984}
+    path = set_provenance(make_record(tmp_path, "base", 0), gpu_model=name, gpus=[card])
+    runs, _ = C.collect([path], n_boot=50)
+    assert origin.hardware(runs).startswith("8 × H100 SXM (79.6 GiB each), ")
+    set_provenance(path, gpu_model="Acme Tensor 9")
+    runs, _ = C.collect([path], n_boot=50)
+    assert origin.hardware(runs).startswith("8 × Acme Tensor 9 (79.6 GiB each), ")
+
+
 def test_a_moved_plans_configs_are_found_beside_it(tmp_path):
     from offload_study.analysis.report.render import found_beside
 

@@ -39,7 +39,7 @@ from offload_study.across import bundle
 from offload_study.analysis import collect, sanity
 from offload_study.analysis.report import html as pages
 from offload_study.analysis.report import views
-from offload_study.core import contracts, layout
+from offload_study.core import contracts, devices, layout
 from offload_study.core import verdict as verdict_rule
 
 N_BOOT = 2000
@@ -91,7 +91,8 @@ FACTS = [
          "gradient_checkpointing"),
     Fact("GPU memory of the scenario", WORKLOAD, "the card the scenario stands for (GB)",
          "metrics", "gpu_mem_gb"),
-    Fact("GPU model", PLATFORM, "the accelerator", "provenance", "gpu_model"),
+    Fact("GPU model", PLATFORM, "the accelerator", "provenance", "gpu_model",
+         show=lambda v: devices.card_name(v) or str(v)),
     Fact("NVIDIA driver", PLATFORM, "driver version", "provenance", "gpu_driver"),
     Fact("CUDA", PLATFORM, "CUDA version torch was built with", "provenance", "cuda_version"),
     Fact("torch", PLATFORM, "torch version", "metrics", "torch_version"),

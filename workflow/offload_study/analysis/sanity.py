@@ -17,7 +17,6 @@ than the tolerance: the effect is not noise of this measurement.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -175,17 +174,6 @@ def many_skipped(facts: Facts, tol: float) -> str | None:
     return f"{skipped:g} of {measured:g} measured steps skipped"
 
 
-@functools.cache  # a study names a few devices; every scenario's check maps all of its runs
-def gpu_kind(device_name) -> str | None:
-    """The GPU model a run's device name stands for (the catalog's name where it knows the
-    device: "NVIDIA H100 80GB HBM3" is an H100 SXM, "NVIDIA H100 NVL" another card; the name
-    itself else)."""
-    if not isinstance(device_name, str) or not device_name.strip():
-        return None
-    known = devices.gpu_spec(device_name)
-    return known[0] if known else device_name.strip()
-
-
 def other_gpu(facts: Facts, tol: float) -> str | None:
     """Some of this scenario's ok runs ran on another GPU model than most of the study's ok runs
     (a partition of mixed cards): its speed and memory are not comparable with theirs."""
@@ -193,13 +181,13 @@ def other_gpu(facts: Facts, tol: float) -> str | None:
     ok = every[every["outcome"] == "ok"] if "outcome" in every else every.iloc[0:0]
     if "device_name" not in ok:
         return None
-    kinds = ok["device_name"].map(gpu_kind).dropna()
+    kinds = ok["device_name"].map(devices.card_name).dropna()
     counts = kinds.value_counts()
     if len(counts) <= tol:
         return None
     usual = counts.index[0] if counts.iloc[0] > counts.iloc[1] else None
     mine = _ok(facts)
-    mine_kinds = mine["device_name"].map(gpu_kind)  # the same columns as ok's
+    mine_kinds = mine["device_name"].map(devices.card_name)  # the same columns as ok's
     odd = mine[mine_kinds.notna() & mine_kinds.ne(usual)]
     if odd.empty:
         return None

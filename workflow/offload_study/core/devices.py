@@ -61,6 +61,17 @@ def gpu_spec(device_name: str | None) -> tuple[str, dict] | None:
     return None
 
 
+@functools.cache  # a study names a few devices; pages and checks ask for each run's
+def card_name(device_name: str | None) -> str | None:
+    """The card a device name stands for, in the catalog's words ("NVIDIA H100 80GB HBM3" is an
+    "H100 SXM", "NVIDIA H100 NVL" another card: a page states the card's memory in GiB beside
+    it); the name itself where the catalog does not know it; None for no name."""
+    if not isinstance(device_name, str) or not device_name.strip():
+        return None
+    known = gpu_spec(device_name)
+    return known[0] if known else device_name.strip()
+
+
 def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:
     """Peak for a device name (:func:`gpu_spec`); ``override`` (the cluster's) wins; None if
     unknown."""

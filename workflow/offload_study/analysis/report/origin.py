@@ -17,7 +17,7 @@ import pandas as pd
 
 from offload_study.analysis import collect
 from offload_study.analysis.report import views, words
-from offload_study.core import contracts, units
+from offload_study.core import contracts, devices, units
 
 #: Where a study's YAML lies by convention (config/studies/<study>.yaml): the re-run command
 #: names it when it is there.
@@ -57,7 +57,7 @@ def engine_version(run: Mapping) -> str | None:
 #: The facts of a run a page names, in words: (name, how it is read from (run row, provenance)).
 FACTS: tuple[tuple[str, Callable[[Mapping, Mapping], object]], ...] = (
     ("host", lambda r, p: p.get("host")),
-    ("GPU", lambda r, p: r.get("device_name") or p.get("gpu_model")),
+    ("GPU", lambda r, p: devices.card_name(r.get("device_name") or p.get("gpu_model"))),
     ("GPU memory", lambda r, p: words.gib(g, 1) if (g := _card_gib(p)) else None),
     ("GPU driver", lambda r, p: p.get("gpu_driver")),
     ("CUDA runtime", lambda r, p: p.get("cuda_version")),
@@ -115,12 +115,13 @@ def usable_gib(runs: pd.DataFrame) -> float | None:
 
 
 def hardware(runs: pd.DataFrame) -> str | None:
-    """'2 × NVIDIA H200 (140.4 GiB each), 32 CPU cores, 251.8 GiB host RAM' from the first
-    run with a provenance.json; None without one."""
+    """'2 × H200 (140.4 GiB each), 32 CPU cores, 251.8 GiB host RAM' from the first run with a
+    provenance.json; None without one."""
     for _, prov in _runs(runs):
         if not prov:
             continue
-        gpus, model, card = prov.get("gpu_count"), prov.get("gpu_model"), _card_gib(prov)
+        gpus, card = prov.get("gpu_count"), _card_gib(prov)
+        model = devices.card_name(prov.get("gpu_model"))
         each = f" ({words.gib(card, 1)} each)" if card else ""
         ram = prov.get("ram_total_bytes")
         parts = [

@@ -32,7 +32,7 @@ from offload_study import engines
 from offload_study.analysis import collect
 from offload_study.analysis.report import html as pages
 from offload_study.analysis.report import origin, views, words
-from offload_study.core import contracts, layout, verdict
+from offload_study.core import contracts, devices, layout, verdict
 from offload_study.core.contracts import read_json
 from offload_study.prediction import error_bands
 
@@ -308,7 +308,7 @@ def winner_provenance(records: Sequence[Path]) -> dict | None:
                 " with uncommitted changes" if prov.get("git_dirty") else ""
             )
             return {
-                "GPU": prov.get("gpu_model"),
+                "GPU": devices.card_name(prov.get("gpu_model")),
                 "driver": prov.get("gpu_driver"),
                 "CUDA runtime": prov.get("cuda_version"),
                 "torch": prov.get("torch_version"),
