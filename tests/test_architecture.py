@@ -111,8 +111,9 @@ def test_another_architecture_is_predicted_and_says_its_constants_are_llamas():
     row = predict.predict(spec, dsconfig.build_ds_config(spec), None)
     assert row.host_gib > 0
     assert "qwen2 predicted from its own tensors" in row.note and "llama runs" in row.note
-    # the plan counts its parameters as transformers builds it; its start-up grows with them
-    assert spec.model_params == shared.model_shape(spec).params
+    # its start-up grows with its own parameter count (the plan counts a Llama's alone: any
+    # other is built on the meta device, seconds at every Snakemake start)
+    assert spec.model_params is None
     fit, billions = shared.ACCELERATOR_FITS["cpu"], shared.model_shape(spec).params / 1e9
     startup = fit.startup_s + fit.startup_s_per_billion * billions * 0.25  # no offload
     steps = spec.warmup_steps + spec.steps

@@ -21,7 +21,7 @@ from offload_study import engines
 from offload_study.admission.admit import main as plan_main
 from offload_study.analysis import collect
 from offload_study.analysis.report.predicted import predicted_view
-from offload_study.core import contracts, units
+from offload_study.core import architecture, contracts, units
 from offload_study.core.contracts import Calibration, read_calibration, read_json
 from offload_study.core.study import load_study
 from offload_study.engines.deepspeed import config as dsconfig
@@ -89,20 +89,8 @@ def ds(spec):
 
 
 # --------------------------------------------------------------------------- memory, by hand
-def llama_hand_count(cfg: dict) -> int:
-    """Parameters of a Llama-style decoder from its config: embeddings, attention, MLP, norms."""
-    h, f, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or h // heads
-    attn = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
-    per_layer = attn + 3 * h * f + 2 * h
-    lm_head = 0 if cfg.get("tie_word_embeddings") else cfg["vocab_size"] * h
-    return cfg["vocab_size"] * h + layers * per_layer + h + lm_head
-
-
 def test_parameter_count_is_the_hand_count():
-    assert llama_hand_count(LLAMA) == P == gpu_spec().model_params
+    assert architecture.llama_param_count(LLAMA) == P == gpu_spec().model_params
 
 
 def test_gpu_memory_without_offload_by_hand():

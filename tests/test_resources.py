@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 from conftest import make_spec
 
+from offload_study.core import architecture
 from offload_study.core.study import StudyError
 from offload_study.planning.resources import (
     MEM_HEADROOM_MIB,
@@ -154,7 +155,8 @@ def test_nvme_capacity_refuses_only_the_clearly_impossible():
 
 def test_nvme_capacity_counts_a_model_of_any_architecture():
     """A mixture of experts (no layout for the predictor) and another dense architecture are
-    counted as transformers builds them, so their NVMe need is judged too."""
+    counted as transformers builds them when their NVMe need is judged (the plan counts a
+    Llama's alone)."""
     nvme = {"offload_optimizer": "nvme", "nvme_path": "/scratch"}
     wide = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 8}
     heads = {"num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000}
@@ -162,7 +164,7 @@ def test_nvme_capacity_counts_a_model_of_any_architecture():
     for model in ({**moe, **wide, **heads}, {"model_type": "qwen2", **wide, **heads}):
         study = {"model": {"config": model}, "timeout_min": 30}
         run = make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=100), {"name": "n", **nvme}, **study)
-        need_gib = run.model_params * 16 / 2**30
+        need_gib = architecture.param_count(run.model) * 16 / 2**30
         assert need_gib > 1  # mixtral: 3.4 B parameters, 51 GiB; qwen2: 0.62 B, 9.2 GiB
         with pytest.raises(StudyError, match=r"scenarios\[0\]\.offload_optimizer: .*=1\b"):
             make_spec(dict(GPU_CLUSTER, nvme_capacity_gb=1), {"name": "n", **nvme}, **study)

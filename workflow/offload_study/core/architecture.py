@@ -103,14 +103,40 @@ def _layout(model_json: str) -> Layout | Unknown:
     return layout_of_config(config)
 
 
-def param_count(model: ModelSpec) -> int | None:
+#: What a Llama's closed-form count reads of its config.
+LLAMA_DIMS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def param_count(model: ModelSpec, build: bool = True) -> int | None:
     """Elements of the model's parameters as transformers builds it, for any architecture (a
     mixture of experts too, which has no :class:`Layout`); None where its config cannot be read
-    here or transformers cannot build it."""
+    here or transformers cannot build it. A Llama given by its config is counted in closed form;
+    any other model is built on the meta device, which imports torch and takes seconds: with
+    ``build=False``, None instead."""
+    cfg = model.config
+    if model.source == "config" and cfg.get("model_type") == "llama":
+        if all(k in cfg for k in LLAMA_DIMS):
+            return llama_param_count({"vocab_size": 32000, **cfg})
+    if not build:
+        return None
     found = layout(model)
     if isinstance(found, Layout):
         return found.params
     return _counted(json.dumps(dataclasses.asdict(model), sort_keys=True, default=str))
+
+
+def llama_param_count(cfg: dict) -> int:
+    """Parameters of a Llama-style decoder from its config (embeddings, attention, MLP, norms)."""
+    h, f, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or h // heads
+    vocab = cfg["vocab_size"]
+    attn = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
+    mlp = 3 * h * f
+    per_layer = attn + mlp + 2 * h
+    lm_head = 0 if cfg.get("tie_word_embeddings") else vocab * h
+    return vocab * h + layers * per_layer + h + lm_head
 
 
 @functools.lru_cache(maxsize=64)

@@ -98,7 +98,9 @@ def _run_spec(
         engine=scenario["engine"],
         sweep={k: normalize_number(v) for k, v in combo.items()},
         model=model,
-        model_params=architecture.param_count(model),
+        # counted where it costs nothing: a plan is made at every Snakemake start (the NVMe
+        # check counts any other model when it needs to)
+        model_params=architecture.param_count(model, build=False),
         seq_len=study["seq_len"],
         dtype=study["dtype"],
         micro_batch=micro,

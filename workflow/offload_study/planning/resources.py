@@ -40,7 +40,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from offload_study.core import units
+from offload_study.core import architecture, units
 from offload_study.core.contracts import RunSpec
 from offload_study.core.study import StudyError
 
@@ -283,12 +283,15 @@ def _nvme_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
     clearly impossible: parameter count and capacity known; units.PLACEMENT's bytes per
     parameter, swap-file alignment left out)."""
     capacity = cluster.get("nvme_capacity_gb")
-    if not (spec.uses_nvme and capacity and spec.model_params):
+    if not (spec.uses_nvme and capacity):
+        return []
+    params = spec.model_params or architecture.param_count(spec.model)
+    if not params:
         return []
     per_param = units.bytes_per_param(
         "nvme", spec.dtype, spec.offload_optimizer, spec.offload_param
     )
-    need_bytes = spec.model_params * per_param / spec.nodes  # ZeRO-3 splits it over the nodes
+    need_bytes = params * per_param / spec.nodes  # ZeRO-3 splits it over the nodes
     if need_bytes <= units.gib_to_bytes(capacity):
         return []
     key = "offload_optimizer" if spec.offload_optimizer == "nvme" else "offload_param"
@@ -296,7 +299,7 @@ def _nvme_problems(spec: RunSpec, cluster: dict) -> list[tuple[str, str]]:
         (
             key,
             f"NVMe offload needs at least {units.bytes_to_gib(need_bytes):.1f} GiB per node "
-            f"({spec.model_params} "
+            f"({params} "
             f"parameters x {per_param} B / {spec.nodes} node(s)) but cluster "
             f"{cluster.get('name', '<cluster>')!r} has nvme_capacity_gb={capacity}",
         )
