@@ -89,7 +89,7 @@ FACTS = [
     Fact("parameter offload", WORKLOAD, "where parameters live", "metrics", "offload_param"),
     Fact("gradient checkpointing", WORKLOAD, "activations recomputed", "metrics",
          "gradient_checkpointing"),
-    Fact("GPU memory of the scenario", WORKLOAD, "the card the scenario stands for (GB)",
+    Fact("GPU memory of the scenario", WORKLOAD, "the card the scenario stands for (GiB)",
          "metrics", "gpu_mem_gb"),
     Fact("GPU model", PLATFORM, "the accelerator", "provenance", "gpu_model",
          show=lambda v: devices.card_name(v) or str(v)),
