@@ -116,17 +116,13 @@ def main(argv: list[str]) -> int:
             f"| {r['ratio']:.3f} | {SAME_MIB_WORDS[r['same_mib']]} | {r['first']} |"
         )
     print_intervals("path", group(rows, "path"))
-    across = {path for path in {r["path"] for r in rows} if len(cards(rows, path)) > 1}
+    by_card = group(rows, "path", "gpu")
+    paths = [path for path, _ in by_card]
+    across = {key: ratios for key, ratios in by_card.items() if paths.count(key[0]) > 1}
     if across:
         print("\nThe paths whose pairs ran on more than one GPU model, per model:")
-        print_intervals(
-            "path | GPU", group([r for r in rows if r["path"] in across], "path", "gpu")
-        )
+        print_intervals("path | GPU", across)
     return 0
-
-
-def cards(rows: list[dict], path: str) -> set[str]:
-    return {r["gpu"] for r in rows if r["path"] == path}
 
 
 def group(rows: list[dict], *keys: str) -> dict[tuple, list[float]]:

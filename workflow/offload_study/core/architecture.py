@@ -48,9 +48,11 @@ class Layout:
 
 @dataclass(frozen=True)
 class Unknown:
-    """A model the step and memory models cannot describe, and why, in the reader's words."""
+    """A model the step and memory models cannot describe, and why, in the reader's words; its
+    parameter count where transformers built it (a mixture of experts, unlike layers)."""
 
     reason: str
+    params: int | None = None
 
 
 def overridden(base: dict, overrides: dict) -> dict:
@@ -117,12 +119,7 @@ def param_count(model: ModelSpec, build: bool = True) -> int | None:
     if model.source == "config" and cfg.get("model_type") == "llama":
         if all(k in cfg for k in LLAMA_DIMS):
             return llama_param_count({"vocab_size": 32000, **cfg})
-    if not build:
-        return None
-    found = layout(model)
-    if isinstance(found, Layout):
-        return found.params
-    return _counted(json.dumps(dataclasses.asdict(model), sort_keys=True, default=str))
+    return layout(model).params if build else None
 
 
 def llama_param_count(cfg: dict) -> int:
@@ -137,15 +134,6 @@ def llama_param_count(cfg: dict) -> int:
     per_layer = attn + mlp + 2 * h
     lm_head = 0 if cfg.get("tie_word_embeddings") else vocab * h
     return vocab * h + layers * per_layer + h + lm_head
-
-
-@functools.lru_cache(maxsize=64)
-def _counted(model_json: str) -> int | None:
-    try:
-        config = transformers_config(ModelSpec(**json.loads(model_json)), local_only=True)
-        return sum(p.numel() for p in build_on_meta(config).parameters())
-    except Exception:  # its Unknown (layout's) says why where a prediction needs it
-        return None
 
 
 def build_on_meta(config):
@@ -166,17 +154,18 @@ def layout_of_config(config) -> Layout | Unknown:
     except Exception as exc:  # no causal-LM class, or one that cannot be built from the config
         return Unknown(f"transformers cannot build {kind} as a causal LM ({_first_line(exc)})")
     named = [(name, p.numel()) for name, p in built.named_parameters()]
+    params = sum(n for _, n in named)
     experts = next((name for name, _ in named if "expert" in name), None)
     if experts:
-        return Unknown(
-            f"{kind} is a mixture of experts ({experts}): the models know dense decoder layers"
-        )
+        why = f"{kind} is a mixture of experts ({experts}): the models know dense decoder layers"
+        return Unknown(why, params)
     stack = decoder_layers(built)
     if not stack:
-        return Unknown(f"{kind} has no stack of decoder layers the models know")
+        return Unknown(f"{kind} has no stack of decoder layers the models know", params)
     sizes = {sum(p.numel() for p in layer.parameters()) for layer in stack}
     if len(sizes) != 1:
-        return Unknown(f"{kind}'s decoder layers differ in size: the models know alike layers")
+        why = f"{kind}'s decoder layers differ in size: the models know alike layers"
+        return Unknown(why, params)
     return _with_dims(config, kind, tuple(n for _, n in named), len(stack), sizes.pop())
 
 

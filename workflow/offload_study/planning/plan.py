@@ -16,7 +16,6 @@ from pathlib import Path
 
 from offload_study import engines
 from offload_study.core import architecture, layout
-from offload_study.core.architecture import overridden
 from offload_study.core.contracts import (
     DEFAULT_ENGINE,
     DataSpec,
@@ -43,9 +42,9 @@ def model_spec(study: dict) -> ModelSpec:
     if "name_or_path" in model:
         return ModelSpec("pretrained", None, dict(overrides), model["name_or_path"])
     if "preset" in model:  # an unknown preset is admission's to refuse (model.preset)
-        config = overridden(presets.PRESETS.get(model["preset"], {}), overrides)
+        config = architecture.overridden(presets.PRESETS.get(model["preset"], {}), overrides)
         return ModelSpec("config", model["preset"], config, None)
-    return ModelSpec("config", None, overridden(model["config"], overrides), None)
+    return ModelSpec("config", None, architecture.overridden(model["config"], overrides), None)
 
 
 def _sweep_combos(sweep: dict) -> list[dict]:
