@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import make_spec
@@ -17,7 +18,7 @@ from runs import RUNNER_GRACE_S, load_record, make_run, run_runner, runner_argv
 
 from offload_study.core import contracts
 from offload_study.core.contracts import RankStats, StepRow
-from offload_study.training import metrics, outcome, placement, probes, provenance
+from offload_study.training import metrics, outcome, placement, probes, provenance, supervise
 from offload_study.training.supervise import Supervision
 
 # --------------------------------------------------------------------------- real runs
@@ -138,6 +139,28 @@ def test_sigterm_cancelled(tmp_path):
     # no rank survives the cancel
     ps = subprocess.run(["pgrep", "-f", str(outdir)], capture_output=True, text=True)
     assert ps.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("signalled", [True, False])
+def test_a_signalled_runner_gives_its_ranks_the_short_grace(tmp_path, monkeypatch, signalled):
+    """Whoever signalled the runner SIGKILLs it soon after (timeout -k 10 on the device, SLURM's
+    KillWait): on a signal the ranks get CANCEL_GRACE_S, so that the cancelled record is written
+    before that; a limit the runner enforces itself (here the run time) keeps KILL_GRACE_S."""
+    graces = []
+    kill_group = supervise.kill_group
+    monkeypatch.setattr(
+        supervise, "kill_group", lambda proc, grace_s: (graces.append(grace_s), kill_group(proc))
+    )
+    launched = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    spec = SimpleNamespace(cpu_mem_bytes=None, timeout_s=600 if signalled else 0, step_timeout_s=0)
+    cancel = supervise.Cancelled()
+    cancel.signum = signal.SIGTERM if signalled else None
+    seen = supervise.supervise(launched, spec, contracts.RecordDir(tmp_path), cancel, print)
+    assert seen.killed == ("cancelled" if signalled else "timeout")
+    assert graces == [supervise.CANCEL_GRACE_S if signalled else supervise.KILL_GRACE_S]
+    assert supervise.CANCEL_GRACE_S < supervise.KILL_GRACE_S
 
 
 # --------------------------------------------------------------------------- fast helpers

@@ -26,6 +26,11 @@ from offload_study.core.contracts import Progress, RecordDir, RunSpec, read_prog
 
 POLL_S = 0.2
 KILL_GRACE_S = 5.0
+# A runner that got a signal is killed itself soon after (timeout -k, SLURM's KillWait, a second
+# Ctrl-C): its ranks get a short grace, so that the cancelled record is written before that. A
+# rank that has to exit (torchrun's agent shutting its workers down, a CUDA context torn down)
+# could otherwise take the whole 5 s, and with the SIGKILL wait and the reap, past a 10 s grace.
+CANCEL_GRACE_S = 1.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -282,7 +287,7 @@ def supervise(
         breach = limit_passed(spec, watch, now, cancel.signum)
         if breach:
             say(f"killing process group: {breach[1]}")
-            kill_group(proc)
+            kill_group(proc, CANCEL_GRACE_S if breach[0] == "cancelled" else KILL_GRACE_S)
             break
         time.sleep(POLL_S)
     rc = proc.wait()
