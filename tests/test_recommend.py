@@ -835,6 +835,10 @@ def test_the_recommend_page_shows_budget_memory_config_and_provenance(tmp_path):
     assert "Re-run the search: <code>snakemake --cores all recommend" in page
     assert "beyond CI" not in page and "within noise" not in page
     assert "faster" in cell(page, "recommend-verdict") and "inconclusive" in page
+    # the winner's speed as a share of the runner-up's, not read as "faster by 110 %"
+    use_this = cell(page, "use-this")
+    assert "faster than the runner-up, CPU optimizer offload; micro-batch 2, at 110%" in use_this
+    assert "of its speed" in use_this and ", by " not in use_this
 
 
 def test_a_winner_over_its_budget_is_said_not_to_meet_it(tmp_path):
@@ -848,6 +852,22 @@ def test_a_winner_over_its_budget_is_said_not_to_meet_it(tmp_path):
     view.write_page(page_of_nothing, tmp_path / "none.html", study_dir)
     met = cell((tmp_path / "none.html").read_text(), "recommend-met")
     assert met == "not met: no candidate ran ok within the budget", met
+
+
+def test_on_cpu_ranks_the_page_counts_ranks_and_sets_no_gpu_budget(tmp_path):
+    """A CPU cluster's search: its ranks stand in for GPUs and hold no GPU memory, so the page
+    counts ranks and says the search's GPU budget is not enforced there."""
+    from offload_study.analysis.report import recommend as view
+
+    study_dir = winner_study(tmp_path, peak_gpu_gib=12.0)
+    for metrics in study_dir.glob("rec-opt__mb-4/rep*/metrics.json"):
+        metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "accelerator": "cpu"}))
+    view.write_page(a_recommendation(), tmp_path / "page.html", study_dir)
+    page = (tmp_path / "page.html").read_text()
+    use_this = cell(page, "use-this")
+    assert use_this.startswith("Use this on c, ") and ", 1 rank:" in use_this, use_this
+    assert "GiB per GPU" not in use_this, use_this
+    assert "GPU memory: none on CPU ranks (the search's 16 GiB per GPU is not enforced" in page
 
 
 def test_the_page_names_the_best_config_of_each_engine_and_what_was_measured_why(tmp_path):

@@ -756,6 +756,33 @@ def test_use_this_picks_the_fastest_that_fits_each_memory_level_and_says_when_it
     assert levels[0]["pick"]["tokens"] == "700 [680–720]"
 
 
+def test_use_this_on_cpu_ranks_speaks_of_ranks_and_no_gpu_memory():
+    """A CPU cluster's ranks stand in for GPUs and have no GPU memory: the block counts ranks,
+    and a recommend candidate's GPU budget (never enforced on a CPU) makes no memory level."""
+    from offload_study.analysis.report import html, usethis
+
+    rows = [
+        {"scenario": "two", "label": "ZeRO-3 on two ranks", "world_size": 2, "tokens_per_s": 900.0},
+        {"scenario": "capped", "label": "FSDP2", "gpu_mem_gb": 1, "tokens_per_s": 2000.0},
+        {"scenario": "plain", "label": "ZeRO-3", "tokens_per_s": 1000.0},
+    ]
+    vs = use_views([{**r, "accelerator": "cpu"} for r in rows])
+    block = usethis.use_this(vs, "acme-cpu", "Mistral")
+    assert [(p["gpus"], p["level"], p["pick"]["label"]) for p in block["levels"]] == [
+        (1, None, "FSDP2"),
+        (2, None, "ZeRO-3 on two ranks"),
+    ]
+    page = (
+        html.environment()
+        .get_template("_use_this.html.j2")
+        .render(use_this=block, surprises=[], downloads={})
+    )
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    assert "on 1 rank, FSDP2 (2,000 tokens/s)" in text, text
+    assert "on 2 ranks, ZeRO-3 on two ranks" in text, text
+    assert "GPU" not in text and "card" not in text, text
+
+
 def test_a_result_a_reader_would_not_expect_gets_its_measured_breakdown():
     from offload_study.analysis.report import usethis
 

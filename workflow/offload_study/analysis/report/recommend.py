@@ -248,6 +248,7 @@ def page_view(recommendation: dict, study_dir: str | Path | None) -> dict | None
     gpus = planned.get("world_size") or int(planned.get("gpus_per_node") or 1) * int(
         planned.get("nodes") or 1
     )
+    unit = "rank" if _accelerator(records) == "cpu" else "GPU"
     return {
         "memory": memory,
         "host_budget_gib": host_budget,
@@ -255,9 +256,17 @@ def page_view(recommendation: dict, study_dir: str | Path | None) -> dict | None
         "ds_config": _ds_config(Path(layout.ds_config_path(study, winner))),
         "provenance": winner_provenance(records),
         "model": views.model_name(plan.get("model"), plan.get("model_params")),
-        "gpus": views.count_of(gpus, "GPU"),
+        "gpus": views.count_of(gpus, unit),
+        "unit": unit,
         "dirty": _dirty(study),
     }
+
+
+def _accelerator(records: Sequence[Path]) -> str | None:
+    """The accelerator the winner's runs ran on ("cuda", "cpu"), as their records say."""
+    for record in records:
+        return read_json(record / contracts.METRICS_FILE).get("accelerator")
+    return None
 
 
 def _dirty(study: Path) -> str | None:

@@ -42,7 +42,10 @@ def _overlaps(a: Row, b: Row) -> bool:
     return a_lo <= b_hi and b_lo <= a_hi
 
 
-def _level_words(level: float, pick: Row) -> str:
+def _level_words(level: float, pick: Row) -> str | None:
+    """'24 GiB per GPU', 'the whole card (140.4 GiB)'; None for CPU ranks (no GPU memory)."""
+    if pick["unit"] != "GPU":
+        return None
     if math.isfinite(level) and level != pick["usable_gib"]:
         return f"{words.gib(level)} per GPU"
     card = pick["usable_gib"]
@@ -97,7 +100,7 @@ def use_this(views: list[Row], cluster: str, model: str) -> dict | None:
     on = f"{cluster}, {model}"
     if len(counts) == 1 and next(iter(counts)):
         on += f", {count_of(next(iter(counts)), unit)}"
-    return {"on": on, "levels": levels, "per_count": len(counts) > 1}
+    return {"on": on, "levels": levels, "per_count": len(counts) > 1, "unit": unit}
 
 
 # --------------------------------------------------------------------------- surprises

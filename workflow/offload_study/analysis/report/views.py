@@ -244,7 +244,10 @@ def _display_fields(v: Row) -> dict:
         "gpu_setup": words.gpu_setup(
             v["world_size"], cap, v["usable_gib"] if unit == "GPU" else None, unit
         ),
-        "memory_level_gib": cap if cap is not None else v["usable_gib"],
+        # a CPU rank has no GPU memory: a cap on it is a budget no one enforced
+        "memory_level_gib": (cap if cap is not None else v["usable_gib"])
+        if unit == "GPU"
+        else None,
         "host_budget": words.gib(v["cpu_mem_gb"]) if isnum(v["cpu_mem_gb"]) else "—",
         "offload_kind": kind,
         "offload_text": _offload_words(*offloads),
