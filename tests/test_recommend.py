@@ -860,14 +860,18 @@ def test_on_cpu_ranks_the_page_counts_ranks_and_sets_no_gpu_budget(tmp_path):
     from offload_study.analysis.report import recommend as view
 
     study_dir = winner_study(tmp_path, peak_gpu_gib=12.0)
+    no_gpu = {"accelerator": "cpu", "peak_gpu_allocated_gib": None, "peak_gpu_reserved_gib": None}
     for metrics in study_dir.glob("rec-opt__mb-4/rep*/metrics.json"):
-        metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "accelerator": "cpu"}))
+        metrics.write_text(json.dumps({**json.loads(metrics.read_text()), **no_gpu}))
     view.write_page(a_recommendation(), tmp_path / "page.html", study_dir)
     page = (tmp_path / "page.html").read_text()
     use_this = cell(page, "use-this")
     assert use_this.startswith("Use this on c, ") and ", 1 rank:" in use_this, use_this
     assert "GiB per GPU" not in use_this, use_this
     assert "GPU memory: none on CPU ranks (the search's 16 GiB per GPU is not enforced" in page
+    # judged on the host alone: 51 GiB at its peak, within the 64 GiB budget
+    met = cell(page, "recommend-met")
+    assert met == "met — peak host memory 51.0 GiB per node", met
 
 
 def test_the_page_names_the_best_config_of_each_engine_and_what_was_measured_why(tmp_path):

@@ -252,7 +252,10 @@ def page_view(recommendation: dict, study_dir: str | Path | None) -> dict | None
     return {
         "memory": memory,
         "host_budget_gib": host_budget,
-        "budget_met": budget_met(memory, recommendation["gpu_mem_gb"], host_budget),
+        # a CPU rank has no GPU memory: its budget is the host's alone
+        "budget_met": budget_met(
+            memory, recommendation["gpu_mem_gb"] if unit == "GPU" else None, host_budget
+        ),
         "ds_config": _ds_config(Path(layout.ds_config_path(study, winner))),
         "provenance": winner_provenance(records),
         "model": views.model_name(plan.get("model"), plan.get("model_params")),
@@ -293,14 +296,15 @@ def winner_memory(records: Sequence[Path]) -> dict:
     return peaks
 
 
-def budget_met(memory: dict, gpu_budget_gib: float, host_budget_gib: float | None) -> str:
+def budget_met(memory: dict, gpu_budget_gib: float | None, host_budget_gib: float | None) -> str:
     """ "met", "exceeded" or "not measured": the winner's peak reserved GPU memory (what the cap
-    limits; allocated where reserved was not measured) and its host peak against the budget."""
+    limits; allocated where reserved was not measured) and its host peak against the budget
+    (``gpu_budget_gib`` None: CPU ranks, judged on the host alone)."""
     gpu = memory["peak_gpu_reserved_gib"] or memory["peak_gpu_allocated_gib"]
-    if gpu is None:
-        return "not measured"
-    over_gpu = gpu > gpu_budget_gib + BUDGET_SLACK_GIB
     host = memory["host_memory_gib"]
+    if (gpu if gpu_budget_gib is not None else host) is None:
+        return "not measured"
+    over_gpu = gpu_budget_gib is not None and gpu > gpu_budget_gib + BUDGET_SLACK_GIB
     over_host = bool(host_budget_gib and host and host > host_budget_gib + BUDGET_SLACK_GIB)
     return "exceeded" if over_gpu or over_host else "met"
 
