@@ -174,12 +174,30 @@ def test_fsdp2_reserved_slack_is_the_loss_blocks_by_offload(gpu_spec):
     offloaded = dataclasses.replace(spec, engine="fsdp2", offload_param="cpu")
     assert causes(predict.reserved_features(plain, {})) == {
         **causes(shared.reserved_vector({})),
-        "the loss's blocks, FSDP2 without offload": loss,
+        "the loss's blocks, FSDP2, left cached": loss,
     }
     assert (
-        causes(predict.reserved_features(offloaded, {}))["the loss's blocks, FSDP2 with offload"]
+        causes(predict.reserved_features(offloaded, {}))["the loss's blocks, FSDP2, partly reused"]
         == loss
     )
+
+
+@pytest.mark.parametrize("offload_optimizer", ["none", "cpu"])
+def test_fsdp2_gradients_accumulated_on_the_gpu_reuse_the_loss_blocks(gpu_spec, offload_optimizer):
+    """With gas > 1 the gradients stay on the device between micro-steps, in blocks the first
+    loss freed: no offload and torchao's path take CPUOffloadPolicy's cause, at gas 1 not."""
+    spec, _ = gpu_spec
+    base = dataclasses.replace(spec, engine="fsdp2", offload_optimizer=offload_optimizer)
+    once = causes(predict.reserved_features(base, {}))
+    accumulated = dataclasses.replace(base, gradient_accumulation_steps=4)
+    four = causes(predict.reserved_features(accumulated, {}))
+    assert once["the loss's blocks, FSDP2, left cached"] > 0
+    assert once["the loss's blocks, FSDP2, partly reused"] == 0
+    assert (
+        four["the loss's blocks, FSDP2, partly reused"]
+        == once["the loss's blocks, FSDP2, left cached"]
+    )
+    assert four["the loss's blocks, FSDP2, left cached"] == 0
 
 
 def test_reserved_vector_refuses_a_cause_it_does_not_know():

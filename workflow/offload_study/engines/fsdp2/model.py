@@ -164,13 +164,13 @@ def predict_memory(spec: RunSpec, config: dict, cal: Calibration | None = None) 
 def reserved_features(spec: RunSpec, config: dict) -> tuple[float, ...]:
     """The allocator's slack causes (:data:`offload_study.prediction.shared.RESERVED_CAUSES`)
     of an FSDP2 run, bytes: the loss's blocks, the logits in the compute dtype and three fp32
-    tensors of their size (upcast, log-softmax, gradient), per micro-batch, under the cause of
-    its offload path (the backward reuses a different share of them)."""
+    tensors of their size (upcast, log-softmax, gradient), per micro-batch, under the cause its
+    offload path names for the run (how much of them the backward's blocks reuse)."""
     shape = model_shape(spec)
     if shape is None:
         return reserved_vector({})
     loss = spec.micro_batch * spec.seq_len * shape.vocab * (DTYPE_BYTES[spec.dtype] + 3 * FP32)
-    return reserved_vector({path_of(spec).reserved_cause: loss})
+    return reserved_vector({path_of(spec).reserved_cause(spec): loss})
 
 
 def known_reserved_bytes(spec: RunSpec, config: dict) -> float:
