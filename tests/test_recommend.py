@@ -970,3 +970,59 @@ def test_the_page_names_the_best_config_of_each_engine_and_what_was_measured_why
         "were predicted within it."
     )
     assert "ran out of GPU memory" in page and "needs a CUDA GPU" in page
+
+
+def test_an_engine_the_band_left_out_shows_its_best_prediction_beside_its_reference(tmp_path):
+    """Only a reference ran of an engine whose candidates all lay below the band: its row shows
+    that reference's measured speed and names the engine's best predicted config, not measured,
+    and why, so the reader does not take the reference for the engine's best."""
+    from builders import make_record
+
+    from offload_study.analysis.report import recommend as view
+
+    fast, slow, ref = f"rec-{FSDP2}-none__mb-4", f"rec-{DS}-cpu-none__mb-8", "zero3-ref"
+    space = {
+        **a_space({fast: f"{FSDP2}:none", slow: f"{DS}:opt"}, band=0.25, references=(ref,)),
+        "reference_engines": {ref: DS},
+        "study": "s",
+        "cluster": "c",
+        "gpu_mem_gb": 16,
+    }
+    preds = {fast: _prediction(fast, 2000, gpu_gib=12), slow: _prediction(slow, 1200, gpu_gib=12)}
+    selected = recommend.select(space, preds)
+    assert selected["measure"] == [fast, ref]  # 1,200 < 2,000 / 1.25
+    made = {fast: (2100.0, FSDP2), ref: (900.0, DS)}
+    metrics = [
+        str(
+            make_record(
+                tmp_path,
+                name,
+                0,
+                tokens_per_s=tps,
+                gpu_mem_gb=16,
+                world_size=1,
+                gpus_per_node=1,
+                peak_gpu_gib=11.0,
+                label=name,
+                extra={"engine": engine},
+            )
+        )
+        for name, (tps, engine) in made.items()
+    ]
+    rec = recommend.decide(space, selected, metrics)
+    best = {b["engine"]: b for b in rec["best_of_engines"]}
+    assert best[DS]["scenario"] == ref and best[DS]["measured"]
+    assert best[DS]["best_predicted"]["scenario"] == slow
+    assert best[FSDP2]["best_predicted"] is None  # its best predicted is the winner, measured
+    view.write_page(rec, tmp_path / "page.html")
+    page = (tmp_path / "page.html").read_text()
+    start = page.index('id="recommend-engines"')
+    table = page[start : page.index("</table>", start)]
+    rows = [" ".join(re.sub(r"<[^>]+>", " ", r).split()) for r in table.split("<tr>")[2:]]
+    assert rows[1].startswith("ZeRO-3 ")
+    assert "900 measured" in rows[1]
+    assert (
+        "; its best predicted config, optimizer offload to the CPU; micro-batch 8, not measured: "
+        "predicted 1,200 tokens/s" in html.unescape(rows[1])
+    )
+    assert "rec-" not in page

@@ -442,8 +442,10 @@ def _memory(row: pd.Series) -> dict:
 
 def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
     """The best config of each engine the search tried, the winner's engine first: its fastest
-    measured one within the budget, else its best predicted (and why it was not measured, or
-    how its run failed), else why none of its candidates could be tried."""
+    measured one within the budget (with its best predicted candidate where that one was not
+    measured: a reference may be all that ran of an engine the band left out), else its best
+    predicted (and why it was not measured, or how its run failed), else why none of its
+    candidates could be tried."""
     engine_of, picks = _engine_of(space_), {r["scenario"]: r for r in selected["candidates"]}
     left_out = space_.get("left_out") or []
     order = dict.fromkeys(
@@ -470,6 +472,7 @@ def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
                     "tokens_per_s": float(rows[name]["tokens_per_s"]),
                     "gpu_reserved_gib": _memory(rows[name])["gpu_reserved_gib"],
                     "why": None,
+                    "best_predicted": _unmeasured_best(ranked, rows),
                 }
             )
         elif ranked:
@@ -501,6 +504,19 @@ def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
                 }
             )
     return out
+
+
+def _unmeasured_best(ranked: list[dict], rows) -> dict | None:
+    """An engine's best predicted candidate when it has no record: its prediction and why it
+    was not measured (None when it was measured, or there is none)."""
+    if not ranked or ranked[0]["scenario"] in rows:
+        return None
+    best = ranked[0]
+    return {
+        "scenario": best["scenario"],
+        "tokens_per_s": best["predicted_tokens_per_s"],
+        "why": best["why"],
+    }
 
 
 def _measured(selected, runs, rows, state) -> list[dict]:

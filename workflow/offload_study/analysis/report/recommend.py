@@ -146,6 +146,10 @@ def worded(recommendation: dict, plan: dict | None = None) -> dict:
         *(r.get("of") for r in recommendation.get("vs_references") or []),
         *(o.get("scenario") for o in recommendation.get("others") or []),
         *(b.get("scenario") for b in recommendation.get("best_of_engines") or []),
+        *(
+            (b.get("best_predicted") or {}).get("scenario")
+            for b in recommendation.get("best_of_engines") or []
+        ),
         *(m.get("scenario") for m in recommendation.get("measured") or []),
         *(b.get("best") for b in selection.get("bands") or []),
         *(sc.get("name") for sc in (plan or {}).get("scenarios") or []),
@@ -184,12 +188,20 @@ def _engine_view(best: dict, names: dict[str, str], said) -> dict:
     """One engine's best config for the page: the engine, its offload and micro-batch in words
     (the candidate's words less the engine's label), speed and memory, measured or predicted."""
     engine = engines.label(best["engine"])
-    config = names.get(best["scenario"], best["scenario"]) if best["scenario"] else "—"
+
+    def config(scenario: str | None) -> str:
+        words = names.get(scenario, scenario) if scenario else "—"
+        return words.removeprefix(f"{engine} — ")
+
+    unmeasured = best.get("best_predicted")
     return {
         **best,
         "engine_label": engine,
-        "config": config.removeprefix(f"{engine} — "),
+        "config": config(best["scenario"]),
         "why": said(best["why"]) if best.get("why") else None,
+        "unmeasured_best": unmeasured
+        and f"its best predicted config, {config(unmeasured['scenario'])}, "
+        f"{said(unmeasured['why'])}",
     }
 
 
