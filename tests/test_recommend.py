@@ -322,9 +322,23 @@ def test_every_candidate_within_the_band_is_measured_up_to_the_budget():
         "ds-a-mb8",
         "ref",
     ]
-    # the study's own band (step_time_band) over the model's: 12 % keeps 1000 and 900 only
+    # the study's own band (step_time_band) over the model's: 12 % keeps 1000 and 900 only, and
+    # the budget left measures FSDP2's best predicted, which the band leaves out (the prediction
+    # errs most between engines)
     narrow = recommend.select(a_space(groups, band=0.12), preds)
-    assert narrow["measure"] == ["ds-a-mb4", "ds-a-mb8", "ref"]
+    assert narrow["measure"] == ["ds-a-mb4", "ds-a-mb8", "fsdp-none-mb4", "ref"]
+    assert narrow["bands"][0]["engine_best"] == 1
+    assert {r["scenario"]: r for r in narrow["candidates"]}["fsdp-none-mb4"]["why"] == (
+        "measured in round 0 (predicted 850 tokens/s, rank 3: slower than the best predicted "
+        "(1,000 tokens/s) by more than the study's ±12 % step-time band "
+        "(recommend.step_time_band); the best predicted of its engine, measured since the "
+        "prediction errs most between engines)"
+    )
+    # never beyond the budget: with one candidate to measure, the band's best alone
+    assert recommend.select(a_space(groups, band=0.12, max_measured=1), preds)["measure"] == [
+        "ds-a-mb4",
+        "ref",
+    ]
     # top_n caps a round, and the budget is over the whole search
     assert recommend.select(a_space(groups, max_measured=3, top_n=2), preds)["measure"] == [
         "ds-a-mb4",
@@ -973,16 +987,22 @@ def test_the_page_names_the_best_config_of_each_engine_and_what_was_measured_why
 
 
 def test_an_engine_the_band_left_out_shows_its_best_prediction_beside_its_reference(tmp_path):
-    """Only a reference ran of an engine whose candidates all lay below the band: its row shows
-    that reference's measured speed and names the engine's best predicted config, not measured,
-    and why, so the reader does not take the reference for the engine's best."""
+    """Only a reference ran of an engine whose candidates all lay below the band, the budget
+    spent on the band: its row shows that reference's measured speed and names the engine's best
+    predicted config, not measured, and why, so the reader does not take the reference for the
+    engine's best."""
     from builders import make_record
 
     from offload_study.analysis.report import recommend as view
 
     fast, slow, ref = f"rec-{FSDP2}-none__mb-4", f"rec-{DS}-cpu-none__mb-8", "zero3-ref"
     space = {
-        **a_space({fast: f"{FSDP2}:none", slow: f"{DS}:opt"}, band=0.25, references=(ref,)),
+        **a_space(
+            {fast: f"{FSDP2}:none", slow: f"{DS}:opt"},
+            max_measured=1,
+            band=0.25,
+            references=(ref,),
+        ),
         "reference_engines": {ref: DS},
         "study": "s",
         "cluster": "c",

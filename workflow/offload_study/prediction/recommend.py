@@ -15,7 +15,8 @@ A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a 
    to the model's measured band (error_bands.json, ±37 % calibrated), so every candidate
    predicted within that band of the best predicted one may be the fastest: all of them are
    measured, up to ``recommend.max_measured``, the best predicted of each engine and offload
-   mode first (the prediction is coarser across them than within one), then the next best.
+   mode first (the prediction is coarser across them than within one), then the next best;
+   the budget left measures the best predicted of each engine with no candidate in the band.
    GPU memory is judged as the feasibility gate judges it: the reserved prediction, with the
    CUDA context counted as the cap counts it (:func:`~offload_study.prediction.predict.need_gib`).
 4. The normal ``rule train`` measures them and the references. When no candidate measured so far
@@ -174,8 +175,15 @@ def _choose(
     for row in ranked:
         row["in_band"] = row in in_band
     chosen = _top(in_band, limit)
+    # the step model errs most between engines (each has its own constants, and a model unlike
+    # the fitted ones moves one engine's predictions, not the other's), so the budget left
+    # measures the best predicted of each engine with no candidate in the band
+    outside = [r for r in _best_of_each(ranked, "engine") if r not in in_band]
+    engine_best = outside[: max(0, limit - len(chosen))]
+    for row in ranked:
+        row["engine_best"] = row in engine_best
     limited_by = "top_n" if space_.get("top_n") and space_["top_n"] < left else "max_measured"
-    return chosen, {
+    return chosen + engine_best, {
         "round": rnd,
         "step_time_band": band,
         "band_from_study": space_.get("step_time_band") is not None,
@@ -184,6 +192,7 @@ def _choose(
         "floor_tokens_per_s": floor,
         "in_band": len(in_band),
         "chosen": len(chosen),
+        "engine_best": len(engine_best),
         "measured_before": measured,
         "limit": limit,
         "limited_by": limited_by,
@@ -307,6 +316,11 @@ def _selection_why(row: dict, band: dict) -> str:
             "model's error"
         )
     said += f", rank {row['rank']}: {_band_words(row, band)}"
+    if row["round"] is not None and row.get("engine_best"):
+        return (
+            f"measured in round {row['round']} ({said}; the best predicted of its engine, "
+            "measured since the prediction errs most between engines)"
+        )
     if row["round"] is not None:
         return f"measured in round {row['round']} ({said})"
     if row.get("in_band"):

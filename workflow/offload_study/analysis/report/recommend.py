@@ -233,6 +233,11 @@ def selection_words(selection: dict, names: dict[str, str]) -> str | None:
                 f"let the best predicted {first['chosen']} of them be measured, the best of "
                 "each engine first, then of each offload mode"
             )
+        if first.get("engine_best"):
+            why += (
+                f"; and the best predicted of each engine with no candidate within it "
+                f"({first['engine_best']}), since the prediction errs most between engines"
+            )
     rounds = len([b for b in bands if b])
     again = f"; {rounds - 1} more round(s) followed, none having run ok" if rounds > 1 else ""
     return f"{head}: {why}{again}."
