@@ -12,7 +12,7 @@ A study with a ``recommend`` block (schema: ``schemas/study.schema.yaml``) is a 
 3. ``checkpoint recommend_select`` (:func:`select`), round 0, keeps the feasible ones and ranks
    them by predicted tokens/s, a candidate predicted over its budget (feasible only within the
    model's memory error) after every one predicted to fit. The prediction's step time errs by up
-   to the model's measured band (error_bands.json, ±37 % calibrated), so every candidate
+   to the model's measured band (error_bands.json, ±54 % calibrated), so every candidate
    predicted within that band of the best predicted one may be the fastest: all of them are
    measured, up to ``recommend.max_measured``, the best predicted of each engine and offload
    mode first (the prediction is coarser across them than within one), then the next best;
