@@ -103,8 +103,9 @@ seed_committed() { # SEED=1: a study's committed records (docs/results/...) cont
       --exclude=README.md --exclude='*predicted-before-the-runs*' --exclude='runs.*' \
       --exclude=summary.csv .) | tar -xf - -C "$res"
     # one time, newer than the carried tree: Snakemake keeps what is there (no input newer than
-    # its output) and runs what is missing
-    find "$res" -exec touch -d "@$(date +%s)" {} +
+    # its output) and runs what is missing; a second ahead, since touch -d drops the fraction
+    # and a tree file written in this second would count as newer
+    find "$res" -exec touch -d "@$(($(date +%s) + 1))" {} +
     say "seeded $res from docs/$res"
   done
 }
