@@ -722,10 +722,9 @@ def fold_lines(folds: dict[tuple, Constants], ok: list[dict]) -> list[str]:
 
 
 def bands(rows: list[dict], kind: str = "GPU") -> dict:
-    """The largest absolute error per quantity (ok DeepSpeed records of ``kind``): the bands are
-    those of DeepSpeed's predictions (the plan's, the seed rows'); FSDP2's step model reuses
-    DeepSpeed's fitted per-layer cost and is shown in the table, not folded into the bands."""
-    errs = errors([r for r in rows if r["kind"] == kind and r["engine"] == "deepspeed"])
+    """The largest absolute error per quantity over the ok records of ``kind``, every engine's:
+    a plan gives one band to the candidates of every engine, and a search compares them."""
+    errs = errors([r for r in rows if r["kind"] == kind])
     names = {
         "step": "step_time",
         "gpu": "gpu_allocated",
@@ -988,19 +987,15 @@ def write_bands(path: Path, rows: list[dict], uncalibrated: list[dict], argv) ->
     """{"calibrated": {...}, "uncalibrated": {...}, "measured_by": ..., "records": N} (the one
     reader: offload_study.prediction.error_bands): the largest absolute error out of sample of
     each quantity, with the shipped calibrations and with the GPU catalog's values."""
-    gpu_ok = [
-        r
-        for r in rows
-        if r["kind"] == "GPU" and r["outcome"] == "ok" and r["engine"] == "deepspeed"
-    ]
+    gpu_ok = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok"]
     command = "python benchmarks/prediction_accuracy.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     out = {
         "calibrated": bands(rows),
         "uncalibrated": bands(uncalibrated),
-        "statistic": "largest absolute relative error over the ok DeepSpeed GPU records, the fitted "
-        "constants (efficiency, dispatch per layer, reserved slack) fitted leaving the record's "
+        "statistic": "largest absolute relative error over the ok GPU records of every engine, the "
+        "fitted constants (efficiency, dispatch per layer, reserved slack) fitted leaving the record's "
         "model out (every record of that model, whatever study holds it); the runtime memory "
         "measured, not fitted",
         "calibration": "calibrated: config/calibration/<cluster>.json (shipped); uncalibrated: "
