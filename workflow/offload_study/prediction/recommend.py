@@ -486,7 +486,7 @@ def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
                     "tokens_per_s": float(rows[name]["tokens_per_s"]),
                     "gpu_reserved_gib": _memory(rows[name])["gpu_reserved_gib"],
                     "why": None,
-                    "best_predicted": _unmeasured_best(ranked, rows),
+                    "best_predicted": _unmeasured_best(ranked),
                 }
             )
         elif ranked:
@@ -520,10 +520,10 @@ def best_of_engines(space_, selected, runs, rows, state, winner) -> list[dict]:
     return out
 
 
-def _unmeasured_best(ranked: list[dict], rows) -> dict | None:
-    """An engine's best predicted candidate when it has no record: its prediction and why it
-    was not measured (None when it was measured, or there is none)."""
-    if not ranked or ranked[0]["scenario"] in rows:
+def _unmeasured_best(ranked: list[dict]) -> dict | None:
+    """An engine's best predicted candidate when the search did not choose it: its prediction
+    and why it was not measured (None when it was chosen, or there is none)."""
+    if not ranked or ranked[0]["round"] is not None:
         return None
     best = ranked[0]
     return {
