@@ -4,6 +4,7 @@ seed's reference file."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -206,6 +207,31 @@ def test_predicted_seed_rows_carry_the_uncalibrated_band_and_never_say_reproduce
     assert f"predicted</span> ±{round(100 * p)}%, not measured here" in row
     assert f"(±{round(100 * p)}%, uncalibrated)" in html
     assert not re.search(r">\s*reproduced", row)
+
+
+def test_a_band_past_100_percent_bounds_no_slowdown_and_the_page_says_so(tmp_path, monkeypatch):
+    """An uncalibrated step-time band of 100 % or more bounds a prediction's tokens/s from above
+    only: a share over a predicted basis has no upper bound, is judged inconclusive against the
+    seed's band, and the table and the figure show it without a negative or infinite figure."""
+    from offload_study.analysis.report import figures
+
+    monkeypatch.setattr(seed, "prediction_error", lambda plan: (1.2, "uncalibrated"))
+    plan, vs = summary_views(tmp_path, {"offload-2gpu-80gb": 1000.0}, "offload-2gpu-80gb")
+    predictions = {
+        "zero3-8gpu-40gb": prediction("zero3-8gpu-40gb", 5000.0, 8),
+        "offload-4gpu-40gb": prediction("offload-4gpu-40gb", 1750.0, 4),
+    }
+    view = seed.seed_view(plan, vs, predictions, REFS, "offload-2gpu-80gb")
+    rows = by_scenario(view)
+    two, four = rows["offload-2gpu-80gb"], rows["offload-4gpu-40gb"]
+    assert two["ci"][0] == pytest.approx(0.2 * (1 - 0.02) / 2.2, rel=0.1)
+    assert two["ci"][1] == math.inf and two["verdict"] == "inconclusive"
+    assert four["ci"] == (0.0, math.inf)
+    assert four["predicted_verdict"] == "predicted across the band's edge"
+    html = render_seed(view)
+    row = next(r for r in html.split("<tr>") if "offload-2gpu-80gb" in r).split("</tr>")[0]
+    assert re.search(r"<strong>20% \[\d+%–no upper bound\]</strong>", row), row
+    assert figures.plot_seed_share(view, tmp_path / "seed.png")
 
 
 def render_seed(view: dict) -> str:

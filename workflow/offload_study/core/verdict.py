@@ -48,6 +48,16 @@ def finite_or_none(v) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def bound_or_none(v) -> float | None:
+    """A CI's end: :func:`finite_or_none`, but an infinite end stays infinite (an interval
+    unbounded on that side, as a prediction's whose error band passes 100 %)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) or math.isinf(x) else None
+
+
 def speed(ratio, ci_low, ci_high, thresholds: dict = THRESHOLDS) -> str:
     """The verdict on a ratio (A over B, e.g. tokens/s) with its 95 % CI: faster / slower /
     no difference shown / inconclusive (see the module docstring)."""
@@ -69,7 +79,7 @@ def band(value, ci_low, ci_high, band_low, band_high) -> str:
     v = finite_or_none(value)
     if v is None:
         return NOT_MEASURED
-    lo, hi = finite_or_none(ci_low), finite_or_none(ci_high)
+    lo, hi = bound_or_none(ci_low), bound_or_none(ci_high)
     lo, hi = (v, v) if lo is None or hi is None else (min(lo, v), max(hi, v))
     b_lo = -math.inf if finite_or_none(band_low) is None else float(band_low)
     b_hi = math.inf if finite_or_none(band_high) is None else float(band_high)
@@ -111,6 +121,8 @@ def ratio_text(ratio, ci_low, ci_high) -> str:
     r, lo, hi = finite_or_none(ratio), finite_or_none(ci_low), finite_or_none(ci_high)
     if r is None:
         return "—"
+    if lo is not None and hi is None and bound_or_none(ci_high) == math.inf:
+        return f"{100 * r:.0f}% [{100 * lo:.0f}%–no upper bound]"
     if lo is None or hi is None:
         return f"{100 * r:.0f}%"
     unit = min(1.0, ci_unit(50 * (hi - lo))) if hi > lo else 1.0

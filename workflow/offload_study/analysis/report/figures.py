@@ -233,6 +233,12 @@ def _sweep_dots(ax, rows: list[tuple[Row, list[Row]]], key: str, scale: float) -
 
 
 # --------------------------------------------------------------------------- seed share
+def _finite_end(end, instead: float) -> float:
+    """A CI's upper end to draw: ``instead`` where it is missing or unbounded (a prediction's
+    band of 100 % or more; the table says "no upper bound")."""
+    return end if end is not None and math.isfinite(end) else instead
+
+
 def plot_seed_share(seed: dict | None, path: Path) -> bool:
     """The seed table as a figure, on the seed's own basis (a share of its 100 % row's total
     throughput): this cluster's share with its CI (hatched where predicted), the published
@@ -253,7 +259,8 @@ def plot_seed_share(seed: dict | None, path: Path) -> bool:
             bar = ax.barh(i, 100 * share, height=0.5, color=PALETTE["cpu"], zorder=2)
             if r["how"] == "predicted":
                 bar[0].set(hatch="///", alpha=0.5)
-            ci = [100 * share - 100 * r["ci"][0], 100 * r["ci"][1] - 100 * share]
+            high = _finite_end(r["ci"][1], share)
+            ci = [100 * share - 100 * r["ci"][0], 100 * high - 100 * share]
             ax.errorbar(
                 100 * share,
                 i,
@@ -283,7 +290,7 @@ def plot_seed_share(seed: dict | None, path: Path) -> bool:
         100
         * max(
             [r["seed_pct"] / 100 for r in rows]
-            + [r["ci"][1] or 0 for r in rows]
+            + [_finite_end(r["ci"][1], 0) for r in rows]
             + [r["band"][1] for r in rows]
         )
         * 1.2,

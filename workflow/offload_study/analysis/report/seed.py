@@ -23,6 +23,7 @@ Pure functions over the scenario views, the plan's predictions and the reference
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from offload_study.analysis.report import words
@@ -64,7 +65,8 @@ def _tokens(name: str, views: dict[str, Row], predictions: dict, error: float) -
     p = predictions.get(name)
     if p is not None and isnum(p.tokens_per_s) and p.tokens_per_s > 0:
         tps = float(p.tokens_per_s)
-        return tps, tps * (1 - error), tps * (1 + error), PREDICTED
+        # a band of 100 % or more bounds no slowdown: the run may be any slower
+        return tps, tps * max(0.0, 1 - error), tps * (1 + error), PREDICTED
     return None
 
 
@@ -75,10 +77,10 @@ def share(row: tuple, basis: tuple, same_study_ci: tuple | None = None) -> tuple
     tps, lo, hi, how = row
     b_tps, b_lo, b_hi, b_how = basis
     value = tps / b_tps
+    # a basis that may be any slower (lo 0) bounds no share from above
+    ci = (lo / b_hi, hi / b_lo if b_lo > 0 else math.inf)
     if how == MEASURED and b_how == MEASURED:
-        ci = same_study_ci or (lo / b_hi, hi / b_lo)
-        return value, *ci, MEASURED
-    ci = (lo / b_hi, hi / b_lo)
+        return value, *(same_study_ci or ci), MEASURED
     return value, *ci, (OVER_PREDICTED if how == MEASURED else PREDICTED)
 
 
