@@ -39,23 +39,21 @@ PREDICTED_IN, PREDICTED_OUT, PREDICTED_ACROSS = (
 THRESHOLDS = {"equivalence": 0.20}
 
 
+def bound_or_none(v) -> float | None:
+    """A CI's end as a float, None when it is missing, not a number or NaN; an infinite end
+    stays infinite (an interval unbounded on that side, as a prediction's whose error band
+    passes 100 %)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
 def finite_or_none(v) -> float | None:
     """``v`` as a float, None when it is missing, not a number, NaN or infinite (table cells)."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def bound_or_none(v) -> float | None:
-    """A CI's end: :func:`finite_or_none`, but an infinite end stays infinite (an interval
-    unbounded on that side, as a prediction's whose error band passes 100 %)."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) or math.isinf(x) else None
+    x = bound_or_none(v)
+    return x if x is not None and math.isfinite(x) else None
 
 
 def speed(ratio, ci_low, ci_high, thresholds: dict = THRESHOLDS) -> str:
