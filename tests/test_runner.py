@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,17 @@ from runs import RUNNER_GRACE_S, load_record, make_run, run_runner, runner_argv
 
 from offload_study.core import contracts
 from offload_study.core.contracts import RankStats, StepRow
-from offload_study.training import metrics, outcome, placement, probes, provenance, supervise
+from offload_study.core.devices import free_port
+from offload_study.training import (
+    launch,
+    metrics,
+    outcome,
+    placement,
+    probes,
+    provenance,
+    runner,
+    supervise,
+)
 from offload_study.training.supervise import Supervision
 
 # --------------------------------------------------------------------------- real runs
@@ -103,6 +114,37 @@ def test_batch_mismatch_is_config_error_and_strict_exits_1(tmp_path):
     m = load_record(outdir)
     assert m["outcome"] == "config_error"
     assert "Check batch related parameters" in m["error_excerpt"]
+
+
+#: What torch's agent prints when the rendezvous port is taken (torch 2.13, a real capture).
+PORT_TAKEN = (
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+    "network address. port: 42777, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+    "address already in use"
+)
+
+
+def test_only_the_rendezvous_port_of_this_launch_being_taken_launches_it_again():
+    assert runner.rendezvous_port_taken("...\n" + PORT_TAKEN + "\n", 42777)
+    assert not runner.rendezvous_port_taken(PORT_TAKEN, 4277)
+    assert not runner.rendezvous_port_taken(PORT_TAKEN.replace("EADDRINUSE", "ECONNREFUSED"), 42777)
+
+
+@pytest.mark.slow
+def test_a_port_taken_before_torchrun_binds_it_is_launched_again(tmp_path, monkeypatch):
+    spec_path, outdir, _ = make_run(tmp_path)
+    with socket.socket() as held:  # another process's socket on the port chosen first
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        chosen = iter([taken])
+        monkeypatch.setattr(launch, "free_port", lambda: next(chosen, None) or free_port())
+        assert runner.run(str(spec_path), 0, str(outdir), strict=True) == 0
+    assert load_record(outdir)["outcome"] == "ok"
+    log = (outdir / "logs" / "launcher.log").read_text()
+    assert f"port: {taken}," in log and f"port {taken} was taken" in log
+    prov = json.loads((outdir / "provenance.json").read_text())
+    assert prov["rendezvous_port"] not in (taken, None)
 
 
 @pytest.mark.slow

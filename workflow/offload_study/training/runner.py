@@ -114,6 +114,32 @@ def clear_stale_op_locks(spec: RunSpec, say: RunnerLog) -> None:
         say(f"removed the stale build lock {lock}")
 
 
+#: Launches of one run whose rendezvous port was taken before torchrun's agent bound it. The
+#: port is free when chosen (core.devices.free_port), but until the agent binds it any process
+#: on the node may take it, an outgoing connection of a neighbouring run included (they draw
+#: from the same ephemeral range). No rank has started then, so the run is launched again on
+#: another port instead of being recorded as a dist_error it never met.
+PORT_ATTEMPTS = 3
+
+
+def rendezvous_port_taken(launcher_text: str, port: int) -> bool:
+    """Whether torchrun's agent failed to bind the rendezvous ``port`` (torch's DistNetworkError
+    "... port: N, useIpv6: ..., name: EADDRINUSE"): nothing ran."""
+    return bool(re.search(rf"\bport: {port}\b.*EADDRINUSE", launcher_text))
+
+
+def port_was_taken(
+    record: RecordDir, log_start: int, lch: launch.Launch | None, sup: Supervision
+) -> bool:
+    """Whether a one-node launch failed only at binding its rendezvous port: what it wrote to
+    the launcher log from ``log_start`` on says so (a multi-node run's port is its job's)."""
+    if lch is None or lch.nodes > 1 or sup.rc in (0, None) or sup.killed:
+        return False
+    with open(record.launcher_log, "rb") as f:
+        f.seek(log_start)
+        return rendezvous_port_taken(f.read().decode(errors="replace"), lch.port)
+
+
 def launch_and_supervise(
     spec: RunSpec,
     spec_path: str,
@@ -124,7 +150,32 @@ def launch_and_supervise(
     cancel: Cancelled,
     say: RunnerLog,
 ) -> tuple[launch.Launch | None, Supervision]:
-    """Start the harness in its own process group and supervise it to the end."""
+    """Start the harness in its own process group and supervise it to the end; on one node,
+    start it again on another port while the one chosen was taken (PORT_ATTEMPTS)."""
+    args = (spec, spec_path, repeat, record, cores, run_id, cancel, say)
+    for _ in range(PORT_ATTEMPTS - 1):
+        log_start = record.launcher_log.stat().st_size
+        lch, sup = launch_once(*args)
+        if not port_was_taken(record, log_start, lch, sup):
+            return lch, sup
+        say(
+            f"port {lch.port} was taken before the rendezvous bound it, and no rank had "
+            "started: launching again on another port"
+        )
+    return launch_once(*args)
+
+
+def launch_once(
+    spec: RunSpec,
+    spec_path: str,
+    repeat: int,
+    record: RecordDir,
+    cores: int,
+    run_id: str,
+    cancel: Cancelled,
+    say: RunnerLog,
+) -> tuple[launch.Launch | None, Supervision]:
+    """One launch of the harness in its own process group, supervised to its end."""
     lch = None
     try:
         clear_stale_op_locks(spec, say)
