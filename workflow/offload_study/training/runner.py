@@ -128,16 +128,23 @@ def rendezvous_port_taken(launcher_text: str, port: int) -> bool:
     return bool(re.search(rf"\bport: {port}\b.*EADDRINUSE", launcher_text))
 
 
-def port_was_taken(
-    record: RecordDir, log_start: int, lch: launch.Launch | None, sup: Supervision
+def set_aside_if_port_taken(
+    record: RecordDir, log_start: int, lch: launch.Launch | None, sup: Supervision, attempt: int
 ) -> bool:
-    """Whether a one-node launch failed only at binding its rendezvous port: what it wrote to
-    the launcher log from ``log_start`` on says so (a multi-node run's port is its job's)."""
+    """Whether a one-node launch failed only at binding its rendezvous port, as what it wrote to
+    the launcher log from ``log_start`` on says (a multi-node run's port is its job's). If so,
+    that text moves to ``logs/launcher.port-taken-<attempt>.txt``: kept, but out of the logs
+    the outcome is read from, which are the next launch's alone."""
     if lch is None or lch.nodes > 1 or sup.rc in (0, None) or sup.killed:
         return False
     with open(record.launcher_log, "rb") as f:
         f.seek(log_start)
-        return rendezvous_port_taken(f.read().decode(errors="replace"), lch.port)
+        text = f.read()
+    if not rendezvous_port_taken(text.decode(errors="replace"), lch.port):
+        return False
+    (record.logs / f"launcher.port-taken-{attempt}.txt").write_bytes(text)
+    os.truncate(record.launcher_log, log_start)  # the runner's log appends: it goes on from here
+    return True
 
 
 def launch_and_supervise(
@@ -153,14 +160,14 @@ def launch_and_supervise(
     """Start the harness in its own process group and supervise it to the end; on one node,
     start it again on another port while the one chosen was taken (PORT_ATTEMPTS)."""
     args = (spec, spec_path, repeat, record, cores, run_id, cancel, say)
-    for _ in range(PORT_ATTEMPTS - 1):
+    for attempt in range(1, PORT_ATTEMPTS):
         log_start = record.launcher_log.stat().st_size
         lch, sup = launch_once(*args)
-        if not port_was_taken(record, log_start, lch, sup):
+        if not set_aside_if_port_taken(record, log_start, lch, sup, attempt):
             return lch, sup
         say(
             f"port {lch.port} was taken before the rendezvous bound it, and no rank had "
-            "started: launching again on another port"
+            f"started (logs/launcher.port-taken-{attempt}.txt): launching again on another port"
         )
     return launch_once(*args)
 
