@@ -128,7 +128,7 @@ def cpu_model() -> str | None:
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now (bind to port 0). Small race window; recorded per run.
 
-    The one free-port helper (the launcher's, and DeepSpeed's one-process config check)."""
+    The one free-port helper (the launcher's and the calibration's)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, 0))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from offload_study.core.contracts import RunSpec
 from offload_study.core.devices import (
-    free_port,  # the one free-port helper (core: planning uses it)
+    free_port,  # the one free-port helper (core: calibration uses it too)
 )
 
 # Always exported into the launched environment (NVLink multicast/NVLS off: see device notes).

@@ -14,13 +14,12 @@ import functools
 import importlib.metadata
 import importlib.util
 import math
-import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 from offload_study.core.contracts import RunSpec
-from offload_study.core.devices import free_port
 from offload_study.core.study import StrictValidator, StudyError, shown
 from offload_study.core.units import MAX_INT64
 from offload_study.core.yamlsafe import NUMBER_TEXT, normalize_number
@@ -463,28 +462,21 @@ class _DataParallelWorld:
 
 def ensure_single_process_comm() -> None:
     """DeepSpeedConfig only honours the data-parallel size it is told once deepspeed.comm is up:
-    start a one-process gloo group on a free port, leaving the caller's environment as it was."""
+    start a one-process gloo group. Its store is a file, not a port: a port chosen free can be
+    taken before the group binds it when other runs start beside this one."""
     from deepspeed import comm
 
     if comm.is_initialized():
         return
-    single = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }
-    saved = {key: os.environ.get(key) for key in single}
-    os.environ.update(single)
-    try:
-        comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with tempfile.TemporaryDirectory(prefix="offload-study-comm-") as folder:
+        comm.init_distributed(
+            dist_backend="gloo",
+            auto_mpi_discovery=False,
+            verbose=False,
+            init_method=f"file://{folder}/store",
+            rank=0,
+            world_size=1,
+        )
 
 
 def parse_with_deepspeed(config: dict, world_size: int):
