@@ -11,7 +11,6 @@ from pathlib import Path
 
 from runs import make_run
 
-from offload_study.core import devices
 from offload_study.prediction import allocator
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -50,10 +49,9 @@ def test_the_plain_fsdp2_loop_trains_on_the_cpu_from_the_planners_run_spec(tmp_p
     no GPU figures (--memory-trace records on a CUDA GPU only: asked here, nothing written)."""
     spec_path, _, spec = make_run(tmp_path, scenario={"engine": "fsdp2"})
     out, trace = tmp_path / "raw.json", tmp_path / "raw.trace.jsonl.gz"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
+    # --standalone: torchrun binds a port of its own choosing (none a neighbouring test can take)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
     cmd += [
-        "--master_port",
-        str(devices.free_port()),
         str(BENCHMARKS / "raw_fsdp2.py"),
         "--spec",
         str(spec_path),

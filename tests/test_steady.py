@@ -430,16 +430,11 @@ def overflowing_engine(out: str) -> None:
     import deepspeed
 
     from offload_study.engines.deepspeed import train as zero3
-    from offload_study.training import harness, launch
+    from offload_study.training import harness
     from offload_study.training.tokens import Batches
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(launch.free_port()),
-        RANK="0",
-        LOCAL_RANK="0",
-        WORLD_SIZE="1",
-    )
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    dsconfig.ensure_single_process_comm()  # a file store: no port a neighbouring test can take
     harness.tee_output(Path(out) / "rank0.log")
     spec = make_spec(scenario={"gpus_per_node": 1, "gradient_accumulation_steps": 1})
     ds_config = dsconfig.build_ds_config(spec)

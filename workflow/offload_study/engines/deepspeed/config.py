@@ -16,7 +16,6 @@ import importlib.util
 import math
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from offload_study.core.contracts import RunSpec
@@ -462,21 +461,17 @@ class _DataParallelWorld:
 
 def ensure_single_process_comm() -> None:
     """DeepSpeedConfig only honours the data-parallel size it is told once deepspeed.comm is up:
-    start a one-process gloo group. Its store is a file, not a port: a port chosen free can be
-    taken before the group binds it when other runs start beside this one."""
+    start a one-process gloo group, which deepspeed.comm then adopts. Its store lives in memory,
+    not on a port: a port chosen free can be taken before the group binds it when other runs
+    start beside this one."""
+    import torch.distributed as dist
     from deepspeed import comm
 
     if comm.is_initialized():
         return
-    with tempfile.TemporaryDirectory(prefix="offload-study-comm-") as folder:
-        comm.init_distributed(
-            dist_backend="gloo",
-            auto_mpi_discovery=False,
-            verbose=False,
-            init_method=f"file://{folder}/store",
-            rank=0,
-            world_size=1,
-        )
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 
 
 def parse_with_deepspeed(config: dict, world_size: int):
