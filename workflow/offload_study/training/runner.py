@@ -114,6 +114,18 @@ def clear_stale_op_locks(spec: RunSpec, say: RunnerLog) -> None:
         say(f"removed the stale build lock {lock}")
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One run to make into one temp record, and what it may use."""
+
+    spec: RunSpec
+    spec_path: str
+    repeat: int
+    record: RecordDir
+    plan_outdir: Path  # where admit.at_launch finds the study's plan.csv
+    cores: int
+
+
 #: Launches of one run whose rendezvous port was taken before torchrun's agent bound it. The
 #: port is free when chosen (core.devices.free_port), but until the agent binds it any process
 #: on the node may take it, an outgoing connection of a neighbouring run included (they draw
@@ -129,11 +141,11 @@ def rendezvous_port_taken(launcher_text: str, port: int) -> bool:
 
 
 def set_aside_if_port_taken(
-    record: RecordDir, log_start: int, lch: launch.Launch | None, sup: Supervision, attempt: int
+    record: RecordDir, log_start: int, lch: launch.Launch | None, sup: Supervision, launch_no: int
 ) -> bool:
     """Whether a one-node launch failed only at binding its rendezvous port, as what it wrote to
     the launcher log from ``log_start`` on says (a multi-node run's port is its job's). If so,
-    that text moves to ``logs/launcher.port-taken-<attempt>.txt``: kept, but out of the logs
+    that text moves to ``logs/launcher.port-taken-<launch_no>.txt``: kept, but out of the logs
     the outcome is read from, which are the next launch's alone."""
     if lch is None or lch.nodes > 1 or sup.rc in (0, None) or sup.killed:
         return False
@@ -142,53 +154,40 @@ def set_aside_if_port_taken(
         text = f.read()
     if not rendezvous_port_taken(text.decode(errors="replace"), lch.port):
         return False
-    (record.logs / f"launcher.port-taken-{attempt}.txt").write_bytes(text)
+    (record.logs / f"launcher.port-taken-{launch_no}.txt").write_bytes(text)
     os.truncate(record.launcher_log, log_start)  # the runner's log appends: it goes on from here
     return True
 
 
 def launch_and_supervise(
-    spec: RunSpec,
-    spec_path: str,
-    repeat: int,
-    record: RecordDir,
-    cores: int,
-    run_id: str,
-    cancel: Cancelled,
-    say: RunnerLog,
+    run: Attempt, run_id: str, cancel: Cancelled, say: RunnerLog
 ) -> tuple[launch.Launch | None, Supervision]:
     """Start the harness in its own process group and supervise it to the end; on one node,
     start it again on another port while the one chosen was taken (PORT_ATTEMPTS)."""
-    args = (spec, spec_path, repeat, record, cores, run_id, cancel, say)
-    for attempt in range(1, PORT_ATTEMPTS):
-        log_start = record.launcher_log.stat().st_size
-        lch, sup = launch_once(*args)
-        if not set_aside_if_port_taken(record, log_start, lch, sup, attempt):
+    for launch_no in range(1, PORT_ATTEMPTS):
+        log_start = run.record.launcher_log.stat().st_size
+        lch, sup = launch_once(run, run_id, cancel, say)
+        if not set_aside_if_port_taken(run.record, log_start, lch, sup, launch_no):
             return lch, sup
         say(
             f"port {lch.port} was taken before the rendezvous bound it, and no rank had "
-            f"started (logs/launcher.port-taken-{attempt}.txt): launching again on another port"
+            f"started (logs/launcher.port-taken-{launch_no}.txt): launching again on another port"
         )
-    return launch_once(*args)
+    return launch_once(run, run_id, cancel, say)
 
 
 def launch_once(
-    spec: RunSpec,
-    spec_path: str,
-    repeat: int,
-    record: RecordDir,
-    cores: int,
-    run_id: str,
-    cancel: Cancelled,
-    say: RunnerLog,
+    run: Attempt, run_id: str, cancel: Cancelled, say: RunnerLog
 ) -> tuple[launch.Launch | None, Supervision]:
     """One launch of the harness in its own process group, supervised to its end."""
     lch = None
     try:
-        clear_stale_op_locks(spec, say)
-        lch = launch.build_launch(spec, spec_path, str(record.root), cores=cores, run_id=run_id)
+        clear_stale_op_locks(run.spec, say)
+        lch = launch.build_launch(
+            run.spec, run.spec_path, str(run.record.root), cores=run.cores, run_id=run_id
+        )
         env = {**lch.environ(os.environ), "OFFLOAD_STUDY_RUN_ID": run_id}
-        say(f"{spec.scenario} rep{repeat}: {lch.command_line}")
+        say(f"{run.spec.scenario} rep{run.repeat}: {lch.command_line}")
         say("env: " + " ".join(f"{k}={v}" for k, v in sorted(lch.env.items())))
         proc = subprocess.Popen(
             lch.argv,
@@ -199,7 +198,7 @@ def launch_once(
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
-        return lch, supervise(proc, spec, record, cancel, say)
+        return lch, supervise(proc, run.spec, run.record, cancel, say)
     except Exception as e:  # noqa: BLE001 - a launch failure is a recorded outcome too
         say(f"launch failed: {type(e).__name__}: {e}")
         return lch, Supervision(rc=None)
@@ -273,18 +272,6 @@ def gate(spec: RunSpec, plan_outdir: Path, say: RunnerLog, what: str) -> Supervi
     return Supervision(rc=None, killed="op_build_error", detail=found.fix)
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One run to make into one temp record, and what it may use."""
-
-    spec: RunSpec
-    spec_path: str
-    repeat: int
-    record: RecordDir
-    plan_outdir: Path  # where admit.at_launch finds the study's plan.csv
-    cores: int
-
-
 def execute(attempt: Attempt, cancel: Cancelled, say: RunnerLog) -> tuple[dict, list[str]]:
     """Gate, launch and supervise one run, then write its record (metrics, steps, provenance);
     returns (metrics, schema problems)."""
@@ -293,9 +280,7 @@ def execute(attempt: Attempt, cancel: Cancelled, say: RunnerLog) -> tuple[dict, 
     started = now_iso()
     lch, sup = None, gate(spec, attempt.plan_outdir, say, f"{spec.scenario} rep{repeat}")
     if sup is None:
-        lch, sup = launch_and_supervise(
-            spec, attempt.spec_path, repeat, attempt.record, attempt.cores, run_id, cancel, say
-        )
+        lch, sup = launch_and_supervise(attempt, run_id, cancel, say)
     finished = FinishedRun(
         spec, repeat, attempt.record, run_id, attempt.cores, lch, sup, started, now_iso()
     )
