@@ -133,7 +133,7 @@ def test_only_the_rendezvous_port_of_this_launch_being_taken_launches_it_again()
 @pytest.mark.slow
 def test_a_port_taken_before_torchrun_binds_it_is_launched_again(tmp_path, monkeypatch):
     spec_path, outdir, _ = make_run(tmp_path)
-    with socket.socket() as held:  # another process's socket on the port chosen first
+    with socket.socket() as held:  # what takes the port chosen first, as a neighbour would
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]

@@ -434,7 +434,7 @@ def overflowing_engine(out: str) -> None:
     from offload_study.training.tokens import Batches
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    dsconfig.ensure_single_process_comm()  # a file store: no port a neighbouring test can take
+    dsconfig.ensure_single_process_comm()  # its store in memory: no port another test can take
     harness.tee_output(Path(out) / "rank0.log")
     spec = make_spec(scenario={"gpus_per_node": 1, "gradient_accumulation_steps": 1})
     ds_config = dsconfig.build_ds_config(spec)
