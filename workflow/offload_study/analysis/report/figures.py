@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from offload_study.analysis.report.views import Row, isnum  # noqa: E402
-from offload_study.core import contracts  # noqa: E402
+from offload_study.core import contracts, verdict  # noqa: E402
 
 FIGURES = {
     "relative_speed": "relative_speed.png",
@@ -236,7 +236,8 @@ def _sweep_dots(ax, rows: list[tuple[Row, list[Row]]], key: str, scale: float) -
 def _finite_end(end, instead: float) -> float:
     """A CI's upper end to draw: ``instead`` where it is missing or unbounded (a prediction's
     band of 100 % or more; the table says "no upper bound")."""
-    return end if end is not None and math.isfinite(end) else instead
+    finite = verdict.finite_or_none(end)
+    return instead if finite is None else finite
 
 
 def plot_seed_share(seed: dict | None, path: Path) -> bool:
