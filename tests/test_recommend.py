@@ -853,6 +853,18 @@ def test_the_recommend_page_shows_budget_memory_config_and_provenance(tmp_path):
     use_this = cell(page, "use-this")
     assert "faster than the runner-up, CPU optimizer offload; micro-batch 2, at 110%" in use_this
     assert "of its speed" in use_this and ", by " not in use_this
+    assert "in one run each" not in use_this  # two pairs: the runs' spread is in the interval
+
+
+def test_a_margin_from_one_run_each_says_its_interval_is_one_runs_steps(tmp_path):
+    from offload_study.analysis.report import recommend as view
+
+    one_run_each = a_recommendation()
+    one_run_each["margin"] = {**one_run_each["margin"], "pairs": 1}
+    view.write_page(one_run_each, tmp_path / "page.html", winner_study(tmp_path, 12.0))
+    use_this = cell((tmp_path / "page.html").read_text(), "use-this")
+    assert "at 110% [105%–115%] of its speed, in one run each (the interval spans" in use_this
+    assert "repeats: 2" in use_this
 
 
 def test_a_winner_over_its_budget_is_said_not_to_meet_it(tmp_path):
