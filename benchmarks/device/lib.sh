@@ -34,6 +34,21 @@ left() {
   echo "$rest"
 }
 stage_rc() { SUMMARY+=("$(printf '%-28s rc=%-4s %4ss' "$1" "$2" "$3")"); }
+# A signalled runner writes its cancelled record after Snakemake has already exited, and the
+# call's end kills what is still running: without this wait the cut run left a half folder and
+# no record. Its ranks get a second and a SIGKILL's reap (supervise.py), so 20 s is ample.
+wait_for_runners() { # wait_for_runners MAX_S
+  local waited=0
+  while pgrep -f offload_study.training.runner >/dev/null && ((waited < $1)); do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if pgrep -f offload_study.training.runner >/dev/null; then
+    say "!! a runner still runs ${waited}s after the deadline: its record may be cut"
+  else
+    say "runners done ${waited}s after the deadline"
+  fi
+}
 timed() { # timed NAME BUDGET cmd...   (SIGTERM at the limit, SIGKILL 10 s later)
   local name=$1 budget; budget=$(left "$2"); shift 2
   say "== $name (limit ${budget}s): $*"
@@ -43,6 +58,7 @@ timed() { # timed NAME BUDGET cmd...   (SIGTERM at the limit, SIGKILL 10 s later
   stage_rc "$name" "$rc" $(($(date +%s) - t))
   if ((rc == 124 || rc == 137)); then
     say "!! $name timed out after ${budget}s"
+    wait_for_runners 20
     find "$TORCH_EXTENSIONS_DIR" -name lock -delete 2>/dev/null # killed op builds
   fi
   return $rc
