@@ -124,6 +124,15 @@ GPU_RECORDS = {
     # model H (0.5B: 64 layers of hidden 768), 12 GiB cap, both engines' offload paths: measured
     # after its plan was committed
     "docs/results/h200-1gpu/sweep-h200-model-h-12g": "config/studies/sweep-h200-model-h-12g.yaml",
+    # one H100, under the calibration the device measured before the plans (shipped as
+    # config/calibration/h100-1gpu.json): model H's grid, every config, and a user's search of it
+    "docs/results/h100-1gpu/sweep-h100-model-h-12g": "config/studies/sweep-h100-model-h-12g.yaml",
+    "docs/results/h100-1gpu/recommend-h100-model-h-12g": "config/studies/recommend-h100-model-h-12g.yaml",
+    # SuperOffload on model A with its worker's memory counted, then paired with plain loops
+    "docs/results/h100-1gpu/superoffload-host-h200-16g": "config/studies/superoffload-host-h200-16g.yaml",
+    "docs/results/h100-1gpu/fidelity-h100-superoffload": "config/studies/fidelity-h100-superoffload.yaml",
+    # model A's shape at half its depth, NVMe and FSDP2, pairs in both orders
+    "docs/results/h100-1gpu/fidelity-h100-order": "config/studies/fidelity-h100-order.yaml",
 }
 SAME = (
     "micro_batch",

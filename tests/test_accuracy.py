@@ -226,7 +226,7 @@ def test_accuracy_report_over_the_committed_gpu_records(tmp_path):
         [sys.executable, str(ROOT / "benchmarks/prediction_accuracy.py"), "--bands-out", str(out)],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=600,  # a guard against a hang, not a speed check: a loaded 2-core run takes minutes
     )
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
