@@ -890,20 +890,17 @@ def runtime_rank(out: str) -> None:
 def _torchrun_module(ranks: int, flag: str, env: dict) -> tuple[dict | None, str]:
     """Run this module with ``flag OUT`` under torchrun, ``ranks`` processes on this machine:
     (what rank 0 wrote to OUT, or None, and the command's stderr)."""
-    from offload_study.training.launch import default_torchrun, free_port
+    from offload_study.training.launch import default_torchrun
 
     with tempfile.TemporaryDirectory(prefix="offload-study-probe-") as tmp:
         out = Path(tmp) / "probe.json"
+        # --standalone: the rendezvous binds a port of its own choosing, so no port chosen here
+        # can be taken by another process before torchrun binds it
         cmd = [
             *default_torchrun(),
-            "--nnodes",
-            "1",
+            "--standalone",
             "--nproc_per_node",
             str(ranks),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
             "-m",
             "offload_study.prediction.calibrate",
             flag,
