@@ -276,39 +276,64 @@ def test_a_record_the_study_no_longer_plans_is_predicted_from_the_spec_it_ran_wi
 CPU_TARGETS = {"step_time": 2.5, "host": 0.10}
 
 
-def test_accuracy_report_over_the_sessions_cpu_records(cross_cluster, cpu_calibration, tmp_path):
-    """The same report over real CPU records (conftest's cross_cluster runs, this machine's
-    calibration): step time and host memory within CPU_TARGETS."""
+def cpu_band_by_the_cli(study: Path, records: Path, clusters: Path, calibration, out: Path):
+    """The benchmark's CLI over one CPU study: its bands file's "cpu" entry."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/prediction_accuracy.py"),
+            "--cpu-study-dir",
+            str(records),
+            "--cpu-study",
+            str(study),
+            "--cpu-cluster-dir",
+            str(clusters),
+            "--cpu-calibration",
+            str(calibration),
+            "--bands-out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(out.read_text())["cpu"]
+
+
+def cpu_band_in_process(study: Path, records: Path, clusters: Path, calibration) -> dict:
+    """The "cpu" entry the CLI writes, from the functions it writes it with (write_bands): the
+    CPU rows' errors use the committed constants, none fitted on the GPU records, so the band
+    is the CLI's without the whole GPU analysis each CLI run redoes (~40 s of the 2 cores)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prediction_accuracy as pa
+
+    rows = pa.record_rows(records, study, Path(calibration), clusters)
+    ok = [r for r in rows if r["kind"] == "CPU" and r["outcome"] == "ok"]
+    return {**pa.bands(rows, "CPU"), "records": len(ok)}
+
+
+def cpu_inputs(cross_cluster, cluster: str, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(study file, records folder, clusters folder) of ``cluster``'s cross_cluster study."""
     import yaml
     from builders import study_config
 
-    bands = {}
-    for cluster in ("cpu-a", "cpu-b"):
-        study = tmp_path / f"{cluster}.yaml"
-        study.write_text(yaml.safe_dump(study_config(cluster)))
-        records = next((cross_cluster.root / "results" / cluster).glob("*/"))
-        out = tmp_path / f"{cluster}.bands.json"
-        res = subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "benchmarks/prediction_accuracy.py"),
-                "--cpu-study-dir",
-                str(records),
-                "--cpu-study",
-                str(study),
-                "--cpu-cluster-dir",
-                str(cross_cluster.root / "clusters"),
-                "--cpu-calibration",
-                str(cpu_calibration),
-                "--bands-out",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert res.returncode == 0, res.stderr[-2000:]
-        bands[cluster] = json.loads(out.read_text())["cpu"]
+    study = tmp_path / f"{cluster}.yaml"
+    study.write_text(yaml.safe_dump(study_config(cluster)))
+    records = next((cross_cluster.root / "results" / cluster).glob("*/"))
+    return study, records, cross_cluster.root / "clusters"
+
+
+def test_accuracy_report_over_the_sessions_cpu_records(cross_cluster, cpu_calibration, tmp_path):
+    """The same report over real CPU records (conftest's cross_cluster runs, this machine's
+    calibration): step time and host memory within CPU_TARGETS. cpu-a's band through the CLI
+    (its --cpu-* options end to end), cpu-b's from the same functions in this process."""
+    a = cpu_inputs(cross_cluster, "cpu-a", tmp_path)
+    b = cpu_inputs(cross_cluster, "cpu-b", tmp_path)
+    bands = {
+        "cpu-a": cpu_band_by_the_cli(*a, cpu_calibration, tmp_path / "cpu-a.bands.json"),
+        "cpu-b": cpu_band_in_process(*b, cpu_calibration),
+    }
     print(bands)
     for cluster, band in bands.items():
         assert band["records"] >= 1
