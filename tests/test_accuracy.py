@@ -295,7 +295,7 @@ def cpu_band_by_the_cli(study: Path, records: Path, clusters: Path, calibration,
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,  # a guard against a hang, not a speed check
     )
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(out.read_text())["cpu"]
