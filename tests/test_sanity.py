@@ -200,12 +200,18 @@ def test_blocking_names_the_flags_that_block_a_finding(flags, blocks):
 
 
 def test_severity_is_data_of_each_check():
-    """Implausible results block; a missed CI target or many skipped steps only caution."""
+    """Implausible results block; a missed CI target, many skipped steps, a step time still
+    moving or a host figure without its workers only caution."""
     by = {
         sev: {c.name for c in sanity.CHECKS if c.severity == sev}
         for sev in (sanity.IMPLAUSIBLE, sanity.CAUTION)
     }
-    assert by[sanity.CAUTION] == {"ci-target-missed", "many-skipped-steps", "not-steady"}
+    assert by[sanity.CAUTION] == {
+        "ci-target-missed",
+        "many-skipped-steps",
+        "not-steady",
+        "host-without-workers",
+    }
     assert by[sanity.IMPLAUSIBLE] == {c.name for c in sanity.CHECKS} - by[sanity.CAUTION]
     with pytest.raises(ValueError, match="severity 'severe'"):
         dataclasses.replace(sanity.CHECKS[0], severity="severe")
@@ -295,3 +301,21 @@ def test_other_gpu_is_silent_on_one_card_named_alike_and_on_runs_without_a_name(
     ]
     paths += [make_record(tmp_path, "b", 0, extra={"device_name": "NVIDIA H200 141GB HBM3e"})]
     assert flags_of(paths) == {"a": [], "b": []}
+
+
+@pytest.mark.parametrize(
+    ("worker", "tree", "fires"),
+    [(True, None, True), (True, 31.0, False), (False, None, False)],
+)
+def test_host_without_workers_fires_on_a_worker_run_recorded_without_its_tree(
+    tmp_path, worker, tree, fires
+):
+    """A SuperOffload run (its engine says the optimizer runs in a worker process) recorded
+    before the process tree was sampled: its host figure is the rank's own."""
+    modes = {"effective": {"super_offload": worker}, "requested": {"super_offload": worker}}
+    extra = {"modes": modes, "engine": "deepspeed", "host_peak_tree_gib": tree}
+    paths = [
+        make_record(tmp_path, "super", k, offload_optimizer="cpu", extra=extra) for k in (0, 1)
+    ]
+    flags = flags_of(paths)["super"]
+    assert ("host-without-workers" in flags) is fires, flags

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from offload_study import engines
 from offload_study.core import contracts, devices
 
 #: metrics.json fields of the harness's adaptive measurement and skipped-step count (records from
@@ -121,6 +122,36 @@ def offload_faster(facts: Facts, tol: float) -> str | None:
     if row.get("pair_kind") != "same-settings" or not low > 1 + tol:
         return None
     return f"{_num(row['paired_ratio']):.0%} of its pair '{row['pair']}', 95% CI from {low:.0%}"
+
+
+def _effective_modes(cell) -> dict:
+    """A run's effective modes from its ``modes`` cell (JSON text in the runs table, or the
+    record's dict); {} when it has none."""
+    if isinstance(cell, str):
+        try:
+            cell = json.loads(cell)
+        except ValueError:
+            return {}
+    return (cell.get("effective") or {}) if isinstance(cell, dict) else {}
+
+
+def host_without_workers(facts: Facts, tol: float) -> str | None:
+    """Runs whose engine says they kept memory in worker processes, recorded before a rank's
+    process tree was sampled: their host figure is the ranks' own peaks, short of the node's."""
+    ok = _ok(facts)
+    if not len(ok) or "modes" not in ok:
+        return None
+    tree = ok["host_peak_tree_gib"] if "host_peak_tree_gib" in ok else pd.Series(index=ok.index)
+    rss = ok["host_peak_rss_gib"] if "host_peak_rss_gib" in ok else pd.Series(index=ok.index)
+    engine = engines.get(contracts.engine_of(facts.row))
+    short = ok[
+        tree.map(_num).map(math.isnan).astype(bool)
+        & rss.map(lambda v: math.isfinite(_num(v)))
+        & ok["modes"].map(lambda m: engine.host_workers(_effective_modes(m)))
+    ]
+    if not len(short):
+        return None
+    return f"rep {_reps(short)}: the ranks' own peaks; their worker processes were not sampled"
 
 
 def gpu_over_cap(facts: Facts, tol: float) -> str | None:
@@ -310,6 +341,17 @@ CHECKS: tuple[Check, ...] = (
         gpu_over_cap,
         IMPLAUSIBLE,
         "GPU memory over its cap",
+    ),
+    Check(
+        "host-without-workers",
+        "the run kept memory in worker processes (SuperOffload's CPU Adam holds the Adam "
+        "moments), but its record predates the sampling of a rank's process tree: the host "
+        "figure is the ranks' own, short of what the node held",
+        0,
+        "every process of the run counted",
+        host_without_workers,
+        CAUTION,
+        "host memory without its workers",
     ),
     Check(
         "ci-target-missed",

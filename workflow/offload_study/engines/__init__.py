@@ -105,6 +105,9 @@ class Engine:
     # process group) -> one micro-step, forward, backward and step (tokens -> the seconds of its
     # forward); None: the engine's model takes its fitted time per layer
     host_probe: Callable[[object, str], Callable[[object], float]] | None = None
+    # records: (the run's effective modes, as its trainer recorded them) -> whether the run keeps
+    # memory in processes of its own beside the ranks, which a rank's own peak does not count
+    host_workers: Callable[[dict], bool] = lambda effective_modes: False
     # scenario keys of the offload paths a recommendation may try (more come from OffloadPaths)
     grid: tuple[dict, ...] = ()
     paths: tuple[OffloadPath, ...] = field(default=())

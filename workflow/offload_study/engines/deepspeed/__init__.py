@@ -84,6 +84,8 @@ ENGINE = engines.register(
         versions=versions,
         model=model,
         host_probe=probe.host_probe,
+        # SuperOffload's CPU Adam runs in a process of its own, holding the Adam moments
+        host_workers=lambda effective_modes: bool(effective_modes.get("super_offload")),
         paths=tuple(_path(devices, label) for devices, label in PATH_LABELS.items()),
     )
 )
