@@ -305,14 +305,21 @@ def test_other_gpu_is_silent_on_one_card_named_alike_and_on_runs_without_a_name(
 
 @pytest.mark.parametrize(
     ("worker", "tree", "fires"),
-    [(True, None, True), (True, 31.0, False), (False, None, False)],
+    [
+        ({"super_offload": True}, None, True),
+        ({"super_offload": True}, 31.0, False),
+        ({"super_offload": False}, None, False),
+        ({"super_offload": False, "zenflow": {"overlap_step": True}}, None, True),
+        ({"super_offload": False, "zenflow": {"overlap_step": False}}, None, False),
+    ],
 )
 def test_host_without_workers_fires_on_a_worker_run_recorded_without_its_tree(
     tmp_path, worker, tree, fires
 ):
-    """A SuperOffload run (its engine says the optimizer runs in a worker process) recorded
-    before the process tree was sampled: its host figure is the rank's own."""
-    modes = {"effective": {"super_offload": worker}, "requested": {"super_offload": worker}}
+    """A run whose engine says its optimizer ran in a worker process (SuperOffload; ZenFlow
+    overlapping the step), recorded before the process tree was sampled: its host figure is
+    the rank's own."""
+    modes = {"effective": worker, "requested": {}}
     extra = {"modes": modes, "engine": "deepspeed", "host_peak_tree_gib": tree}
     paths = [
         make_record(tmp_path, "super", k, offload_optimizer="cpu", extra=extra) for k in (0, 1)

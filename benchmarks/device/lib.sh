@@ -35,7 +35,7 @@ left() {
 }
 stage_rc() { SUMMARY+=("$(printf '%-28s rc=%-4s %4ss' "$1" "$2" "$3")"); }
 # A signalled runner writes its cancelled record after Snakemake has already exited, and the
-# call's end kills what is still running: without this wait the cut run left a half folder and
+# call's end kills what is still running: without this wait a cut run leaves a half folder and
 # no record. Its ranks get a second and a SIGKILL's reap (supervise.py), so 20 s is ample.
 wait_for_runners() { # wait_for_runners MAX_S
   local waited=0

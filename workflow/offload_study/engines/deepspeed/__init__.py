@@ -67,6 +67,14 @@ def versions(first_stat) -> dict:
     return {"deepspeed_version": version, "engine_version": version}
 
 
+def host_workers(effective_modes: dict) -> bool:
+    """SuperOffload's CPU Adam runs in a process of its own, holding the Adam moments; so does
+    ZenFlow's optimizer when it overlaps the step (DeepSpeed's zenflow_utils spawns it)."""
+    zenflow = effective_modes.get("zenflow")
+    overlapped = isinstance(zenflow, dict) and bool(zenflow.get("overlap_step"))
+    return bool(effective_modes.get("super_offload")) or overlapped
+
+
 ENGINE = engines.register(
     engines.Engine(
         name=model.ENGINE_NAME,
@@ -84,8 +92,7 @@ ENGINE = engines.register(
         versions=versions,
         model=model,
         host_probe=probe.host_probe,
-        # SuperOffload's CPU Adam runs in a process of its own, holding the Adam moments
-        host_workers=lambda effective_modes: bool(effective_modes.get("super_offload")),
+        host_workers=host_workers,
         paths=tuple(_path(devices, label) for devices, label in PATH_LABELS.items()),
     )
 )
