@@ -326,3 +326,10 @@ def test_host_without_workers_fires_on_a_worker_run_recorded_without_its_tree(
     ]
     flags = flags_of(paths)["super"]
     assert ("host-without-workers" in flags) is fires, flags
+
+
+def test_host_without_workers_is_silent_on_an_engine_not_installed_here(tmp_path):
+    """Records of an engine this checkout lacks are collected, not refused."""
+    extra = {"modes": {"effective": {"super_offload": True}}, "engine": "elsewhere"}
+    paths = [make_record(tmp_path, "theirs", k, extra=extra) for k in (0, 1)]
+    assert "host-without-workers" not in flags_of(paths)["theirs"]

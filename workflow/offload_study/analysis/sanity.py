@@ -143,7 +143,10 @@ def host_without_workers(facts: Facts, tol: float) -> str | None:
         return None
     tree = ok["host_peak_tree_gib"] if "host_peak_tree_gib" in ok else pd.Series(index=ok.index)
     rss = ok["host_peak_rss_gib"] if "host_peak_rss_gib" in ok else pd.Series(index=ok.index)
-    engine = engines.get(contracts.engine_of(facts.row))
+    try:
+        engine = engines.get(contracts.engine_of(facts.row))
+    except engines.UnknownEngine:
+        return None  # records of an engine not installed here: nothing says it has workers
     short = ok[
         tree.map(_num).map(math.isnan).astype(bool)
         & rss.map(lambda v: math.isfinite(_num(v)))
