@@ -55,6 +55,7 @@ from offload_study.core.contracts import (
 from offload_study.engines.deepspeed import model as ds_model  # noqa: E402
 from offload_study.engines.fsdp2 import model as fsdp2_model  # noqa: E402
 from offload_study.planning.plan import Plan
+from offload_study.planning.studyfile import STUDY_FILE_KEY, study_config
 from offload_study.prediction import (
     accuracy,
     catalog,
@@ -133,6 +134,12 @@ GPU_RECORDS = {
     "docs/results/h100-1gpu/fidelity-h100-superoffload": "config/studies/fidelity-h100-superoffload.yaml",
     # model A's shape at half its depth, NVMe and FSDP2, pairs in both orders
     "docs/results/h100-1gpu/fidelity-h100-order": "config/studies/fidelity-h100-order.yaml",
+    # model A's search at 16 GiB across both engines, on the H100
+    "docs/results/h100-1gpu/recommend-h200-1gpu-16g": "config/studies/recommend-h200-1gpu-16g.yaml",
+    # two models none of the fits had seen, measured after their plans were committed: a Qwen2
+    # (the records' only architecture other than Llama) and model G (wide layers, GQA)
+    "docs/results/h100-1gpu/holdout-h200-qwen2": "config/studies/holdout-h200-qwen2.yaml",
+    "docs/results/h100-1gpu/holdout-h200-model-g": "config/studies/holdout-h200-model-g.yaml",
 }
 SAME = (
     "micro_batch",
@@ -203,8 +210,9 @@ def record_rows(
     cluster_dir: Path = REPO_ROOT / "config" / "clusters",
 ) -> list[dict]:
     """One row per record of ``record_dir``: what was measured and what is predicted."""
-    plan = Plan(str(study), cluster_dir=cluster_dir)
+    plan = record_plan(record_dir, study, cluster_dir)
     cal = read_calibration(calibration)
+    label = study_label(record_dir, study, plan)
     rows = []
     for metrics in sorted(record_dir.glob("*/rep*/metrics.json")):
         m = collect.read_record(metrics)
@@ -215,7 +223,28 @@ def record_rows(
         ds_config = read_json(record_dir / "configs" / f"{m['scenario']}.json")
         rows.append(_row(record_dir, m, spec, ds_config, cal, read_json(metrics)))
         rows[-1]["machine"] = _machine(metrics)
+        rows[-1]["study"] = label
     return rows
+
+
+def record_plan(record_dir: Path, study: Path, cluster_dir: Path | None = None) -> Plan:
+    """``study``'s plan on the cluster its records in ``record_dir`` ran on (their plan.json):
+    a study run on another cluster (``--config cluster=...``, an H200 study on an H100) is
+    predicted with that cluster's file and calibration, not the one its study file names."""
+    plan_json = record_dir / "plan.json"
+    ran_on = read_json(plan_json).get("cluster") if plan_json.exists() else None
+    config, source = study_config(
+        {STUDY_FILE_KEY: str(study), **({"cluster": ran_on} if ran_on else {})}
+    )
+    return Plan(config, cluster_dir=cluster_dir, source=source)
+
+
+def study_label(record_dir: Path, study: Path, plan: Plan) -> str:
+    """The records' study by name, and by cluster where they ran on another than the study file
+    names: an H200 study's H100 records are judged apart (their pairs, their summary lines)."""
+    named = study_config({STUDY_FILE_KEY: str(study)})[0].get("cluster")
+    ran_on = plan.cluster["name"]
+    return record_dir.name if ran_on == named else f"{record_dir.name} on {ran_on}"
 
 
 def _run_spec_of(record_dir: Path, scenario: str):
@@ -250,7 +279,7 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         "engine": spec.engine,
         "model": model_key(spec),
         "model_words": model_words(spec),
-        "params": spec.model_params,
+        "params": spec.model_params or getattr(shared.model_shape(spec), "params", None),
         "mode": f"{engines.label(spec.engine)}, {offload_words(spec, ds_config)}",
         "tokens": m["global_batch"] * m["seq_len"],
         "record": f"{record_dir.name}/{m['scenario']}/rep{m['repeat']}",
@@ -303,7 +332,9 @@ def model_key(spec) -> tuple:
 
 def model_words(spec) -> str:
     """'1.35B: hidden 2048, 24 layers, 16 heads (16 key/value), FFN 5504, vocab 32,000'."""
-    key, size = model_key(spec), f"{(spec.model_params or 0) / 1e9:.2f}B"
+    shape = shared.model_shape(spec)
+    params = spec.model_params or (shape.params if shape else 0)  # a spec may give only the shape
+    key, size = model_key(spec), f"{params / 1e9:.2f}B"
     if key[0] == "parameters":
         return f"{size} (shape unknown)"
     hidden, layers, heads, kv_heads, ffn, vocab = key
@@ -790,7 +821,7 @@ def main(argv=None) -> int:
     chosen = dict(item.split("=", 1) for item in a.gpu_calibration)
     rows = []
     for folder, study in GPU_RECORDS.items():
-        shipped = _shipped(REPO_ROOT / study)  # config/calibration/<cluster>.json
+        shipped = _shipped(folder)  # config/calibration/<cluster>.json
         rows += record_rows(
             REPO_ROOT / folder, REPO_ROOT / study, Path(chosen.get(shipped.stem, shipped))
         )
@@ -824,7 +855,7 @@ def uncalibrated_rows() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for folder, study in GPU_RECORDS.items():
-            cluster = Plan(str(REPO_ROOT / study)).cluster
+            cluster = record_plan(REPO_ROOT / folder, REPO_ROOT / study).cluster
             path = Path(tmp) / f"{cluster['name']}.json"
             write_calibration(path, catalog.catalog_calibration(cluster, "catalog"))
             rows += record_rows(REPO_ROOT / folder, REPO_ROOT / study, path)
@@ -910,8 +941,10 @@ def _leased(rows: list[dict], records: tuple[str, ...]) -> list[dict]:
     return [r for r in rows if r["record"].split("/", 1)[1] in records]
 
 
-def _shipped(study: Path) -> Path:
-    return REPO_ROOT / "config" / "calibration" / f"{Plan(str(study)).cluster['name']}.json"
+def _shipped(folder: str) -> Path:
+    """The shipped calibration of the cluster the records of GPU_RECORDS' ``folder`` ran on."""
+    plan = record_plan(REPO_ROOT / folder, REPO_ROOT / GPU_RECORDS[folder])
+    return REPO_ROOT / "config" / "calibration" / f"{plan.cluster['name']}.json"
 
 
 def shipped_matmul(path: Path, shipped: Path, tmp: Path) -> Path:
@@ -944,7 +977,7 @@ def print_lease_calibrations(tmp: Path) -> None:
     lease measured every record."""
     for folder, leases in LEASE_CALIBRATIONS.items():
         study = REPO_ROOT / GPU_RECORDS[folder]
-        shipped = _shipped(study)
+        shipped = _shipped(folder)
         # a ranking compares configs measured on one lease: not over records of several
         wanted = ("step time", "ranking", "Kendall") if len(leases) == 1 else ("step time",)
         names = ", ".join(Path(path).name for path in leases)
@@ -976,7 +1009,7 @@ def print_raw_loops(tmp: Path) -> None:
     its lease's calibration (VARIANTS) and the shipped one, DeepSpeed's step timer beside."""
     for folder, pattern, lease in RAW_LOOPS:
         study = REPO_ROOT / GPU_RECORDS[folder]
-        plan, shipped = Plan(str(study)), _shipped(study)
+        plan, shipped = record_plan(REPO_ROOT / folder, study), _shipped(folder)
         cals = {v: read_calibration(_variant(v, REPO_ROOT / lease, shipped, tmp)) for v in VARIANTS}
         for path in sorted(REPO_ROOT.glob(pattern)):
             loop = read_json(path)

@@ -85,7 +85,7 @@ def judged(rows: list[dict], combine: Combine | None) -> tuple[int, int, int, in
 def main() -> int:
     rows = []
     for folder, study in pa.GPU_RECORDS.items():
-        shipped = pa._shipped(pa.REPO_ROOT / study)
+        shipped = pa._shipped(folder)
         rows += pa.record_rows(pa.REPO_ROOT / folder, pa.REPO_ROOT / study, shipped)
     forms: list[tuple[str, Combine | None]] = [("the longest of the two (committed)", None)]
     forms += [(f"p-norm, p = {p}", p_norm(p)) for p in P_NORMS]

@@ -66,9 +66,7 @@ def within(rows: list[dict], per_million: tuple[float, ...]) -> dict[tuple, list
 def main() -> int:
     rows = []
     for folder, study in pa.GPU_RECORDS.items():
-        rows += pa.record_rows(
-            pa.REPO_ROOT / folder, pa.REPO_ROOT / study, pa._shipped(pa.REPO_ROOT / study)
-        )
+        rows += pa.record_rows(pa.REPO_ROOT / folder, pa.REPO_ROOT / study, pa._shipped(folder))
     rows = [r for r in rows if r["kind"] == "GPU" and r["outcome"] == "ok" and r["parts"]]
     rows = [{**r, "millions": layer_millions(r["model"])} for r in rows if r["step"][1]]
     for words, per_million in (

@@ -255,15 +255,28 @@ def test_a_record_the_study_no_longer_plans_is_predicted_from_the_spec_it_ran_wi
     import prediction_accuracy as pa
 
     folder = "docs/results/h200-1gpu/recommend-h200-1gpu-16g"
-    rows = pa.record_rows(
-        ROOT / folder, ROOT / pa.GPU_RECORDS[folder], pa._shipped(ROOT / pa.GPU_RECORDS[folder])
-    )
+    rows = pa.record_rows(ROOT / folder, ROOT / pa.GPU_RECORDS[folder], pa._shipped(folder))
     by_config = {r["config"]: r for r in rows}
     super_offload = by_config["rec-super__mb-8__rbs-5e8"]
     assert super_offload["setup"].split("/")[2:4] == ["8", "4"]  # micro-batch 8, accumulation 4
     assert super_offload["host"][0] > 30 and super_offload["host"][1] is None
     plain = by_config["rec-opt__mb-8__rbs-5e8"]
     assert plain["host"][1] == pytest.approx(27.80, abs=0.01) and plain["step"][0] > 0
+
+
+def test_records_a_study_made_on_another_cluster_are_predicted_on_that_cluster():
+    """An H200 study run on an H100 (``--config cluster=h100-1gpu``) is judged with the H100's
+    cluster file and shipped calibration, which its plan.json names, not its study file's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prediction_accuracy as pa
+
+    folder = "docs/results/h100-1gpu/holdout-h200-qwen2"
+    study = ROOT / pa.GPU_RECORDS[folder]
+    assert pa.Plan(str(study)).cluster["name"] == "h200-1gpu"
+    assert pa.record_plan(ROOT / folder, study).cluster["name"] == "h100-1gpu"
+    assert pa._shipped(folder).name == "h100-1gpu.json"
+    rows = pa.record_rows(ROOT / folder, study, pa._shipped(folder))
+    assert {r["study"] for r in rows} == {"holdout-h200-qwen2 on h100-1gpu"}  # judged apart
 
 
 #: What the CPU path meets on the CI machine (2 shared cores), as measured (docs/benchmarks.md,
