@@ -35,6 +35,9 @@ class Layout:
     heads: int
     kv_heads: int
     vocab: int
+    # elements of an output head that transformers builds and then ties to the input
+    # embeddings (post_init's tie_weights frees it): 0 for a model whose head is its own
+    tied_head: int = 0
 
     @property
     def params(self) -> int:
@@ -166,7 +169,19 @@ def layout_of_config(config) -> Layout | Unknown:
     if len(sizes) != 1:
         why = f"{kind}'s decoder layers differ in size: the models know alike layers"
         return Unknown(why, params)
-    return _with_dims(config, kind, tuple(n for _, n in named), len(stack), sizes.pop())
+    layout = _with_dims(config, kind, tuple(n for _, n in named), len(stack), sizes.pop())
+    if isinstance(layout, Unknown):
+        return layout
+    return dataclasses.replace(layout, tied_head=tied_head(built))
+
+
+def tied_head(built) -> int:
+    """Elements of ``built``'s output head where it shares its weight with the input
+    embeddings (transformers made it whole first, then tied it), else 0."""
+    head, embeddings = built.get_output_embeddings(), built.get_input_embeddings()
+    if head is None or embeddings is None or head.weight is not embeddings.weight:
+        return 0
+    return head.weight.numel()
 
 
 def _with_dims(config, kind: str, tensors: tuple, layers: int, layer_params: int):
