@@ -244,6 +244,18 @@ def test_model_name(model, params, name):
     assert views.model_name(model, params) == name
 
 
+def test_a_records_text_names_cards_as_the_catalog_does_and_tools_by_their_name():
+    """A calibration's source as its author wrote it (nvidia-smi's "H100 80GB HBM3"): the page
+    names the card ("H100 SXM") and states memory in GiB elsewhere; module paths become tools."""
+    text = "measured by offload_study.prediction.calibrate on one H100 80GB HBM3 machine"
+    assert views.plain(text) == "measured by calibrate on one H100 SXM machine"
+    assert (
+        views.plain("NVIDIA H100-80GB-HBM3, then an NVIDIA H200")
+        == "NVIDIA H100 SXM, then an NVIDIA H200"
+    )
+    assert views.plain(None) == ""
+
+
 def test_count_of():
     assert [views.count_of(n, "GPU") for n in (1, 2, None)] == ["1 GPU", "2 GPUs", "? GPUs"]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import re
 import socket
 from importlib import resources
 from pathlib import Path
@@ -59,6 +60,22 @@ def gpu_spec(device_name: str | None) -> tuple[str, dict] | None:
         if alias in name:
             return model, catalog()["gpus"][model]
     return None
+
+
+def card_names_in(text: str) -> str:
+    """``text`` with each device name that states its memory in the vendor's GB ("H100 80GB
+    HBM3", as nvidia-smi names the card) replaced by the catalog's card ("H100 SXM"): pages
+    state memory in GiB, beside the card."""
+    sized = [
+        (alias, model)
+        for model, entry in catalog()["gpus"].items()
+        for alias in entry["aliases"]
+        if "GB" in alias.upper() and "GB" not in model.upper()
+    ]
+    for alias, model in sorted(sized, key=lambda am: len(am[0]), reverse=True):
+        pattern = r"[\s-]".join(map(re.escape, alias.split()))
+        text = re.sub(rf"\b{pattern}\b", model, text, flags=re.IGNORECASE)
+    return text
 
 
 @functools.cache  # a study names a few devices; pages and checks ask for each run's

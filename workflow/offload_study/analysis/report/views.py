@@ -19,7 +19,7 @@ import pandas as pd
 
 from offload_study.analysis import collect, sanity
 from offload_study.analysis.report import words
-from offload_study.core import contracts, verdict
+from offload_study.core import contracts, devices, verdict
 
 
 class Row(dict):
@@ -89,8 +89,9 @@ _MODULE = re.compile(r"\boffload_study\.(?:\w+\.)*(\w+)")
 
 
 def plain(text) -> str:
-    """Text a record wrote for people, with module paths cut to the tool's name."""
-    return _MODULE.sub(r"\1", str(text or ""))
+    """Text a record wrote for people, with module paths cut to the tool's name and cards named
+    as the catalog names them (no vendor "80GB": pages speak GiB)."""
+    return devices.card_names_in(_MODULE.sub(r"\1", str(text or "")))
 
 
 def fmt_pct(v, digits: int = 0) -> str:
