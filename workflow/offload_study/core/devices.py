@@ -66,16 +66,24 @@ def card_names_in(text: str) -> str:
     """``text`` with each device name that states its memory in the vendor's GB ("H100 80GB
     HBM3", as nvidia-smi names the card) replaced by the catalog's card ("H100 SXM"): pages
     state memory in GiB, beside the card."""
+    for pattern, model in _sized_aliases():
+        text = pattern.sub(model, text)
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def _sized_aliases() -> list[tuple[re.Pattern, str]]:
+    """(pattern, card) for each catalog alias that names a size in GB where its card does not,
+    the longest first; spaces and hyphens alike."""
     sized = [
         (alias, model)
         for model, entry in catalog()["gpus"].items()
         for alias in entry["aliases"]
         if "GB" in alias.upper() and "GB" not in model.upper()
     ]
-    for alias, model in sorted(sized, key=lambda am: len(am[0]), reverse=True):
-        pattern = r"[\s-]".join(map(re.escape, alias.split()))
-        text = re.sub(rf"\b{pattern}\b", model, text, flags=re.IGNORECASE)
-    return text
+    sized.sort(key=lambda am: len(am[0]), reverse=True)
+    words = {alias: r"[\s-]".join(map(re.escape, alias.split())) for alias, _ in sized}
+    return [(re.compile(rf"\b{words[a]}\b", re.IGNORECASE), model) for a, model in sized]
 
 
 @functools.cache  # a study names a few devices; pages and checks ask for each run's
