@@ -3,6 +3,9 @@ the output head transformers makes whole and then ties to the embeddings shows a
 
     PYTHONPATH=workflow python benchmarks/tied_head_rss.py config/studies/holdout-h200-qwen2.yaml
 
+The last line is the same as JSON (bytes), for tests/test_architecture.py, which runs this on a
+small tied model.
+
 Builds the model as FSDP2's runner does (``AutoModelForCausalLM.from_config``, fp32, random
 init) in this process and prints the peak RSS, the RSS once built and the tied head the layout
 reads (``architecture.tied_head``), GiB. Needs the model's fp32 size in free memory (the 1.5 B
@@ -12,6 +15,7 @@ for a head far above its mmap threshold.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import sys
@@ -38,6 +42,7 @@ def main(study_file: str) -> int:
     print(f"peak RSS {gib(peak):.2f} GiB, once built {gib(now):.2f} GiB ({type(built).__name__})")
     head = gib(4 * layout.tied_head)
     print(f"gap {gib(peak - now):.3f} GiB; the tied head in fp32 {head:.3f} GiB")
+    print(json.dumps({"freed_bytes": peak - now, "tied_head": layout.tied_head}))
     return 0
 
 

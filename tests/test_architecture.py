@@ -70,39 +70,27 @@ def test_qwen2s_biases_and_tied_embeddings_come_from_its_own_build():
 
 #: A tied model whose head is large enough (64,000 x 384 fp32: 94 MiB) that glibc maps it apart
 #: and gives it back when tie_weights drops it, so the build's peak RSS shows it.
-TIED_BIG_HEAD = {**QWEN2, "hidden_size": 384, "num_attention_heads": 6, "num_key_value_heads": 2}
-TIED_BIG_HEAD |= {"vocab_size": 64000, "intermediate_size": 768}
-
-#: Builds a model as the FSDP2 runner does (from its config, on the CPU) and prints how far the
-#: process's peak RSS lies above its RSS once built: what the build freed.
-BUILD_RSS = """
-import json, os, resource, sys
-import transformers
-from offload_study.core import architecture
-from offload_study.core.contracts import ModelSpec
-spec = ModelSpec("config", None, json.loads(sys.argv[1]), None)
-model = transformers.AutoModelForCausalLM.from_config(architecture.transformers_config(spec))
-now = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - now)
-"""
+TIED_BIG_HEAD = {**QWEN2, "hidden_size": 384, "intermediate_size": 768, "vocab_size": 64000}
+TIED_BIG_HEAD |= {"num_attention_heads": 6, "num_key_value_heads": 2}
 
 
-def test_a_tied_head_is_built_whole_before_it_is_tied_and_fsdp2s_host_counts_it():
+def test_a_tied_head_is_built_whole_before_it_is_tied_and_fsdp2s_host_counts_it(tmp_path):
     """transformers builds a tied model's output head whole, then ties it to the embeddings:
     the build's peak RSS (/proc) is above the tied model by that head, which the layout names
     and FSDP2's host memory (the model as built, before sharding) counts."""
     found = architecture.layout(config_model(TIED_BIG_HEAD))
     assert found.tied_head == 64000 * 384
     assert architecture.layout(config_model(SMALL_LLAMA)).tied_head == 0
-    freed = int(
-        subprocess.run(
-            [sys.executable, "-c", BUILD_RSS, json.dumps(TIED_BIG_HEAD)],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
-        ).stdout
-    )
+    study = tmp_path / "tied.yaml"
+    study.write_text(json.dumps({"model": {"config": TIED_BIG_HEAD}}))  # YAML reads JSON
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "tied_head_rss.py"), str(study)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
+    ).stdout
+    freed = json.loads(out.splitlines()[-1])["freed_bytes"]
     assert freed == pytest.approx(4 * found.tied_head, rel=0.25)
     spec = make_spec(
         "local-cpu", {"engine": "fsdp2"}, model={"config": dict(TIED_BIG_HEAD)}, seq_len=64
