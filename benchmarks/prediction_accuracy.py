@@ -140,6 +140,10 @@ GPU_RECORDS = {
     # (the records' only architecture other than Llama) and model G (wide layers, GQA)
     "docs/results/h100-1gpu/holdout-h200-qwen2": "config/studies/holdout-h200-qwen2.yaml",
     "docs/results/h100-1gpu/holdout-h200-model-g": "config/studies/holdout-h200-model-g.yaml",
+    # ZeRO-3 without offload on model A, six runs each beside a plain DeepSpeed loop
+    "docs/results/h100-1gpu/fidelity-h100-zero3": "config/studies/fidelity-h100-zero3.yaml",
+    # FSDP2's optimizer-only offload (torchao) on model A, four runs each beside a plain loop
+    "docs/results/h100-1gpu/fidelity-h100-cpu-optimizer": "config/studies/fidelity-h100-cpu-optimizer.yaml",
 }
 SAME = (
     "micro_batch",

@@ -207,9 +207,11 @@ def replay(events: Iterable[Event]) -> Replay:
     return Replay(peak.reserved_bytes, allocated_peak, segments_peak, peak)
 
 
-def read_trace(path: Path) -> Iterator[Event]:
+def read_trace(path: Path, free_action: str = "free_completed") -> Iterator[Event]:
     """The allocations and frees of a recorded trace (one JSON object per line, gzipped), each
-    tagged with the phase its run was in (the markers benchmarks/memory_trace.py leaves)."""
+    tagged with the phase its run was in (the markers benchmarks/memory_trace.py leaves). A
+    block is free for reuse when its streams are done with it (``free_completed``, the replay's
+    view); torch's allocated count drops when the tensor dies (``free_requested``)."""
     phase, micro_step = "init", 0
     with gzip.open(path, "rt") as lines:
         for line in lines:
@@ -222,7 +224,7 @@ def read_trace(path: Path) -> Iterator[Event]:
                 yield Event(
                     "alloc", row["addr"], row["size"], row["stream"], f"{phase} {micro_step}"
                 )
-            elif row["action"] == "free_completed":
+            elif row["action"] == free_action:
                 yield Event("free", row["addr"])
             elif row["action"] == "segment_free":  # only empty_cache() gives segments back
                 yield Event("empty_cache", 0)

@@ -94,6 +94,7 @@ from offload_study.prediction.shared import (
     dispatch_seconds,
     flops_per_micro_step,
     forward_shares,
+    layer_activation_bytes,
     model_shape,
     pow2_bytes,
     reserved_vector,
@@ -265,7 +266,7 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
     one_group = FP32_GRAD_BYTES * min(k.sub_group, part) if opt_here else 0.0
     in_the_step = max(one_group, overflow_check_bytes(spec, part) if opt_here else 0.0)
     step_beyond_freed = max(0.0, in_the_step - sum(activations.values()))
-    return {
+    parts = {
         "parameters (partition)": b * part if params_here else 0.0,
         "gradients (partition)": b * part if opt_here else 0.0,
         "fp32 master + Adam moments": ADAM_BYTES * kept,
@@ -278,6 +279,91 @@ def gpu_parts(spec: RunSpec, shape: ModelShape, k: Knobs) -> dict[str, float]:
         **zenflow_gpu_parts(spec, part, k),
         **activations,
     }
+    flush = first_flush_bytes(spec, shape, k, parts)
+    return {**parts, FIRST_FLUSH: max(0.0, flush - sum(parts.values()))} if flush else parts
+
+
+#: the part of the GPU peak that optimizer offload's first reduce-bucket flush adds
+FIRST_FLUSH = "optimizer offload: the first reduce bucket's flush, beyond the loss's moment"
+
+#: DeepSpeed 0.19.8 takes a gradient's norm in chunks of this many elements (stage3.py
+#: ``_constant_buffered_norm2``), each copied to fp64 (``get_norm_dtype``) first
+NORM_CHUNK = 250_000_000
+NORM_BYTES = 8
+
+
+def first_bucket(shape: ModelShape, k: Knobs) -> tuple[list[int], int, float]:
+    """The tensors of the first reduce bucket of a backward (gradients arrive in reverse
+    parameter order; a bucket is flushed when the next gradient would overflow it) in
+    parameter order, the tensor whose gradient flushes it (0 when the model fits), and the
+    share of that tensor's decoder layer already back-propagated when it does."""
+    taken, total = [], 0
+    for n in reversed(shape.tensors):
+        if taken and total + n > k.reduce_bucket:
+            return taken[::-1], n, layer_share_done(shape, total)
+        taken.append(n)
+        total += n
+    return taken[::-1], 0, 0.0
+
+
+def layer_share_done(shape: ModelShape, from_the_end: int) -> float:
+    """The share of a decoder layer's elements back-propagated when the gradients of the last
+    ``from_the_end`` elements (in parameter order) have arrived: the layers are the run of
+    ``layers`` groups of ``layer_params`` elements found walking back from the end, after the
+    head's tensors (the final norm, an untied head)."""
+    tensors, stack = shape.tensors, shape.layers * shape.layer_params
+    for tail in range(len(tensors)):
+        tail_elems = sum(tensors[len(tensors) - tail :])
+        ends, walked = set(), 0
+        for n in reversed(tensors[: len(tensors) - tail]):
+            walked += n
+            ends.add(walked)
+            if walked >= stack:
+                break
+        if all(i * shape.layer_params in ends for i in range(1, shape.layers + 1)):
+            inside = from_the_end - tail_elems
+            return (inside % shape.layer_params) / shape.layer_params if 0 < inside < stack else 0.0
+    return 0.0
+
+
+def first_flush_bytes(spec: RunSpec, shape: ModelShape, k: Knobs, parts: dict) -> float:
+    """What the GPU holds while the first reduce bucket of a backward is flushed under
+    optimizer offload (0 without). At the gradient boundary DeepSpeed 0.19.8 (stage3.py
+    ``partition_grads`` -> ``_offload_grad_partition_at_boundary``) brings each reduced
+    gradient of the bucket, in parameter order, back to the GPU from its host buffer and takes
+    its norm through an fp64 copy (:data:`NORM_CHUNK` elements at a time), beside the reduced
+    bucket; with NVMe it also keeps an fp32 copy of each until the bucket is swapped out. The
+    first flush comes in the backward, with the output head's gradient (the largest) in it,
+    the checkpointed inputs, what is left of the layer being recomputed and the gradient that
+    flushed it live too: with wide layers or a large head this moment, not the loss's, is the allocated peak
+    (the allocator traces of model G and of ``fidelity-h100-order``'s NVMe run:
+    docs/benchmarks.md)."""
+    if spec.offload_optimizer == "none":
+        return 0.0
+    b, ranks = DTYPE_BYTES[spec.dtype], spec.world_size
+    bucket, trigger, done = first_bucket(shape, k)
+    keeps_fp32 = FP32_GRAD_BYTES if spec.offload_optimizer == "nvme" else 0.0
+    in_flight, before = 0.0, 0.0
+    for n in bucket:  # the fp32 copies of the earlier ones, this one's copy and fp64 norm
+        here = b * n / ranks + NORM_BYTES * min(n / ranks, NORM_CHUNK)
+        in_flight = max(in_flight, keeps_fp32 * before / ranks + here)
+        before += n
+    held = ("parameters (partition)", "gathered parameters", "persistent small parameters")
+    checkpoints = parts.get(
+        "checkpointed layer inputs", parts.get("activations of every layer", 0.0)
+    )
+    # what the recomputed layer saved is freed as its backward goes (taken here in proportion
+    # to its parameters' gradients already made)
+    layer = layer_activation_bytes(spec, shape) * (1 - done) if spec.gradient_checkpointing else 0.0
+    return (
+        sum(parts[name] for name in held)
+        + parts["reduce bucket"]
+        + b * sum(bucket) / ranks  # the reduced bucket
+        + b * trigger  # the gradient that flushed it
+        + checkpoints
+        + layer
+        + in_flight
+    )
 
 
 def persistent_params(shape: ModelShape, k: Knobs) -> int:
@@ -510,13 +596,17 @@ def known_reserved_bytes(spec: RunSpec, ds_config: dict) -> float:
     of each gradient of a reduce bucket (stage3.py ``partition_grads`` ->
     ``_offload_grad_partition_at_boundary``: ``grad_buffer.to(master dtype)``) and holds them
     all until the bucket is swapped out: 4 bytes x the rank's share of a bucket. They live in
-    the backward, where the reserved peak falls, not at the allocated peak (the traces of
-    model-b's NVMe and CPU optimizer offload: docs/benchmarks.md, "the NVMe rows")."""
+    the backward, where the reserved peak falls (the traces of model-b's NVMe and CPU optimizer
+    offload: docs/benchmarks.md, "the NVMe rows"); what of them the allocated peak already holds
+    (:func:`first_flush_bytes`) is not counted twice."""
     shape = model_shape(spec)
     if spec.offload_optimizer != "nvme" or shape is None:
         return 0.0
-    bucket = min(knobs(ds_config).reduce_bucket, shape.params)
-    return FP32_GRAD_BYTES * bucket / spec.world_size
+    k = knobs(ds_config)
+    bucket = min(k.reduce_bucket, shape.params)
+    # where the flush is the allocated peak, part of the copies is in it already
+    in_allocated = gpu_parts(spec, shape, k).get(FIRST_FLUSH, 0.0)
+    return max(0.0, FP32_GRAD_BYTES * bucket / spec.world_size - in_allocated)
 
 
 def own_estimate(spec: RunSpec) -> tuple[float, float] | None:
