@@ -676,6 +676,25 @@ def test_the_first_flush_is_counted_once_in_the_reserved_prediction():
     assert ds_model.known_reserved_bytes(spec, config) == pytest.approx(4 * bucket - flush)
 
 
+def test_fsdp2s_root_gradients_are_not_yet_reduced_in_the_first_layers_backward():
+    spec, config, m = committed(
+        "h100-1gpu/holdout-h200-model-g/fsdp2", "config/studies/holdout-h200-model-g.yaml"
+    )
+    shape = shared.model_shape(spec)
+    grads = fsdp2_model.path_of(spec).gpu_gradients(spec, shape, shape.layer_params)
+    assert grads == {
+        "gradients (fp32 shard)": 4.0 * shape.layers * shape.layer_params,
+        "the head's gradient (compute dtype, unsharded)": 2.0 * shape.vocab * shape.hidden,
+    }
+    accumulating = dataclasses.replace(spec, gradient_accumulation_steps=4)
+    assert fsdp2_model.path_of(spec).gpu_gradients(accumulating, shape, shape.layer_params) == {
+        "gradients (fp32 shard)": 4.0 * shape.params
+    }
+    # every shard counted, model G's record was 4 % over; the trace's peak holds the layers'
+    allocated = predict.predict_memory(spec, config).gpu_gib
+    assert allocated == pytest.approx(m["peak_gpu_allocated_gib"], rel=0.03)
+
+
 def test_the_40gb_oom_scenario_is_predicted_infeasible_but_forced():
     spec, config, m = committed("h200-1gpu/model-a/zero3-40gb-oom", "config/studies/h200-1gpu.yaml")
     assert m["outcome"] == "gpu_oom" and spec.force

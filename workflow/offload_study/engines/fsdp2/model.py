@@ -115,9 +115,10 @@ def at_the_loss(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
 
 def in_the_first_layers_backward(spec: RunSpec, shape: ModelShape) -> dict[str, float]:
     """The backward's end, where the gradients have grown faster than the saved activations
-    shrank (a layer's fp32 gradient shard outweighs its saved input): every gradient shard made,
-    the first layer computing and the next unit prefetched, one layer's gradients in flight, one
-    layer's activations (recomputed under checkpointing)."""
+    shrank (a layer's fp32 gradient shard outweighs its saved input): every layer's gradient
+    shard made (the path says which exist), the first layer computing and the next unit
+    prefetched, one layer's gradients in flight, one layer's activations (recomputed under
+    checkpointing)."""
     b, layer, path = DTYPE_BYTES[spec.dtype], layer_params(shape), path_of(spec)
     return {
         **path.gpu_held(spec, shape),

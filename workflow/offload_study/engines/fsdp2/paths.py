@@ -15,6 +15,7 @@ import math
 
 from offload_study.core.contracts import Calibration, RunSpec
 from offload_study.prediction.shared import (
+    DTYPE_BYTES,
     GB,
     PARAM_FETCHES,
     ModelShape,
@@ -96,8 +97,20 @@ class Fsdp2Path:
         }
 
     def gpu_gradients(self, spec: RunSpec, shape: ModelShape, layer: int) -> dict[str, float]:
-        """At the backward's end: every fp32 gradient shard on the device."""
-        return {"gradients (fp32 shard)": FP32 * shard_params(spec, shape)}
+        """In the first layer's backward: the fp32 gradient shards of every decoder layer. The
+        root unit's (embeddings, final norm, head) are reduced only when the whole backward
+        ends, so of the root only the head's gradient exists yet, unsharded in the compute
+        dtype (model G's allocator trace: ten layers' fp32 shards and the head's bf16
+        gradient at its peak). With gradient accumulation every shard exists already, summed
+        into since the first micro-step."""
+        if spec.gradient_accumulation_steps > 1:
+            return {"gradients (fp32 shard)": FP32 * shard_params(spec, shape)}
+        return {
+            "gradients (fp32 shard)": FP32 * shape.layers * layer / spec.world_size,
+            "the head's gradient (compute dtype, unsharded)": float(
+                DTYPE_BYTES[spec.dtype] * shape.vocab * shape.hidden
+            ),
+        }
 
     def accumulated_gradients(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """Held on the device from one micro-step's backward to the next one's (gas > 1):
