@@ -17,7 +17,8 @@ activations: with gradient checkpointing each layer's input (L·B·S·H·b) plus
 recomputed layer (B·S·(8H + 2H·kv/heads + 4F)·b) and the loss (B·S·V·(2b + 8): the logits in
 the dtype, the fp32 log-softmax that cross-entropy saves and its fp32 gradient, the gradient in
 the dtype), which dominates at large vocabulary and micro-batch; without checkpointing every
-layer plus the loss.
+layer plus the loss. Under optimizer offload the peak can instead be the first reduce bucket's
+flush in the backward (:func:`first_flush_bytes`), whichever holds more.
 
 **Host memory per node** (:func:`host_parts`): each rank's runtime (Python, torch, DeepSpeed; the
 CUDA context), measured at two moments: when ``deepspeed.initialize`` returns, holding the
@@ -335,8 +336,8 @@ def first_flush_bytes(spec: RunSpec, shape: ModelShape, k: Knobs, parts: dict) -
     bucket; with NVMe it also keeps an fp32 copy of each until the bucket is swapped out. The
     first flush comes in the backward, with the output head's gradient (the largest) in it,
     the checkpointed inputs, what is left of the layer being recomputed and the gradient that
-    flushed it live too: with wide layers or a large head this moment, not the loss's, is the allocated peak
-    (the allocator traces of model G and of ``fidelity-h100-order``'s NVMe run:
+    flushed it live too: with wide layers or a large head this moment, not the loss's, is the
+    allocated peak (the allocator traces of model G and of ``fidelity-h100-order``'s NVMe run:
     docs/benchmarks.md)."""
     if spec.offload_optimizer == "none":
         return 0.0
