@@ -129,6 +129,9 @@ GPU_RECORDS = {
     # config/calibration/h100-1gpu.json): model H's grid, every config, and a user's search of it
     "docs/results/h100-1gpu/sweep-h100-model-h-12g": "config/studies/sweep-h100-model-h-12g.yaml",
     "docs/results/h100-1gpu/recommend-h100-model-h-12g": "config/studies/recommend-h100-model-h-12g.yaml",
+    # the same search again from a clean results folder, on the machine that ran the sweep's
+    # later repeats
+    "docs/results/h100-1gpu/recommend-h100-model-h-12g-again": "config/studies/recommend-h100-model-h-12g.yaml",
     # SuperOffload on model A with its worker's memory counted, then paired with plain loops
     "docs/results/h100-1gpu/superoffload-host-h200-16g": "config/studies/superoffload-host-h200-16g.yaml",
     "docs/results/h100-1gpu/fidelity-h100-superoffload": "config/studies/fidelity-h100-superoffload.yaml",
@@ -313,6 +316,7 @@ def _row(record_dir, m, spec, ds_config, cal, raw) -> dict:
         - spec.gpus_per_node * units.gib_to_bytes(_runtime_gib(spec)),
         "ranks": spec.gpus_per_node,
         "allocated_bytes": sum(memory.gpu.values()) if cuda else None,
+        "spec": spec,
         # reserved beyond the allocated peak by blocks of known size (not fitted)
         "known_reserved_bytes": ds_model.known_reserved_bytes(spec, ds_config),
         # DeepSpeed's step timer (ms per step in metrics.json) and its prediction, seconds
@@ -499,17 +503,33 @@ def _reserved_fit(rows: list[dict]) -> tuple[tuple[float, ...], float]:
     def unexplained(r: dict) -> float:  # what the fitted causes must explain, bytes
         return r["reserved_measured"] - r["allocated_bytes"] - r["known_reserved_bytes"]
 
-    slack = accuracy.fit_reserved([(r["features"], unexplained(r)) for r in usable])
+    slack = accuracy.fit_reserved(per_setup(usable, unexplained))
     context = accuracy.fit_context(
         [(r["nvml_measured"], r["reserved_measured"]) for r in usable if r["nvml_measured"]]
     )
     return slack, context
 
 
+def per_setup(rows: list[dict], value) -> list[tuple[tuple[float, ...], float]]:
+    """(features, median of ``value`` over its records) once per setup: the reserved peak of a
+    setup is the allocator's rules replayed on one allocation sequence, the same in every run of
+    it (docs/benchmarks.md, "Reserved is deterministic for most setups"), so its repeats are one
+    observation; counted once each, a config run four times does not pull the weights of every
+    other model's fold four times as hard."""
+    by_setup: dict[str, list[dict]] = {}
+    for r in rows:
+        by_setup.setdefault(r["setup"], []).append(r)
+    return [
+        (group[0]["features"], statistics.median(value(r) for r in group))
+        for group in by_setup.values()
+    ]
+
+
 def _reserved_bytes(row: dict, slack: tuple[float, ...]) -> float:
     """torch's reserved peak predicted with ``slack`` (without the CUDA context)."""
     slack_bytes = shared.allocator_slack_bytes(slack, row["features"])
-    return row["allocated_bytes"] + row["known_reserved_bytes"] + slack_bytes
+    wanted = row["allocated_bytes"] + row["known_reserved_bytes"] + slack_bytes
+    return predict.reserved_peak_bytes(row["spec"], wanted)
 
 
 @dataclass(frozen=True)

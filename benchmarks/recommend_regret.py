@@ -11,6 +11,11 @@ when its run ended ok within the search's GPU-memory budget (recommend's own rul
 reference measured without a cap does not. Prints every config the sweep measured (its speed
 and 95 % CI, what the plan predicted), the best of each engine, then the search's pick, its
 speed in the sweep and the regret, 1 - pick / best. Deterministic: reads records, a few seconds.
+
+With ``--same-machine`` the sweep is judged by its records measured on the search's machine only
+(provenance ``boot_id``): two machines of one kind differ by up to 35 % on these host-bound
+configs, so a sweep whose configs ran on several machines ranks them by the machines as much as
+by the configs.
 """
 
 from __future__ import annotations
@@ -25,11 +30,23 @@ from offload_study.core.contracts import engine_of, read_json, read_predictions
 from offload_study.prediction import recommend
 
 
-def measured(records: Path) -> tuple[dict, dict, dict]:
+def machine_of(metrics: Path) -> str | None:
+    """The machine a record ran on: its provenance's boot id."""
+    return read_json(metrics.parent / "provenance.json").get("boot_id")
+
+
+def machines(records: Path) -> set[str | None]:
+    """The machines a study's records ran on."""
+    return {machine_of(p) for p in records.glob("*/rep*/metrics.json")}
+
+
+def measured(records: Path, on: set | None = None) -> tuple[dict, dict, dict]:
     """(scenario -> summary row, scenario -> why it cannot be recommended or None, the search's
-    space.json)."""
+    space.json), over the records measured on the machines ``on`` (None: every record)."""
     space = read_json(records / "recommend" / "space.json")
-    _, summary = collect.collect(sorted(str(p) for p in records.glob("*/rep*/metrics.json")))
+    found = sorted(records.glob("*/rep*/metrics.json"))
+    kept = [str(p) for p in found if on is None or machine_of(p) in on]
+    _, summary = collect.collect(kept)
     rows = {r["scenario"]: r for _, r in summary.iterrows()}
     state = {n: recommend.row_state(r, space["gpu_mem_gb"]) for n, r in rows.items()}
     return rows, state, space
@@ -78,7 +95,8 @@ def judge(search: Path, rows: dict, state: dict, best: str) -> int:
     pick, runs = rec["winner"], len(set(searched) - set(space["references"]))
     for engine in rec.get("best_of_engines") or []:
         shown = "measured" if engine["measured"] else f"not measured ({engine['why']})"
-        print(f"the search's page, best of {engine['engine']}: {engine['scenario']}, {shown}")
+        config = config_words(engine["scenario"], rows.get(engine["scenario"], {}).get("label", ""))
+        print(f"the search's page, best of {engine['engine']}: {config}, {shown}")
     if pick not in rows or state[pick] is not None:
         print(f"the search picked {pick}, which the sweep has no eligible record of")
         return 1
@@ -94,8 +112,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", type=Path, help="the exhaustive sweep's records")
     ap.add_argument("search", type=Path, nargs="?", help="the recommend search's records")
+    ap.add_argument(
+        "--same-machine",
+        action="store_true",
+        help="judge the sweep by its records on the search's machine only",
+    )
     a = ap.parse_args(argv)
-    rows, state, _ = measured(a.sweep)
+    if a.same_machine and not a.search:
+        ap.error("--same-machine needs the search's records")
+    on = machines(a.search) if a.same_machine else None
+    rows, state, _ = measured(a.sweep, on)
+    if on is not None:
+        print(
+            f"the sweep's records on the search's machine ({', '.join(sorted(map(str, on)))}) only"
+        )
     print("\n".join(sweep_table(a.sweep, rows, state)))
     eligible = [n for n in rows if state[n] is None]
     if not eligible:

@@ -366,3 +366,19 @@ def test_fit_compute_recovers_the_constants_the_steps_were_made_with():
 def test_fit_runtime_minimises_the_relative_error():
     # two one-rank nodes whose prediction lacks exactly 2 bytes of runtime
     assert accuracy.fit_runtime([(10.0, 8.0, 1), (100.0, 98.0, 1)]) == pytest.approx(2.0)
+
+
+def test_the_reserved_fit_counts_a_setup_once_however_often_it_ran():
+    """A setup's reserved peak is one observation of the allocator: its repeats are fitted as
+    one sample (their median), so a config run four times does not outweigh the others."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prediction_accuracy as pa
+
+    def row(setup, features, unexplained):
+        return {"setup": setup, "features": features, "slack": unexplained}
+
+    rows = [row("a", (1.0, 0.0), 2.0)] * 3 + [row("a", (1.0, 0.0), 9.0), row("b", (0.0, 1.0), 5.0)]
+    samples = pa.per_setup(rows, lambda r: r["slack"])
+    assert sorted(samples) == [((0.0, 1.0), 5.0), ((1.0, 0.0), 2.0)]
+    # fitted once per setup, the weight is setup a's median, not pulled toward the repeats' mean
+    assert accuracy.fit_reserved(samples) == pytest.approx((2.0, 5.0))

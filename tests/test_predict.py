@@ -726,6 +726,15 @@ def test_refusal_only_beyond_the_margin_and_never_when_forced():
     assert "GiB of NVMe per node, has 100" in predict.refusal(spec, nvme)
 
 
+def test_a_capped_runs_reserved_peak_stops_at_its_cap_an_uncapped_one_does_not():
+    capped, whole_card = gpu_spec({"gpu_mem_gb": 40}), gpu_spec()
+    cap = 40 * GIB
+    # torch's allocator frees its cache at the cap rather than pass it
+    assert predict.reserved_peak_bytes(capped, cap + 3 * GIB) == cap
+    assert predict.reserved_peak_bytes(capped, cap - GIB) == cap - GIB
+    assert predict.reserved_peak_bytes(whole_card, 200 * GIB) == 200 * GIB
+
+
 def test_force_and_predict_only_come_from_the_study():
     spec = gpu_spec({"force": False}, force=True)
     assert not spec.force and gpu_spec(force=True).force and not gpu_spec().force

@@ -293,3 +293,15 @@ def test_the_landing_page_opens_in_chromium_and_no_request_leaves_it(tmp_path, m
     dom, reqs = chromium(tmp_path, index.as_uri(), "--dump-dom")
     assert page_requests(reqs) == []
     assert 'id="pages-table"' in dom and "winner CPU optimizer offload; micro-batch 8" in dom
+
+
+def test_a_studys_second_run_committed_under_its_own_name_is_found_by_that_name():
+    """A search run twice is committed twice (docs/results/<cluster>/<name>, the same study in
+    both plans): the page named as the second folder is read from it, the study's own name
+    from the first."""
+    cluster = "h100-1gpu"
+    again = headlines.records_of(cluster, "recommend-h100-model-h-12g-again", REPO_ROOT, True)
+    first = headlines.records_of(cluster, "recommend-h100-model-h-12g", REPO_ROOT, True)
+    assert again == REPO_ROOT / "docs/results" / cluster / "recommend-h100-model-h-12g-again"
+    assert first == REPO_ROOT / "docs/results" / cluster / "recommend-h100-model-h-12g"
+    assert headlines.records_of(cluster, "no-such-study", REPO_ROOT, True) is None

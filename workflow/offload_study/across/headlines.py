@@ -77,11 +77,15 @@ def records_of(
     cluster: str, study: str, root: Path = Path("."), published_only: bool = False
 ) -> Path | None:
     """The records folder of a study on a cluster: results/<cluster>/<study> (unless
-    ``published_only``), else the copy committed under docs/results/; None when neither is
-    found."""
+    ``published_only``), else the copy committed under docs/results/: the folder of that name
+    (a study's second run is committed beside its first under a name of its own, and its page
+    under the same name), else the one whose plan names the study; None when none is found."""
     own = root / layout.study_dir(cluster, study)
     if not published_only and (own / layout.PLAN_JSON).is_file():
         return own
+    named = root / PUBLISHED_RECORDS / cluster / study
+    if (named / layout.PLAN_JSON).is_file():
+        return named
     found = []
     for plan_path in (root / PUBLISHED_RECORDS).glob(f"**/{layout.PLAN_JSON}"):
         plan = contracts.read_json(plan_path)

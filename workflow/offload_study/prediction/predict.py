@@ -69,6 +69,17 @@ def capped(spec: RunSpec) -> bool:
     return bool(want and (card is None or want < card))
 
 
+def reserved_peak_bytes(spec: RunSpec, wanted_bytes: float) -> float:
+    """torch's reserved peak a run shows, bytes, when its allocator would hold ``wanted_bytes``
+    (without the CUDA context): never more than a cap. Under
+    ``set_per_process_memory_fraction`` an allocation that would pass the cap fails inside the
+    allocator, which then frees its cached blocks and tries again before it raises an OOM
+    (torch's CUDACachingAllocator: ``alloc_block``, ``release_cached_blocks``), so a capped run
+    that fits stops at the cap. What a run needs stays ``wanted_bytes`` (the gate's
+    :func:`need_gib`): the cached blocks freed there are re-made later, at a cost in time."""
+    return min(wanted_bytes, spec.gpu_mem_bytes) if capped(spec) else wanted_bytes
+
+
 def gpu_need_gib(spec: RunSpec, row: Prediction) -> float | None:
     """What the GPU budget must hold: the reserved prediction, the CUDA context counted as the
     cap counts it (:func:`need_gib`)."""
