@@ -13,9 +13,9 @@ and 95 % CI, what the plan predicted), the best of each engine, then the search'
 speed in the sweep and the regret, 1 - pick / best. Deterministic: reads records, a few seconds.
 
 With ``--same-machine`` the sweep is judged by its records measured on the search's machine only
-(provenance ``boot_id``): two machines of one kind differ by up to 35 % on these host-bound
-configs, so a sweep whose configs ran on several machines ranks them by the machines as much as
-by the configs.
+(the runs table's ``machine``, as collect names it: its boot): two machines of one kind differ by
+up to 35 % on these host-bound configs, so a sweep whose configs ran on several machines ranks
+them by the machines as much as by the configs.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from offload_study.prediction import recommend
 
 
 def machine_of(metrics: Path) -> str | None:
-    """The machine a record ran on: its provenance's boot id."""
-    return read_json(metrics.parent / "provenance.json").get("boot_id")
+    """The machine a record ran on, as collect names it for the runs table (its boot)."""
+    return collect.machine_of(collect.read_provenance(metrics.parent))
 
 
 def machines(records: Path) -> set[str | None]:
