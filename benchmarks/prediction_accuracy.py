@@ -745,7 +745,7 @@ def target_lines(ok: list[dict], pairs: list[tuple[accuracy.Pair, tuple]]) -> li
         share = hits / len(errs) if errs else 0.0
         lines.append(
             f"GPU model left out, {QUANTITIES[key]}: {hits}/{len(errs)} within "
-            f"{TARGETS[key]:.0%} ({share:.0%}, target >= {SHARES[key]:.0%}) -> "
+            f"{TARGETS[key]:.0%} ({share:.1%}, target >= {SHARES[key]:.0%}) -> "
             f"{'met' if share >= SHARES[key] else 'MISSED'}"
         )
     right = sum(p.right for p, _ in pairs)
@@ -753,7 +753,7 @@ def target_lines(ok: list[dict], pairs: list[tuple[accuracy.Pair, tuple]]) -> li
     wrong = [f"{a['study']}/{p.fast.name} > {p.slow.name}" for p, (a, _) in pairs if not p.right]
     lines.append(
         f"GPU model left out, clear pairs: {right}/{len(pairs)} more than {CLEAR_APART:.0%} "
-        f"apart ordered right ({share:.0%}, target >= {TARGETS['pairs']:.0%}) -> "
+        f"apart ordered right ({share:.1%}, target >= {TARGETS['pairs']:.0%}) -> "
         f"{'met' if share >= TARGETS['pairs'] else 'MISSED'}"
         + (f"; wrong (measured faster first): {', '.join(wrong)}" if wrong else "")
     )

@@ -87,8 +87,51 @@ def test_replay_reports_the_peak_and_what_was_cached_there():
     assert run.peak.cached_free_by_tag == {"forward 1": 40 * MIB}
 
 
-#: every recorded trace: the six in allocator-traces-2026-12-02/ and the NVMe ones beside them
-ALL_TRACES = sorted(TRACES.parent.glob("allocator-traces*/*.trace.jsonl.gz"))
+#: every recorded trace, on every cluster (docs/results/<cluster>/allocator-traces-*/)
+ALL_TRACES = sorted(TRACES.parents[1].glob("*/allocator-traces*/*.trace.jsonl.gz"))
+H100_TRACES = ROOT / "docs" / "results" / "h100-1gpu" / "allocator-traces-model-h-g-fsdp2"
+
+
+def segments_at_the_reserved_peak(trace) -> list[allocator.Segment]:
+    """The allocator's segments when the replay of ``trace`` reaches its reserved peak."""
+    events = list(allocator.read_trace(trace))
+    peak = allocator.replay(events).peak.event_index
+    state, live = allocator.CachingAllocator(), {}
+    for e in events[: peak + 1]:
+        if e.action == "alloc":
+            live[e.key] = state.malloc(e.size, e.stream, e.tag)
+        elif e.action == "free" and e.key in live:
+            state.release(live.pop(e.key))
+        elif e.action == "empty_cache":
+            state.empty_cache()
+    return [seg for seg in state.segments if seg.size]
+
+
+def test_a_model_whose_gradients_fill_one_bucket_holds_one_on_the_reduction_stream():
+    """Model H's 502M gradients fill one 5e8-element bucket and leave 2M for the second: the
+    reduction stream holds one bucket's bytes at the peak, not two (the memory model's
+    "the reduction stream's buckets")."""
+    trace = H100_TRACES / "3-rec-deepspeed-cpu-cpu__mb-4-default.trace.jsonl.gz"
+    segments = segments_at_the_reserved_peak(trace)
+    # the reduction's, made in the backwards on a stream of its own (the forward's there gather)
+    on_its_stream = sum(s.size for s in segments if s.stream and s.tag.startswith("backward"))
+    one_bucket = 2 * 5e8
+    assert 0.9 * one_bucket < on_its_stream < 1.5 * one_bucket
+
+
+def test_cpu_offload_policy_keeps_blocks_of_the_root_units_fp32_size():
+    """Model G (vocab 32,000, hidden 5,120) under CPUOffloadPolicy: free blocks of its head's
+    fp32 size, made before the first step, cached at the reserved peak."""
+    trace = H100_TRACES / "4-fsdp2-offload-default.trace.jsonl.gz"
+    head_fp32 = allocator.round_size(4 * 32_000 * 5_120)
+    free = [
+        b.size
+        for s in segments_at_the_reserved_peak(trace)
+        if s.tag == "init 0"
+        for b in s.blocks
+        if b.free
+    ]
+    assert sum(abs(size - head_fp32) < 2 * MIB for size in free) == 3
 
 
 @pytest.mark.parametrize("trace", ALL_TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")

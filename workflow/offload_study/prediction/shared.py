@@ -23,8 +23,9 @@ GB, DTYPE_BYTES = units.GB, units.DTYPE_BYTES  # GB: transfer rates (GB/s) only
 #: ``reserved_slack``; blocks whose size is known are counted whole apart
 #: (:func:`nvme_gradient_copies_bytes`).
 RESERVED_CAUSES = (
-    # DeepSpeed: its reduction stream's buckets (2 segments of a bucket, which holds at most
-    # the model's gradients), cached on that stream, where nothing else reuses them
+    # DeepSpeed: its reduction stream's buckets, cached on that stream, where nothing else
+    # reuses them: the segments of two buckets in turn (the traces hold two of a bucket's size
+    # there), the first holding at most the model's gradients, the second at most the rest
     "the reduction stream's buckets",
     # DeepSpeed, fp16 with the optimizer on the GPU: the overflow check's |gradients| and mask,
     # made once per step and cached through the next backward
@@ -41,6 +42,14 @@ RESERVED_CAUSES = (
     # they take part of them, and less is left cached over the allocated peak
     "the loss's blocks, FSDP2, left cached",
     "the loss's blocks, FSDP2, partly reused",
+    # DeepSpeed: the same loss's blocks, made at the end of the first forward; in the traces of
+    # models A, C, the 0.13B and the 0.74B they are all cached at the reserved peak, in model
+    # G's and the half 7B's the backward's larger blocks take most of them back
+    "the loss's blocks, ZeRO-3",
+    # FSDP2's CPUOffloadPolicy: blocks of the root unit's fp32 parameters' size (embeddings,
+    # head), the largest its copies to the GPU make; model G's trace holds three of its head's
+    # fp32 size (626 MiB), made before the first step, free at its reserved peak
+    "the root unit's fp32 copies, CPUOffloadPolicy",
 )
 
 
@@ -74,14 +83,13 @@ class EngineFit:
         return self.runtime_gib if self.runtime_at_init_gib is None else self.runtime_at_init_gib
 
 
-#: The reserved-memory constants, fitted by offload_study.prediction.accuracy.fit_reserved over
-#: the committed H200 records (benchmarks/prediction_accuracy.py prints the fit over every one
-#: and evaluates it leaving each model out): nvml's used memory less torch's reserved peak is
-#: 1.89-1.94 GiB on one GPU (2.7 with NCCL's buffers on two). FSDP2's two weights are
-#: the fit's with its loss's cause chosen by the gradients' accumulation (engines/fsdp2/paths.py).
+#: The reserved-memory constants: offload_study.prediction.accuracy.fit_reserved's fit over every
+#: committed GPU record, each setup once (benchmarks/prediction_accuracy.py prints it as "reserved
+#: fit over every GPU record" and judges it leaving each model out); nvml's used memory less
+#: torch's reserved peak is 1.89-1.94 GiB on one GPU (2.7 with NCCL's buffers on two).
 RESERVED_FIT = {
-    "cuda_context_gib": 1.918,
-    "reserved_slack": (2.6, 0.5422, 0.6067, 7.705, 1.156, 0.5014),
+    "cuda_context_gib": 1.894,
+    "reserved_slack": (1.112, 0.557, 0.7504, 3.878, 1.16, 0.2904, 0.1845, 1.794),
 }
 ACCELERATOR_FITS = {
     # H200 records (docs/results): start-up 22-45 s up to 1.35B, 36 s (no offload) to 70-96 s
@@ -138,6 +146,13 @@ def pow2_bytes(nbytes: float) -> float:
 
 
 # --------------------------------------------------------------------------- memory
+def loss_blocks_bytes(spec: RunSpec, shape: ModelShape) -> float:
+    """The loss's blocks of one micro-batch: the logits in the compute dtype and three fp32
+    tensors of their size (upcast, log-softmax, gradient)."""
+    logits = spec.micro_batch * spec.seq_len * shape.vocab
+    return logits * (DTYPE_BYTES[spec.dtype] + 3 * DTYPE_BYTES["fp32"])
+
+
 def layer_activation_bytes(spec: RunSpec, shape: ModelShape) -> float:
     """What one decoder layer's forward saves for its backward (a recomputed layer's too)."""
     b, tokens, h = DTYPE_BYTES[spec.dtype], spec.micro_batch * spec.seq_len, shape.hidden

@@ -96,6 +96,7 @@ from offload_study.prediction.shared import (
     flops_per_micro_step,
     forward_shares,
     layer_activation_bytes,
+    loss_blocks_bytes,
     model_shape,
     pow2_bytes,
     reserved_vector,
@@ -579,14 +580,17 @@ def reserved_features(spec: RunSpec, ds_config: dict) -> tuple[float, ...]:
     # allocation reuses; without, it runs on the default stream (stage3.py
     # reduce_and_partition_stream), whose freed blocks the next allocations take
     on_its_stream = k.contiguous_gradients and k.overlap_comm
-    bucket = b * min(k.reduce_bucket, shape.params) if on_its_stream else 0.0
+    first = min(k.reduce_bucket, shape.params)
+    second = min(k.reduce_bucket, shape.params - first)
+    buckets = b * (first + second) if on_its_stream else 0.0
     overflow = overflow_check_bytes(spec, part) if spec.offload_optimizer == "none" else 0.0
     return reserved_vector(
         {
-            "the reduction stream's buckets": bucket,
+            "the reduction stream's buckets": buckets,
             "the fp16 overflow check on the GPU": overflow,
             "gathered parameters": b * min(k.max_live, shape.params) if gathered else 0.0,
             "one layer's parameters": b * shape.params / shape.layers,
+            "the loss's blocks, ZeRO-3": loss_blocks_bytes(spec, shape),
         }
     )
 

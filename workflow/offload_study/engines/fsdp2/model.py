@@ -40,6 +40,7 @@ from offload_study.prediction.shared import (
     flops_per_micro_step,
     forward_shares,
     layer_activation_bytes,
+    loss_blocks_bytes,
     model_shape,
     reserved_vector,
 )
@@ -167,14 +168,14 @@ def predict_memory(spec: RunSpec, config: dict, cal: Calibration | None = None) 
 
 def reserved_features(spec: RunSpec, config: dict) -> tuple[float, ...]:
     """The allocator's slack causes (:data:`offload_study.prediction.shared.RESERVED_CAUSES`)
-    of an FSDP2 run, bytes: the loss's blocks, the logits in the compute dtype and three fp32
-    tensors of their size (upcast, log-softmax, gradient), per micro-batch, under the cause its
-    offload path names for the run (how much of them the backward's blocks reuse)."""
+    of an FSDP2 run, bytes: the loss's blocks under the cause its offload path names for the run
+    (how much of them the backward's blocks reuse), and the path's own blocks."""
     shape = model_shape(spec)
     if shape is None:
         return reserved_vector({})
-    loss = spec.micro_batch * spec.seq_len * shape.vocab * (DTYPE_BYTES[spec.dtype] + 3 * FP32)
-    return reserved_vector({path_of(spec).reserved_cause(spec): loss})
+    path = path_of(spec)
+    loss = {path.reserved_cause(spec): loss_blocks_bytes(spec, shape)}
+    return reserved_vector({**loss, **path.own_reserved_causes(spec, shape)})
 
 
 def known_reserved_bytes(spec: RunSpec, config: dict) -> float:

@@ -87,6 +87,11 @@ class Fsdp2Path:
             return "the loss's blocks, FSDP2, partly reused"
         return "the loss's blocks, FSDP2, left cached"
 
+    def own_reserved_causes(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """The allocator's slack causes of this path's own blocks beside the loss's, cause ->
+        bytes (none)."""
+        return {}
+
     def gpu_held(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
         """On the device all step long: the fp32 shards of the parameters and of the Adam
         moments (the gradients' are made in the backward and freed by zero_grad)."""
@@ -154,6 +159,12 @@ class OffloadPolicyPath(Fsdp2Path):
         """The backward's copies of the parameters and gradients take part of the loss's
         blocks, whatever the accumulation."""
         return "the loss's blocks, FSDP2, partly reused"
+
+    def own_reserved_causes(self, spec: RunSpec, shape: ModelShape) -> dict[str, float]:
+        """Blocks of the root unit's (embeddings, head) fp32 parameters' size, the largest the
+        policy's copies to the GPU make, left cached (model G's allocator trace)."""
+        root = shape.params - shape.layers * shape.layer_params
+        return {"the root unit's fp32 copies, CPUOffloadPolicy": FP32 * root}
 
     def offload_policy(self, spec: RunSpec):
         from torch.distributed.fsdp import CPUOffloadPolicy
