@@ -143,6 +143,8 @@ GPU_RECORDS = {
     # (the records' only architecture other than Llama) and model G (wide layers, GQA)
     "docs/results/h100-1gpu/holdout-h200-qwen2": "config/studies/holdout-h200-qwen2.yaml",
     "docs/results/h100-1gpu/holdout-h200-model-g": "config/studies/holdout-h200-model-g.yaml",
+    # model I (Llama 3's vocabulary, tied embeddings), measured after its plan was committed
+    "docs/results/h100-1gpu/holdout-h100-model-i": "config/studies/holdout-h100-model-i.yaml",
     # ZeRO-3 without offload on model A, six runs each beside a plain DeepSpeed loop
     "docs/results/h100-1gpu/fidelity-h100-zero3": "config/studies/fidelity-h100-zero3.yaml",
     # FSDP2's optimizer-only offload (torchao) on model A, four runs each beside a plain loop
