@@ -95,16 +95,7 @@ H100_TRACES = ROOT / "docs" / "results" / "h100-1gpu" / "allocator-traces-model-
 def segments_at_the_reserved_peak(trace) -> list[allocator.Segment]:
     """The allocator's segments when the replay of ``trace`` reaches its reserved peak."""
     events = list(allocator.read_trace(trace))
-    peak = allocator.replay(events).peak.event_index
-    state, live = allocator.CachingAllocator(), {}
-    for e in events[: peak + 1]:
-        if e.action == "alloc":
-            live[e.key] = state.malloc(e.size, e.stream, e.tag)
-        elif e.action == "free" and e.key in live:
-            state.release(live.pop(e.key))
-        elif e.action == "empty_cache":
-            state.empty_cache()
-    return [seg for seg in state.segments if seg.size]
+    return allocator.segments_after(events, allocator.replay(events).peak.event_index)
 
 
 def test_a_model_whose_gradients_fill_one_bucket_holds_one_on_the_reduction_stream():

@@ -188,17 +188,33 @@ class CachingAllocator:
         return out
 
 
+def _apply(alloc: CachingAllocator, live: dict, e: Event) -> None:
+    """One event on ``alloc``; ``live`` maps the keys of blocks in use to their blocks."""
+    if e.action == "alloc":
+        live[e.key] = alloc.malloc(e.size, e.stream, e.tag)
+    elif e.action == "free" and e.key in live:
+        alloc.release(live.pop(e.key))
+    elif e.action == "empty_cache":
+        alloc.empty_cache()
+
+
+def segments_after(events: Iterable[Event], index: int) -> list[Segment]:
+    """The segments held once ``events`` up to ``index`` (included) have run (e.g. a replay's
+    ``peak.event_index``: what the reserved peak is made of)."""
+    alloc, live = CachingAllocator(), {}
+    for i, e in enumerate(events):
+        if i > index:
+            break
+        _apply(alloc, live, e)
+    return [seg for seg in alloc.segments if seg.size]
+
+
 def replay(events: Iterable[Event]) -> Replay:
     """Run ``events`` through a fresh allocator; the reserved peak and what made it."""
     alloc, live = CachingAllocator(), {}
     peak, allocated_peak, segments_peak = Peak(), 0, 0
     for i, e in enumerate(events):
-        if e.action == "alloc":
-            live[e.key] = alloc.malloc(e.size, e.stream, e.tag)
-        elif e.action == "free" and e.key in live:
-            alloc.release(live.pop(e.key))
-        elif e.action == "empty_cache":
-            alloc.empty_cache()
+        _apply(alloc, live, e)
         allocated_peak = max(allocated_peak, alloc.allocated)
         segments_peak = max(segments_peak, alloc.segments_held)
         if alloc.reserved > peak.reserved_bytes:
