@@ -164,6 +164,7 @@ def test_cli_calibrates_this_machine_with_each_engines_host_probe(cpu_calibratio
         cal.disk_write_gb_s,
         cal.collective_latency_s,
         cal.interconnect_gb_s,
+        cal.page_fault_gb_s,
     ):
         assert math.isfinite(rate) and rate > 0
     assert 1e-6 < cal.collective_latency_s < 0.1
@@ -231,6 +232,17 @@ def test_cli_needs_a_cluster_and_an_output():
         timeout=120,
     )
     assert res.returncode == 2 and "--cluster and --out are required" in res.stderr
+
+
+def test_the_page_fault_probe_times_fresh_pages_against_touched_ones():
+    """calibrate.page_fault_gb_s: GB/s of pages the OS maps on their first write, from copies
+    into an allocation over glibc's mmap threshold (fresh every call; here from host memory,
+    on a GPU from the device); finite, and its spread's range holds its median."""
+    from offload_study.prediction import calibrate, shared
+
+    spread = calibrate.page_fault_gb_s("cpu")["page_fault_gb_s"]
+    assert spread["bytes"] >= 2 * shared.MMAP_THRESHOLD_BYTES
+    assert 0 < spread["low"] <= spread["median"] <= spread["high"] < math.inf
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])

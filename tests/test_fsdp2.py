@@ -166,6 +166,46 @@ def test_cpu_offload_policy_pays_its_host_accumulation_after_the_first_micro_ste
     assert adds == pytest.approx(3 * params / (3.70 * 2e9), rel=1e-6)
 
 
+def test_cpu_offload_policys_gradient_copies_into_fresh_pages_wait_for_the_os():
+    """A gradient shard at or over glibc's mmap threshold (32 MiB) lands in pages the OS maps
+    afresh every micro-step: its bytes add at the calibrated page-fault rate, else the
+    catalog's; smaller shards reuse the heap's pages and add nothing."""
+    import dataclasses
+
+    from builders import gpu_calibration
+    from conftest import SMALL_LLAMA
+
+    from offload_study.core import devices
+    from offload_study.engines.fsdp2 import model as fsdp2_model
+    from offload_study.prediction.shared import model_shape
+
+    cal = gpu_calibration(
+        pageable_h2d_gb_s=10.0, grad_unscale_params_per_s=1e10, page_fault_gb_s=2.0
+    )
+
+    def step(vocab: int, calibration=cal):
+        scenario = {"engine": "fsdp2", "gpus_per_node": 1, "gradient_accumulation_steps": 3}
+        scenario |= {"offload_optimizer": "cpu", "offload_param": "cpu"}
+        model = {"config": {**SMALL_LLAMA, "hidden_size": 512, "vocab_size": vocab}}
+        spec = make_spec("h200-1gpu", scenario, model=model)
+        return spec, fsdp2_model.step_time(spec, {}, calibration).pcie_s
+
+    def without_fresh_pages(spec) -> float:
+        params = spec.model_params
+        return 2 * (4 * params / 10e9 + params / 1e10)
+
+    spec, pcie = step(8_000)  # embeddings and head of 8,000 x 512 fp32: 16 MB each
+    assert pcie == pytest.approx(without_fresh_pages(spec), rel=1e-9)
+    spec, pcie = step(20_000)  # 41 MB each: both fresh, the layers' tensors not
+    fresh = sum(4 * t for t in model_shape(spec).tensors if 4 * t >= 32 * 2**20)
+    assert fresh == 2 * 4 * 20_000 * 512
+    assert pcie == pytest.approx(without_fresh_pages(spec) + 2 * fresh / 2e9, rel=1e-9)
+    older = dataclasses.replace(cal, page_fault_gb_s=None)  # a file from before the probe
+    default = devices.catalog()["cpu"]["page_fault_gb_s"]
+    expected = without_fresh_pages(spec) + 2 * fresh / (default * 1e9)
+    assert step(20_000, older)[1] == pytest.approx(expected, rel=1e-9)
+
+
 def test_the_report_puts_engines_side_by_side(tmp_path):
     """A study with two engines: every engine x offload path in words with its CI, memory and
     step parts; at each GPU memory level the fastest engine against the next engine's best, by

@@ -722,6 +722,9 @@ class Calibration:
     h2d_gb_s: float | None = None  # pinned host -> device copies (cuda only)
     d2h_gb_s: float | None = None  # pinned device -> host
     pageable_h2d_gb_s: float | None = None  # from ordinary (unpinned) host memory
+    # fresh host pages mapped on their first write, one thread, GB/s (calibrate.page_fault_gb_s;
+    # None: a file from before the probe, the prediction then takes the catalog's CPU default)
+    page_fault_gb_s: float | None = None
     disk_read_gb_s: float | None = None  # at the cluster's nvme_path
     disk_write_gb_s: float | None = None
     interconnect_gb_s: float | None = None  # collective bus bandwidth between GPUs of a node

@@ -59,6 +59,7 @@ from offload_study.core.contracts import Calibration, write_calibration
 from offload_study.core.study import CLUSTER_DIR, load_cluster
 from offload_study.engines.deepspeed.model import SUPEROFFLOAD_CORES_PERC
 from offload_study.engines.deepspeed.probe import PROBE_MICRO_BATCH, probe_config
+from offload_study.prediction.shared import MMAP_THRESHOLD_BYTES
 
 #: Every working set (matmul operands, Adam's four fp32 arrays, copy buffers) is at least this
 #: many times the last-level cache, so that the rate is the one of memory, not of the cache.
@@ -478,6 +479,35 @@ def copy_gb_s(nbytes: int) -> dict[str, dict]:
         "pageable_h2d_gb_s": measure(lambda: device.copy_(pageable), sync),
     }
     return {key: timing.rate(nbytes / 1e9) for key, timing in timings.items()}
+
+
+#: The fresh allocation the page-fault probe writes: twice glibc's mmap threshold, so mapped
+#: from the OS every call.
+FRESH_PAGES_BYTES = 2 * MMAP_THRESHOLD_BYTES
+
+
+def page_fault_gb_s(device: str, nbytes: int = FRESH_PAGES_BYTES) -> dict:
+    """Host memory the OS maps on its first write, GB/s of pages: a copy of ``nbytes`` from
+    ``device`` into a new host tensor less the same copy into a touched one, on one thread.
+    FSDP2 copies gradients to the host this way (``.to("cpu")``, blocking, from the one thread
+    that calls it); the copy's wait for each fresh page is what this prices."""
+    import torch
+
+    sync = _sync(device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        source = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        touched = torch.empty(nbytes, dtype=torch.uint8)
+        touched.fill_(1)
+        fresh = measure(lambda: torch.empty(nbytes, dtype=torch.uint8).copy_(source), sync)
+        again = measure(lambda: touched.copy_(source), sync)
+    finally:
+        torch.set_num_threads(threads)
+    # the faults' share, at least a hundredth of the copy (a host that maps pages for free)
+    faults = [max(f - again.median, f / 100) for f in (fresh.median, fresh.fastest, fresh.slowest)]
+    rate = Timing(*faults, fresh.samples, fresh.calls_per_sample).rate(nbytes / 1e9)
+    return {"page_fault_gb_s": {**rate, "bytes": nbytes}}
 
 
 def _open(path: Path, flags: int) -> tuple[int, bool]:
@@ -987,6 +1017,7 @@ def calibrate(cluster: dict, cores: int, workload: Workload | None = None) -> Ca
         if accelerator == "cuda":
             spread.update(copy_gb_s(size["copy"]))
             spread.update(superoffload_step_at(size["adam"], accelerator))
+    spread.update(page_fault_gb_s(device))
     rates = {key: summary["median"] for key, summary in spread.items()}
     probe_errors = {}
     if accelerator == "cpu":  # the ranks of a CPU run talk over gloo; hooks run on its cores

@@ -8,6 +8,7 @@ cluster's (:class:`~offload_study.core.contracts.Calibration`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from offload_study.core import architecture, devices, units
@@ -340,6 +341,26 @@ def step_pass_rate(cal: Calibration, name: str) -> float:
     """A host pass's rate (:data:`STEP_PASS_PER_ADAM`'s names) from the calibration, else as
     the multiple of CPU Adam's rate measured on an H200 lease."""
     return getattr(cal, name) or STEP_PASS_PER_ADAM[name] * cal.cpu_adam_params_per_s
+
+
+#: glibc's largest mmap threshold on a 64-bit host (DEFAULT_MMAP_THRESHOLD_MAX): malloc maps an
+#: allocation this large or larger from the OS afresh, its pages faulted in by its first write,
+#: and unmaps it when freed, however often the same size comes back; smaller ones come from the
+#: heap's pages once a free has raised the (dynamic) threshold.
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+
+
+def page_fault_rate(cal: Calibration) -> float:
+    """Bytes/s of fresh host pages mapped on their first write: calibrated, else the catalog's
+    CPU default (measured on the GPU hosts the records ran on)."""
+    gb_s = cal.page_fault_gb_s or devices.catalog()["cpu"]["page_fault_gb_s"]
+    return gb_s * GB
+
+
+def fresh_host_bytes(tensor_bytes: Iterable[float]) -> float:
+    """Of host tensors allocated anew each time, the bytes that get fresh pages: those at or
+    over the mmap threshold (smaller ones reuse the heap's pages)."""
+    return sum(b for b in tensor_bytes if b >= MMAP_THRESHOLD_BYTES)
 
 
 #: The probe's keys for how a layer's host time grows with its size (calibrate._size_costs).

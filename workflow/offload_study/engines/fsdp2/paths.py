@@ -19,6 +19,8 @@ from offload_study.prediction.shared import (
     GB,
     PARAM_FETCHES,
     ModelShape,
+    fresh_host_bytes,
+    page_fault_rate,
     pow2_bytes,
     step_pass_rate,
 )
@@ -220,13 +222,18 @@ class OffloadPolicyPath(Fsdp2Path):
         the CPU (torch's FSDP2 ``foreach_reduce``: a copy that a CPU add depends on cannot
         overlap). The host waits for both, so every micro-step after the first adds them to
         the step: the copy at the pageable rate, the add as fast as DeepSpeed's unscale of its
-        fp32 gradients, the host pass calibrate measures over the same bytes."""
+        fp32 gradients, the host pass calibrate measures over the same bytes. A new tensor of
+        a parameter at or over glibc's mmap threshold gets fresh pages every time: the copy
+        also waits for the OS to map them (model I's 67 MB FFN matrices and its 1 GB tied
+        embedding: about 3 s of its 5.7 s step)."""
         if spec.accelerator != "cuda" or not cal.h2d_gb_s:
             return 0.0
         shard = shard_params(spec, shape)
         pageable = (cal.pageable_h2d_gb_s or cal.h2d_gb_s) * GB
         add_rate = step_pass_rate(cal, "grad_unscale_params_per_s")
-        return (spec.gradient_accumulation_steps - 1) * (FP32 * shard / pageable + shard / add_rate)
+        fresh = fresh_host_bytes(FP32 * math.ceil(t / spec.world_size) for t in shape.tensors)
+        per_micro_step = FP32 * shard / pageable + fresh / page_fault_rate(cal) + shard / add_rate
+        return (spec.gradient_accumulation_steps - 1) * per_micro_step
 
     def device_wait_seconds(self, spec: RunSpec, shape: ModelShape, cal: Calibration) -> float:
         """Every micro-step the fp32 shards go up per fetch and the fp32 gradient shards come
