@@ -224,8 +224,8 @@ class OffloadPolicyPath(Fsdp2Path):
         the step: the copy at the pageable rate, the add as fast as DeepSpeed's unscale of its
         fp32 gradients, the host pass calibrate measures over the same bytes. A new tensor of
         a parameter at or over glibc's mmap threshold gets fresh pages every time: the copy
-        also waits for the OS to map them (model I's 67 MB FFN matrices and its 1 GB tied
-        embedding: about 3 s of its 5.7 s step)."""
+        also waits for the OS to map them (a 1.2B Llama's 67 MB FFN matrices and 1 GB tied
+        embedding: 3.5 s of its 5.5 s step on an H100, docs/results/h100-1gpu/host-pages/)."""
         if spec.accelerator != "cuda" or not cal.h2d_gb_s:
             return 0.0
         shard = shard_params(spec, shape)
