@@ -13,8 +13,8 @@ rate; this measures it on the machine at hand:
 2. with a GPU, one ``.to("cpu")`` of a device tensor per size around the threshold, as FSDP2
    does, and the same copy into touched memory;
 3. with a GPU, one accumulation micro-step's host work for the spec's model, every parameter's
-   fp32 gradient copied down and added as ``foreach_reduce`` does, timed, beside what the model
-   predicts for it from the rates of 1.
+   fp32 gradient copied down and added as ``foreach_reduce`` does, timed, beside what the step
+   model prices it at with the rates of 1 (the rest from the cluster's shipped calibration).
 
 Without a GPU only 1's page-fault rate is measured. One JSON object goes to --out and stdout.
 """
@@ -22,13 +22,15 @@ Without a GPU only 1's page-fault rate is measured. One JSON object goes to --ou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from offload_study.core.contracts import read_run_spec
+from offload_study.core import contracts, layout
+from offload_study.engines.fsdp2.paths import path_of
 from offload_study.prediction import calibrate, shared
 
 SIZES_MIB = (8, 16, 30, 34, 64, 256, 1024)
@@ -83,15 +85,16 @@ def accumulation_step(torch, tensors: tuple[int, ...]) -> float:
 
 
 def predicted_s(spec, shape, rates: dict) -> dict:
-    """The model's parts of one such micro-step at the measured rates."""
-    fp32 = shared.DTYPE_BYTES["fp32"]
-    shard = [fp32 * -(-t // spec.world_size) for t in shape.tensors]
-    pageable = (rates.get("pageable_h2d_gb_s") or rates["h2d_gb_s"]) * shared.GB
-    return {
-        "copy_s": sum(shard) / pageable,
-        "fresh_pages_s": shared.fresh_host_bytes(shard) / (rates["page_fault_gb_s"] * shared.GB),
-        "fresh_bytes": shared.fresh_host_bytes(shard),
-    }
+    """What the step model prices one such micro-step at (``OffloadPolicyPath.pcie_seconds``),
+    with the cluster's shipped calibration and the rates measured here, and the fresh bytes."""
+    shipped = contracts.read_calibration(layout.shipped_calibration(spec.cluster))
+    cal = dataclasses.replace(shipped, **rates)
+    micro_steps = spec.gradient_accumulation_steps - 1
+    seconds = path_of(spec).pcie_seconds(spec, shape, cal) / micro_steps if micro_steps else 0.0
+    fresh = shared.fresh_host_bytes(
+        shared.DTYPE_BYTES["fp32"] * -(-t // spec.world_size) for t in shape.tensors
+    )
+    return {"micro_step_s": seconds, "fresh_bytes": fresh}
 
 
 def main(argv=None) -> int:
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    spec = read_run_spec(a.spec)
+    spec = contracts.read_run_spec(a.spec)
     shape = shared.model_shape(spec)
     cuda = torch.cuda.is_available()
     spread = calibrate.page_fault_gb_s("cuda" if cuda else "cpu")
